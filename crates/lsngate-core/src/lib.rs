@@ -1,0 +1,11 @@
+//! lsngate-core: the pure heart of lsngate — WAL positions, commit tokens and the routing
+//! decision. No sockets, no clocks read behind your back (time is passed in), no PostgreSQL:
+//! everything here is a plain function a unit test or a fuzzer can call.
+
+pub mod lsn;
+pub mod route;
+pub mod token;
+
+pub use lsn::{Lsn, LsnParseError};
+pub use route::{Decision, LagBound, PrimaryReason, ReadRequest, ReplicaState, Role, route};
+pub use token::{MAX_TOKEN_LEN, Token, TokenCodec, TokenError};

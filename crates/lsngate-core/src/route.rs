@@ -1,0 +1,300 @@
+//! The routing decision: which node serves a read, and whether it must wait first.
+//!
+//! Pure: the caller passes what it knows about each replica (from its watcher) and gets a
+//! [`Decision`]. A token is satisfied per replica, never cluster-wide: one replica having
+//! replayed a position says nothing about another (GitLab once unstuck sessions as soon as *one*
+//! replica caught up, and served stale reads from the others).
+
+use std::time::Duration;
+
+use crate::lsn::Lsn;
+
+/// What a node currently is, as last detected with `pg_is_in_recovery()`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Role {
+    /// In recovery: a streaming replica.
+    Standby,
+    /// Not in recovery: a primary (a replica that answers this was promoted).
+    Primary,
+    /// Not yet checked, or unreachable since.
+    #[default]
+    Unknown,
+}
+
+/// What the caller knows about one replica.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct ReplicaState {
+    /// Reachable at the last check.
+    pub healthy: bool,
+    pub role: Role,
+    /// The highest position this server is known to have replayed. Only ever raised by
+    /// observations of the same server.
+    pub replayed: Option<Lsn>,
+    /// Bytes the replica is behind the primary's latest known position.
+    pub lag_bytes: Option<u64>,
+    /// True lag, from a heartbeat, when measured.
+    pub lag: Option<Duration>,
+}
+
+impl ReplicaState {
+    /// Usable as a replica at all.
+    pub fn is_serving(&self) -> bool {
+        self.healthy && self.role == Role::Standby
+    }
+
+    /// Known to have replayed `floor` already: a read there needs no wait.
+    pub fn covers(&self, floor: Lsn) -> bool {
+        self.replayed.is_some_and(|replayed| replayed >= floor)
+    }
+}
+
+/// Bounds on lag for reads without a token.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct LagBound {
+    pub max_bytes: Option<u64>,
+    pub max_lag: Option<Duration>,
+}
+
+impl LagBound {
+    /// Unknown lag passes: a replica just added has not been measured yet.
+    pub fn admits(&self, replica: &ReplicaState) -> bool {
+        let bytes_ok = match (self.max_bytes, replica.lag_bytes) {
+            (Some(max), Some(bytes)) => bytes <= max,
+            _ => true,
+        };
+        let time_ok = match (self.max_lag, replica.lag) {
+            (Some(max), Some(lag)) => lag <= max,
+            _ => true,
+        };
+        bytes_ok && time_ok
+    }
+}
+
+/// One read to place.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ReadRequest {
+    /// The position the read must see; `None` for a read without a token.
+    pub floor: Option<Lsn>,
+    /// May wait on a replica that has not yet replayed the floor (false: the "fast" modes that
+    /// only route to replicas known to have it).
+    pub may_wait: bool,
+    /// Lag bound for reads without a floor.
+    pub lag_bound: LagBound,
+    /// Rotates the choice among equal replicas (a counter or a random number).
+    pub spin: usize,
+}
+
+/// Why a read goes to the primary.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PrimaryReason {
+    /// No replica is healthy and in recovery.
+    NoReplica,
+    /// No replica is known to have the floor and waiting is not allowed.
+    NotCaughtUp,
+    /// Every serving replica is over the lag bound.
+    AllLagging,
+}
+
+/// Where a read goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Decision {
+    /// Read on replica `index`; when `wait` is set, first wait there for the floor.
+    Replica {
+        index: usize,
+        wait: bool,
+    },
+    Primary(PrimaryReason),
+}
+
+/// Places one read.
+///
+/// With a floor: a replica known to cover it (rotating among them), else — when waiting is
+/// allowed — the replica with the highest known replay position, which is the likeliest to
+/// catch up within the budget. Without a floor: a replica inside the lag bound, rotating.
+pub fn route(request: &ReadRequest, replicas: &[ReplicaState]) -> Decision {
+    let serving: Vec<usize> = (0..replicas.len())
+        .filter(|&i| replicas[i].is_serving())
+        .collect();
+    if serving.is_empty() {
+        return Decision::Primary(PrimaryReason::NoReplica);
+    }
+    let pick = |among: &[usize]| among[request.spin % among.len()];
+    match request.floor {
+        Some(floor) => {
+            let covering: Vec<usize> = serving
+                .iter()
+                .copied()
+                .filter(|&i| replicas[i].covers(floor))
+                .collect();
+            if !covering.is_empty() {
+                return Decision::Replica {
+                    index: pick(&covering),
+                    wait: false,
+                };
+            }
+            if !request.may_wait {
+                return Decision::Primary(PrimaryReason::NotCaughtUp);
+            }
+            let best = serving
+                .iter()
+                .map(|&i| replicas[i].replayed)
+                .max()
+                .flatten();
+            let closest: Vec<usize> = serving
+                .iter()
+                .copied()
+                .filter(|&i| replicas[i].replayed == best)
+                .collect();
+            Decision::Replica {
+                index: pick(&closest),
+                wait: true,
+            }
+        }
+        None => {
+            let fresh: Vec<usize> = serving
+                .iter()
+                .copied()
+                .filter(|&i| request.lag_bound.admits(&replicas[i]))
+                .collect();
+            if fresh.is_empty() {
+                Decision::Primary(PrimaryReason::AllLagging)
+            } else {
+                Decision::Replica {
+                    index: pick(&fresh),
+                    wait: false,
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn standby(replayed: u64) -> ReplicaState {
+        ReplicaState {
+            healthy: true,
+            role: Role::Standby,
+            replayed: Some(Lsn::new(replayed)),
+            ..ReplicaState::default()
+        }
+    }
+
+    fn read(floor: Option<u64>, may_wait: bool, spin: usize) -> ReadRequest {
+        ReadRequest {
+            floor: floor.map(Lsn::new),
+            may_wait,
+            lag_bound: LagBound::default(),
+            spin,
+        }
+    }
+
+    #[test]
+    fn covered_floor_reads_at_once_on_a_covering_replica() {
+        let replicas = [standby(10), standby(50), standby(40)];
+        for spin in 0..4 {
+            let decision = route(&read(Some(40), true, spin), &replicas);
+            assert!(matches!(
+                decision,
+                Decision::Replica {
+                    index: 1 | 2,
+                    wait: false
+                }
+            ));
+        }
+    }
+
+    #[test]
+    fn uncovered_floor_waits_on_the_most_advanced_replica() {
+        let replicas = [standby(10), standby(30), standby(20)];
+        assert_eq!(
+            route(&read(Some(99), true, 7), &replicas),
+            Decision::Replica {
+                index: 1,
+                wait: true
+            }
+        );
+        assert_eq!(
+            route(&read(Some(99), false, 7), &replicas),
+            Decision::Primary(PrimaryReason::NotCaughtUp)
+        );
+    }
+
+    #[test]
+    fn promoted_and_down_replicas_are_skipped() {
+        let mut promoted = standby(100);
+        promoted.role = Role::Primary;
+        let mut down = standby(100);
+        down.healthy = false;
+        assert_eq!(
+            route(&read(Some(5), true, 0), &[promoted, down]),
+            Decision::Primary(PrimaryReason::NoReplica)
+        );
+        assert_eq!(
+            route(&read(Some(5), true, 0), &[promoted, down, standby(1)]),
+            Decision::Replica {
+                index: 2,
+                wait: true
+            }
+        );
+    }
+
+    #[test]
+    fn reads_without_a_floor_respect_the_lag_bound_and_rotate() {
+        let mut lagging = standby(1);
+        lagging.lag_bytes = Some(10_000_000);
+        let replicas = [standby(5), lagging, standby(5)];
+        let mut request = read(None, true, 0);
+        request.lag_bound.max_bytes = Some(1_000_000);
+        let mut seen = std::collections::BTreeSet::new();
+        for spin in 0..10 {
+            request.spin = spin;
+            match route(&request, &replicas) {
+                Decision::Replica { index, wait: false } => {
+                    seen.insert(index);
+                }
+                other => panic!("{other:?}"),
+            }
+        }
+        assert_eq!(seen.into_iter().collect::<Vec<_>>(), vec![0, 2]);
+        assert_eq!(
+            route(&request, &[lagging]),
+            Decision::Primary(PrimaryReason::AllLagging)
+        );
+    }
+
+    proptest! {
+        /// The guarantee in one line: a read that does not wait only ever lands on a replica
+        /// known to have replayed its floor.
+        #[test]
+        fn never_reads_without_waiting_below_the_floor(
+            positions in proptest::collection::vec(proptest::option::of(0u64..100), 0..5),
+            healthy in proptest::collection::vec(any::<bool>(), 5),
+            floor in 0u64..120,
+            may_wait: bool,
+            spin: usize,
+        ) {
+            let replicas: Vec<ReplicaState> = positions.iter().zip(&healthy).map(|(p, h)| ReplicaState {
+                healthy: *h,
+                role: Role::Standby,
+                replayed: p.map(Lsn::new),
+                ..ReplicaState::default()
+            }).collect();
+            match route(&read(Some(floor), may_wait, spin), &replicas) {
+                Decision::Replica { index, wait } => {
+                    prop_assert!(replicas[index].is_serving());
+                    if !wait {
+                        prop_assert!(replicas[index].covers(Lsn::new(floor)));
+                    } else {
+                        prop_assert!(may_wait);
+                    }
+                }
+                Decision::Primary(_) => {
+                    prop_assert!(!replicas.iter().any(|r| r.is_serving() && r.covers(Lsn::new(floor))));
+                }
+            }
+        }
+    }
+}
