@@ -1,0 +1,118 @@
+//! Running server programs as an unprivileged user, and signalling a node's processes.
+//!
+//! `initdb` and `postgres` refuse to run as root. When this process is root, server programs run
+//! as the `lsngate` system user that `scripts/install-postgres.sh` creates; otherwise as the
+//! current user.
+
+use std::ffi::CString;
+use std::os::unix::process::CommandExt;
+use std::path::Path;
+use std::process::{Command, Output};
+
+use crate::Error;
+
+/// The user server programs run as when started by root.
+pub const SERVER_USER: &str = "lsngate";
+
+/// uid/gid to switch to, or `None` when not root.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RunAs(Option<(u32, u32)>);
+
+impl RunAs {
+    pub fn detect() -> Result<RunAs, Error> {
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } != 0 {
+            return Ok(RunAs(None));
+        }
+        let name = CString::new(SERVER_USER).expect("no NUL");
+        // SAFETY: getpwnam with a valid C string; the result is read before any other call.
+        let entry = unsafe { libc::getpwnam(name.as_ptr()) };
+        if entry.is_null() {
+            return Err(Error::NoServerUser);
+        }
+        // SAFETY: non-null pointer from getpwnam.
+        let (uid, gid) = unsafe { ((*entry).pw_uid, (*entry).pw_gid) };
+        Ok(RunAs(Some((uid, gid))))
+    }
+
+    /// A command that runs as the server user.
+    pub fn command(&self, program: &Path) -> Command {
+        let mut command = Command::new(program);
+        if let Some((uid, gid)) = self.0 {
+            command.uid(uid).gid(gid);
+        }
+        command.env_remove("PGDATA").env("LC_ALL", "C");
+        command
+    }
+
+    /// Gives `path` to the server user.
+    pub fn own(&self, path: &Path) -> Result<(), Error> {
+        if let Some((uid, gid)) = self.0 {
+            std::os::unix::fs::chown(path, Some(uid), Some(gid))
+                .map_err(|e| Error::io(format!("chown {}", path.display()), e))?;
+        }
+        Ok(())
+    }
+}
+
+/// Runs `command`, turning a failure into an error that carries its output.
+pub fn run(mut command: Command, what: &str) -> Result<Output, Error> {
+    let output = command.output().map_err(|e| {
+        Error::io(
+            format!("{what}: cannot start {:?}", command.get_program()),
+            e,
+        )
+    })?;
+    if !output.status.success() {
+        return Err(Error::Command {
+            what: what.to_string(),
+            status: output.status.to_string(),
+            stderr: String::from_utf8_lossy(&output.stderr).trim().to_string()
+                + String::from_utf8_lossy(&output.stdout).trim(),
+        });
+    }
+    Ok(output)
+}
+
+/// The postmaster's pid, from `postmaster.pid`, if it is running.
+pub fn postmaster_pid(data_dir: &Path) -> Option<i32> {
+    let text = std::fs::read_to_string(data_dir.join("postmaster.pid")).ok()?;
+    let pid: i32 = text.lines().next()?.trim().parse().ok()?;
+    // SAFETY: signal 0 only checks that the process exists.
+    (unsafe { libc::kill(pid, 0) } == 0).then_some(pid)
+}
+
+/// The postmaster and all its children (backends, startup, walreceiver, ...).
+pub fn server_pids(data_dir: &Path) -> Vec<i32> {
+    let Some(postmaster) = postmaster_pid(data_dir) else {
+        return Vec::new();
+    };
+    let mut pids = vec![postmaster];
+    for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<i32>() else {
+            continue;
+        };
+        let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else {
+            continue;
+        };
+        // Fields after the parenthesised command name: state, ppid, ...
+        let ppid = stat
+            .rsplit_once(')')
+            .and_then(|(_, rest)| rest.split_whitespace().nth(1))
+            .and_then(|p| p.parse::<i32>().ok());
+        if ppid == Some(postmaster) {
+            pids.push(pid);
+        }
+    }
+    pids
+}
+
+/// Sends `signal` to every process of the server in `data_dir`.
+pub fn signal_server(data_dir: &Path, signal: i32) -> usize {
+    let pids = server_pids(data_dir);
+    for &pid in &pids {
+        // SAFETY: plain kill(2) on pids we just read; a vanished pid only yields ESRCH.
+        unsafe { libc::kill(pid, signal) };
+    }
+    pids.len()
+}

@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# The whole test suite, against PostgreSQL 19 and Debian's PostgreSQL, on real servers.
+# Installs what it needs first (idempotent): PostgreSQL (scripts/install-postgres.sh) and every
+# component's test dependencies (scripts/install/*.sh).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+bash scripts/install-postgres.sh
+for step in scripts/install/*.sh; do
+  [ -e "$step" ] || continue
+  echo "== install: $step"
+  bash "$step"
+done
+
+pg19=/opt/lsngate/pg19/bin
+debian=$(ls -d /usr/lib/postgresql/*/bin | sort -V | tail -n1)
+
+cargo build --workspace --all-targets --locked
+
+log=$(mktemp)
+status=0
+for bin in "$pg19" "$debian"; do
+  echo "== test suite against $("$bin/postgres" --version) ($bin)"
+  LSNGATE_PG_BIN=$bin cargo test --workspace --locked 2>&1 | tee -a "$log" || status=1
+done
+
+# One closing line for both runs together.
+passed=$(grep -o '[0-9]* passed' "$log" | awk '{s+=$1} END {print s+0}')
+failed=$(grep -o '[0-9]* failed' "$log" | awk '{s+=$1} END {print s+0}')
+rm -f "$log"
+echo "lsngate: $passed passed, $failed failed"
+[ "$status" = 0 ] && [ "$failed" = 0 ]
