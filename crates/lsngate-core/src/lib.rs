@@ -2,10 +2,12 @@
 //! decision. No sockets, no clocks read behind your back (time is passed in), no PostgreSQL:
 //! everything here is a plain function a unit test or a fuzzer can call.
 
+pub mod guard;
 pub mod lsn;
 pub mod route;
 pub mod token;
 
+pub use guard::{BreakerState, Fallback, GuardConfig, PrimaryGuard, Refusal, WhenGuarded};
 pub use lsn::{Lsn, LsnParseError};
 pub use route::{Decision, LagBound, PrimaryReason, ReadRequest, ReplicaState, Role, route};
 pub use token::{MAX_TOKEN_LEN, Token, TokenCodec, TokenError};
