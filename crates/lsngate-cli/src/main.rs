@@ -1,3 +1,52 @@
-fn main() {
-    println!("Hello, world!");
+//! `lsngate`: one binary for every lsngate command — local clusters (`cluster`), the
+//! read-your-writes benchmark (`bench`) and replica lag diagnostics (`lag`).
+
+mod bench;
+mod cluster;
+mod duration;
+mod lag;
+mod pg;
+mod table;
+
+use clap::{Parser, Subcommand};
+
+/// Read-your-writes consistency on PostgreSQL read replicas.
+#[derive(Debug, Parser)]
+#[command(name = "lsngate", version, about, long_about = None)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Start, inspect and stop a local primary + streaming replicas.
+    #[command(subcommand)]
+    Cluster(cluster::ClusterCommand),
+    /// Measure stale reads and read latency per strategy, side by side, on one cluster.
+    Bench(bench::BenchArgs),
+    /// Explain where each replica's lag comes from (network/disk, replay, conflicts).
+    Lag(lag::LagArgs),
+}
+
+fn main() -> anyhow::Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("LSNGATE_LOG")
+                .unwrap_or_else(|_| "warn".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let cli = Cli::parse();
+    match cli.command {
+        Command::Cluster(command) => cluster::run(command),
+        Command::Bench(args) => runtime()?.block_on(bench::run(args)),
+        Command::Lag(args) => runtime()?.block_on(lag::run(args)),
+    }
+}
+
+fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
+    Ok(tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?)
 }
