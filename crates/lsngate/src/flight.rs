@@ -1,0 +1,285 @@
+//! The statements sent to one server for one read, pipelined into as few network flights as the
+//! protocol allows.
+//!
+//! tokio-postgres writes every request whose future has been polled before it reads replies, so
+//! futures joined on one client leave in one flight and the server runs them in order. A read is
+//! sent as `[wait or check] + read + position`: the wait (or the replay check) runs first, the
+//! read takes its snapshot after it (autocommit, its own statement), and the trailing position
+//! bounds what the read could have seen — the floor for the next read of a session. The read's
+//! statement is prepared once per connection beforehand, so its Bind/Execute ride in the same
+//! flight instead of waiting for a Parse reply.
+//!
+//! LSN text in SQL always comes from [`Lsn`]'s `Display` (a number), never from client text.
+//! This module does no routing and keeps no state: that is [`crate::read`] and the watcher.
+
+use std::time::Duration;
+
+use futures_util::join;
+use lsngate_core::Lsn;
+use tokio::time::Instant;
+use tokio_postgres::types::ToSql;
+use tokio_postgres::{Client, Row, SimpleQueryMessage, error::SqlState};
+
+use crate::pool::Conn;
+
+/// Parameters of a read, as tokio-postgres takes them.
+pub type Params<'a> = &'a [&'a (dyn ToSql + Sync)];
+
+/// On a replica: still in recovery, and how far replay got.
+pub(crate) const REPLICA_POSITION_SQL: &str =
+    "SELECT pg_is_in_recovery()::text, pg_last_wal_replay_lsn()::text";
+/// On the primary: its insert position, at or past the end of every committed record.
+pub(crate) const PRIMARY_POSITION_SQL: &str = "SELECT pg_current_wal_insert_lsn()::text";
+
+/// How a replica flight failed, classified for the fallback decision.
+#[derive(Debug)]
+pub(crate) enum FlightError {
+    /// Connection-level: closed, refused, shut down, timed out. Safe to read elsewhere.
+    Unreachable(String),
+    /// Cancelled or terminated by a recovery conflict. Safe to read elsewhere.
+    Conflict(String),
+    /// The statement itself failed; the caller's problem, never retried elsewhere.
+    Query(tokio_postgres::Error),
+}
+
+/// Sorts a driver error into the three kinds above.
+pub(crate) fn classify(error: tokio_postgres::Error) -> FlightError {
+    let Some(code) = error.code() else {
+        return FlightError::Unreachable(error.to_string());
+    };
+    let conflict = [
+        SqlState::T_R_SERIALIZATION_FAILURE,
+        SqlState::T_R_DEADLOCK_DETECTED,
+        SqlState::DATABASE_DROPPED,
+    ];
+    let unreachable = [
+        SqlState::ADMIN_SHUTDOWN,
+        SqlState::CRASH_SHUTDOWN,
+        SqlState::CANNOT_CONNECT_NOW,
+        SqlState::TOO_MANY_CONNECTIONS,
+    ];
+    if conflict.contains(code) {
+        FlightError::Conflict(error.to_string())
+    } else if unreachable.contains(code) || code.code().starts_with("08") {
+        FlightError::Unreachable(error.to_string())
+    } else {
+        FlightError::Query(error)
+    }
+}
+
+/// What the server answered to the statement run before the read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Verdict {
+    /// The floor is replayed: the read after it is fresh.
+    Passed,
+    /// Not yet replayed (wait timed out / check false); `replayed` when reported.
+    NotYet { replayed: Option<Lsn> },
+    /// The server is not in recovery (promoted).
+    NotInRecovery,
+}
+
+/// A finished replica or primary read.
+#[derive(Debug)]
+pub(crate) struct Answer {
+    pub rows: Vec<Row>,
+    /// Position bounding what the read saw (from the trailing statement), when known.
+    pub seen: Option<Lsn>,
+    /// Verdict of the wait/check that preceded the read (`Passed` when none was needed).
+    pub verdict: Verdict,
+}
+
+/// Prepares `sql` on this connection unless it already is (a round trip only the first time).
+pub(crate) async fn prepare(conn: &mut Conn, sql: &str) -> Result<(), tokio_postgres::Error> {
+    if conn.cached(sql).is_none() {
+        let statement = conn.client.prepare(sql).await?;
+        conn.remember(sql, statement);
+    }
+    Ok(())
+}
+
+async fn run(
+    conn: &Conn,
+    sql: &str,
+    params: Params<'_>,
+) -> Result<Vec<Row>, tokio_postgres::Error> {
+    match conn.cached(sql) {
+        Some(statement) => conn.client.query(&statement, params).await,
+        None => conn.client.query(sql, params).await,
+    }
+}
+
+/// Read + trailing position, one flight. `primary` picks which position statement trails.
+pub(crate) async fn read(
+    conn: &Conn,
+    sql: &str,
+    params: Params<'_>,
+    primary: bool,
+) -> Result<Answer, tokio_postgres::Error> {
+    let trailing = if primary {
+        PRIMARY_POSITION_SQL
+    } else {
+        REPLICA_POSITION_SQL
+    };
+    let (rows, position) = join!(run(conn, sql, params), conn.client.simple_query(trailing));
+    let seen = match position {
+        Ok(messages) if primary => first_row(&messages).and_then(|r| lsn_at(r, 0)),
+        Ok(messages) => replica_position(&messages).1,
+        Err(_) => None,
+    };
+    Ok(Answer {
+        rows: rows?,
+        seen,
+        verdict: Verdict::Passed,
+    })
+}
+
+/// PostgreSQL ≥ 19: `WAIT FOR LSN` + read + position in one flight. The read's rows are only
+/// fresh when the wait said `success`; otherwise they are returned for the stale policy.
+pub(crate) async fn wait_for_then_read(
+    conn: &Conn,
+    floor: Lsn,
+    timeout: Duration,
+    sql: &str,
+    params: Params<'_>,
+) -> Result<Answer, tokio_postgres::Error> {
+    // TIMEOUT 0 would mean "forever": never send less than 1 ms.
+    let millis = timeout.as_millis().clamp(1, u128::from(u32::MAX));
+    let wait = format!(
+        "WAIT FOR LSN '{floor}' WITH (MODE 'standby_replay', TIMEOUT '{millis}ms', NO_THROW)"
+    );
+    let (status, rows, position) = join!(
+        conn.client.simple_query(&wait),
+        run(conn, sql, params),
+        conn.client.simple_query(REPLICA_POSITION_SQL)
+    );
+    let (_, seen) = position
+        .as_deref()
+        .map(replica_position)
+        .unwrap_or_default();
+    let status = status?;
+    let verdict = match first_row(&status).and_then(|r| r.get(0).map(str::to_owned)) {
+        Some(s) if s == "success" => Verdict::Passed,
+        Some(s) if s == "not in recovery" => Verdict::NotInRecovery,
+        _ => Verdict::NotYet { replayed: seen },
+    };
+    Ok(Answer {
+        rows: rows?,
+        seen,
+        verdict,
+    })
+}
+
+/// PostgreSQL ≤ 18: check replay + read + position in one flight; if the check fails, poll
+/// with backoff until `deadline`, then read again (replay only moves forward on a running
+/// server, so a true check stays true for the following statement).
+pub(crate) async fn poll_then_read(
+    conn: &Conn,
+    floor: Lsn,
+    deadline: Instant,
+    sql: &str,
+    params: Params<'_>,
+) -> Result<(Answer, bool), tokio_postgres::Error> {
+    let (check, rows, position) = join!(
+        conn.client.simple_query(REPLICA_POSITION_SQL),
+        run(conn, sql, params),
+        conn.client.simple_query(REPLICA_POSITION_SQL)
+    );
+    let (in_recovery, replayed) = replica_position(&check?);
+    let (_, seen) = position
+        .as_deref()
+        .map(replica_position)
+        .unwrap_or_default();
+    let rows = rows?;
+    let first = verdict(in_recovery, replayed, floor);
+    if first != (Verdict::NotYet { replayed }) {
+        return Ok((
+            Answer {
+                rows,
+                seen,
+                verdict: first,
+            },
+            false,
+        ));
+    }
+    let mut pause = Duration::from_millis(1);
+    loop {
+        let now = Instant::now();
+        if now >= deadline {
+            return Ok((
+                Answer {
+                    rows,
+                    seen,
+                    verdict: Verdict::NotYet { replayed },
+                },
+                true,
+            ));
+        }
+        tokio::time::sleep(pause.min(deadline - now)).await;
+        pause = (pause * 2).min(Duration::from_millis(25));
+        let (in_recovery, replayed) =
+            replica_position(&conn.client.simple_query(REPLICA_POSITION_SQL).await?);
+        match verdict(in_recovery, replayed, floor) {
+            Verdict::Passed => return Ok((read(conn, sql, params, false).await?, true)),
+            Verdict::NotInRecovery => {
+                return Ok((
+                    Answer {
+                        rows,
+                        seen,
+                        verdict: Verdict::NotInRecovery,
+                    },
+                    true,
+                ));
+            }
+            Verdict::NotYet { .. } => {}
+        }
+    }
+}
+
+fn verdict(in_recovery: Option<bool>, replayed: Option<Lsn>, floor: Lsn) -> Verdict {
+    match (in_recovery, replayed) {
+        (Some(false), _) => Verdict::NotInRecovery,
+        (_, Some(replayed)) if replayed >= floor => Verdict::Passed,
+        _ => Verdict::NotYet { replayed },
+    }
+}
+
+fn first_row(messages: &[SimpleQueryMessage]) -> Option<&tokio_postgres::SimpleQueryRow> {
+    messages.iter().find_map(|m| match m {
+        SimpleQueryMessage::Row(row) => Some(row),
+        _ => None,
+    })
+}
+
+fn lsn_at(row: &tokio_postgres::SimpleQueryRow, column: usize) -> Option<Lsn> {
+    row.get(column).and_then(|text| Lsn::parse(text).ok())
+}
+
+/// `(in recovery, replayed)` from [`REPLICA_POSITION_SQL`]'s answer.
+pub(crate) fn replica_position(messages: &[SimpleQueryMessage]) -> (Option<bool>, Option<Lsn>) {
+    match first_row(messages) {
+        Some(row) => (row.get(0).map(|t| t == "true"), lsn_at(row, 1)),
+        None => (None, None),
+    }
+}
+
+/// Token position and timeline on the primary, read after a commit. The first 8 hex digits of
+/// a WAL file name are the timeline that file belongs to.
+pub(crate) const COMMIT_POSITION_SQL: &str = "SELECT l::text, substr(pg_walfile_name(l), 1, 8) \
+     FROM pg_current_wal_insert_lsn() AS l";
+
+/// Parses [`COMMIT_POSITION_SQL`]'s answer.
+pub(crate) fn commit_position(messages: &[SimpleQueryMessage]) -> Option<(Lsn, Option<u32>)> {
+    let row = first_row(messages)?;
+    let lsn = lsn_at(row, 0)?;
+    let timeline = row.get(1).and_then(|t| u32::from_str_radix(t, 16).ok());
+    Some((lsn, timeline))
+}
+
+/// Runs [`COMMIT_POSITION_SQL`] on `client` (for a commit the caller made itself).
+pub(crate) async fn position_of(client: &Client) -> Result<(Lsn, Option<u32>), String> {
+    let messages = client
+        .simple_query(COMMIT_POSITION_SQL)
+        .await
+        .map_err(|e| e.to_string())?;
+    commit_position(&messages).ok_or_else(|| "no position in the answer".to_string())
+}

@@ -1,0 +1,127 @@
+//! The background monitor: every poll interval, ask the primary for its WAL position and
+//! timeline (the WAL clock that turns replay positions into time lag) and each replica for its
+//! role, replay position and timeline, feeding the watcher and the per-replica gauges.
+//!
+//! It is only an accelerator and a health check: reads never depend on it for correctness
+//! (an unknown position just means a wait on the read's own connection). Every probe is
+//! bounded by a timeout, so a frozen server cannot stall it. It stops when the gate is dropped.
+
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use lsngate_core::Role;
+use tokio::time::Instant;
+use tokio_postgres::SimpleQueryMessage;
+
+use crate::flight::{self, COMMIT_POSITION_SQL};
+use crate::gate::Inner;
+use crate::pool::discard;
+
+/// On a replica: role, replay position and the timeline it streams from (NULL when not
+/// streaming, or hidden from unprivileged users).
+const REPLICA_PROBE_SQL: &str = "SELECT pg_is_in_recovery()::text, pg_last_wal_replay_lsn()::text, \
+     (SELECT received_tli::text FROM pg_stat_wal_receiver)";
+
+pub(crate) fn spawn(inner: Weak<Inner>) {
+    tokio::spawn(async move {
+        loop {
+            let Some(gate) = inner.upgrade() else { return };
+            let interval = gate.config.poll_interval;
+            poll_once(&gate).await;
+            drop(gate);
+            tokio::time::sleep(interval).await;
+        }
+    });
+}
+
+async fn poll_once(inner: &Arc<Inner>) {
+    let probes = (0..inner.replicas.len()).map(|i| probe_replica(inner, i));
+    futures_util::future::join(probe_primary(inner), futures_util::future::join_all(probes)).await;
+}
+
+fn probe_deadline(inner: &Inner) -> Instant {
+    Instant::now() + inner.config.connect_timeout.max(Duration::from_millis(100))
+}
+
+async fn probe_primary(inner: &Inner) {
+    let deadline = probe_deadline(inner);
+    let Ok(conn) = inner.primary.checkout(deadline).await else {
+        return;
+    };
+    let asked = Instant::now();
+    match tokio::time::timeout_at(deadline, conn.client.simple_query(COMMIT_POSITION_SQL)).await {
+        Ok(Ok(messages)) => {
+            if let Some((lsn, timeline)) = flight::commit_position(&messages) {
+                inner.watcher.observe_primary(asked, lsn, timeline);
+            }
+        }
+        _ => discard(conn),
+    }
+}
+
+async fn probe_replica(inner: &Inner, index: usize) {
+    let pool = &inner.replicas[index];
+    let deadline = probe_deadline(inner);
+    let replica = pool.name.clone();
+    let conn = match pool.checkout(deadline).await {
+        Ok(conn) => conn,
+        Err(error) => {
+            inner.watcher.mark_unreachable(index, &error.to_string());
+            metrics::gauge!(crate::metrics::REPLICA_UP, "replica" => replica).set(0.0);
+            return;
+        }
+    };
+    let answer =
+        tokio::time::timeout_at(deadline, conn.client.simple_query(REPLICA_PROBE_SQL)).await;
+    let messages = match answer {
+        Ok(Ok(messages)) => messages,
+        Ok(Err(error)) => {
+            inner.watcher.mark_unreachable(index, &error.to_string());
+            return discard(conn);
+        }
+        Err(_) => {
+            inner.watcher.mark_unreachable(index, "probe timed out");
+            return discard(conn);
+        }
+    };
+    let (in_recovery, replayed) = flight::replica_position(&messages);
+    let timeline = third_column(&messages).and_then(|t| t.parse().ok());
+    let role = match in_recovery {
+        Some(false) => Role::Primary,
+        _ => Role::Standby,
+    };
+    if let (Role::Standby, Some(lsn)) = (role, replayed) {
+        inner.watcher.observe_replayed(index, &conn.server, lsn);
+    }
+    inner.watcher.observe_role(index, role, timeline);
+    export(inner, index, role);
+}
+
+fn export(inner: &Inner, index: usize, role: Role) {
+    let now = Instant::now();
+    let state = inner.watcher.states(None)[index];
+    let lag = state
+        .replayed
+        .and_then(|r| inner.watcher.lag_behind(r, now));
+    inner.watcher.observe_lag(index, lag);
+    let replica = inner.replicas[index].name.clone();
+    let up = if role == Role::Standby { 1.0 } else { 0.0 };
+    metrics::gauge!(crate::metrics::REPLICA_UP, "replica" => replica.clone()).set(up);
+    if let Some(replayed) = state.replayed {
+        metrics::gauge!(crate::metrics::REPLAYED_LSN, "replica" => replica.clone())
+            .set(replayed.as_u64() as f64);
+    }
+    if let Some(bytes) = state.lag_bytes {
+        metrics::gauge!(crate::metrics::LAG_BYTES, "replica" => replica.clone()).set(bytes as f64);
+    }
+    if let Some(lag) = lag {
+        metrics::gauge!(crate::metrics::LAG_SECONDS, "replica" => replica).set(lag.as_secs_f64());
+    }
+}
+
+fn third_column(messages: &[SimpleQueryMessage]) -> Option<String> {
+    messages.iter().find_map(|m| match m {
+        SimpleQueryMessage::Row(row) => row.get(2).map(str::to_owned),
+        _ => None,
+    })
+}

@@ -1,0 +1,239 @@
+//! Connections to one node, and the identity of the server each one actually reached.
+//!
+//! A node is a libpq URL; what answers it may be one server or, behind a load balancer or DNS
+//! round robin, several. Everything lsngate knows about replay positions is keyed by
+//! [`ServerId`] — learned once per connection, when it is opened — never by the URL, so
+//! "replica 1 has replayed X" is only ever applied to the server that said so.
+//!
+//! This is a thin [`deadpool`] manager over plain `tokio_postgres` connections (no TLS), with
+//! a per-connection prepared-statement cache so a read sent after a wait costs no prepare round
+//! trip. It is not a general pool: checkout and connect are always bounded by a timeout, because a
+//! frozen server accepts TCP and then never answers.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use deadpool::managed::{self, Metrics, RecycleError, RecycleResult};
+use tokio::time::Instant;
+use tokio_postgres::{Client, NoTls, SimpleQueryMessage, Statement};
+
+/// Who a connection really reached: replicas of one primary share `system_identifier`, so the
+/// address, port and postmaster start time tell them (and a restarted server) apart.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub(crate) struct ServerId {
+    system_identifier: String,
+    address: String,
+    port: String,
+    started: String,
+}
+
+impl fmt::Display for ServerId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{}:{} (started {})",
+            self.address, self.port, self.started
+        )
+    }
+}
+
+/// One pooled connection and what was learned about its server when it was opened.
+pub(crate) struct Conn {
+    pub client: Client,
+    pub server: Arc<ServerId>,
+    /// `server_version_num`, e.g. 190000.
+    pub version_num: u32,
+    statements: HashMap<String, Statement>,
+}
+
+impl Conn {
+    /// The cached prepared statement for `sql`, if this connection prepared it before.
+    pub fn cached(&self, sql: &str) -> Option<Statement> {
+        self.statements.get(sql).cloned()
+    }
+
+    /// Remembers a statement prepared on this connection. The cache is bounded so an
+    /// application building SQL text dynamically does not grow it without end.
+    pub fn remember(&mut self, sql: &str, statement: Statement) {
+        if self.statements.len() >= 256 {
+            self.statements.clear();
+        }
+        self.statements.insert(sql.to_string(), statement);
+    }
+}
+
+/// Why a connection could not be opened.
+#[derive(Debug, Clone)]
+pub(crate) struct ConnectError(pub String);
+
+impl fmt::Display for ConnectError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+const IDENTITY_SQL: &str = "SELECT system_identifier::text, \
+     coalesce(host(inet_server_addr()), 'local'), coalesce(inet_server_port()::text, ''), \
+     pg_postmaster_start_time()::text, current_setting('server_version_num') \
+     FROM pg_control_system()";
+
+/// Opens connections to one URL.
+pub(crate) struct NodeManager {
+    config: tokio_postgres::Config,
+    connect_timeout: Duration,
+}
+
+impl managed::Manager for NodeManager {
+    type Type = Conn;
+    type Error = ConnectError;
+
+    async fn create(&self) -> Result<Conn, ConnectError> {
+        let open = async {
+            let (client, connection) = self
+                .config
+                .connect(NoTls)
+                .await
+                .map_err(|e| ConnectError(e.to_string()))?;
+            tokio::spawn(async move {
+                let _ = connection.await;
+            });
+            let rows = client
+                .simple_query(IDENTITY_SQL)
+                .await
+                .map_err(|e| ConnectError(format!("learning the server identity: {e}")))?;
+            identify(client, &rows)
+        };
+        match tokio::time::timeout(self.connect_timeout, open).await {
+            Ok(result) => result,
+            Err(_) => Err(ConnectError(format!(
+                "no answer within {:?} (server down, frozen or overloaded)",
+                self.connect_timeout
+            ))),
+        }
+    }
+
+    async fn recycle(&self, conn: &mut Conn, _: &Metrics) -> RecycleResult<ConnectError> {
+        // A closed connection is the only thing checked here: an extra query per checkout would
+        // cost the round trip lsngate exists to avoid. Dead servers surface on use.
+        if conn.client.is_closed() {
+            Err(RecycleError::message("connection closed"))
+        } else {
+            Ok(())
+        }
+    }
+}
+
+fn identify(client: Client, rows: &[SimpleQueryMessage]) -> Result<Conn, ConnectError> {
+    let row = rows
+        .iter()
+        .find_map(|m| match m {
+            SimpleQueryMessage::Row(row) => Some(row),
+            _ => None,
+        })
+        .ok_or_else(|| ConnectError("identity query returned no row".into()))?;
+    let text = |i: usize| row.get(i).unwrap_or_default().to_string();
+    let version_num = text(4).parse().unwrap_or(0);
+    Ok(Conn {
+        client,
+        server: Arc::new(ServerId {
+            system_identifier: text(0),
+            address: text(1),
+            port: text(2),
+            started: text(3),
+        }),
+        version_num,
+        statements: HashMap::new(),
+    })
+}
+
+/// A pooled connection.
+pub(crate) type Pooled = managed::Object<NodeManager>;
+
+/// Why a checkout failed.
+#[derive(Debug, Clone)]
+pub(crate) enum CheckoutError {
+    /// Nothing within the deadline (pool exhausted or server not answering).
+    Timeout,
+    /// The server refused or failed the connection.
+    Connect(String),
+}
+
+impl fmt::Display for CheckoutError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            CheckoutError::Timeout => f.write_str("no connection within the deadline"),
+            CheckoutError::Connect(message) => f.write_str(message),
+        }
+    }
+}
+
+/// The pool of one node.
+pub(crate) struct NodePool {
+    /// `primary`, `replica0`, `replica1`, ...
+    pub name: String,
+    /// host:port list, for messages (never the password).
+    pub address: String,
+    pool: managed::Pool<NodeManager>,
+}
+
+impl NodePool {
+    pub fn new(
+        name: String,
+        url: &str,
+        size: usize,
+        connect_timeout: Duration,
+    ) -> Result<NodePool, String> {
+        let mut config: tokio_postgres::Config = url.parse().map_err(|e| format!("{e}"))?;
+        config.connect_timeout(connect_timeout);
+        if config.get_application_name().is_none() {
+            config.application_name("lsngate");
+        }
+        let address = describe(&config);
+        let manager = NodeManager {
+            config,
+            connect_timeout,
+        };
+        let pool = managed::Pool::builder(manager)
+            .max_size(size.max(1))
+            .build()
+            .map_err(|e| e.to_string())?;
+        Ok(NodePool {
+            name,
+            address,
+            pool,
+        })
+    }
+
+    /// A connection, or an error by `deadline` at the latest.
+    pub async fn checkout(&self, deadline: Instant) -> Result<Pooled, CheckoutError> {
+        match tokio::time::timeout_at(deadline, self.pool.get()).await {
+            Err(_) => Err(CheckoutError::Timeout),
+            Ok(Ok(conn)) => Ok(conn),
+            Ok(Err(managed::PoolError::Backend(ConnectError(message)))) => {
+                Err(CheckoutError::Connect(message))
+            }
+            Ok(Err(other)) => Err(CheckoutError::Connect(other.to_string())),
+        }
+    }
+}
+
+/// Drops a connection instead of returning it to the pool (after a timeout or error left it in
+/// an unknown state).
+pub(crate) fn discard(conn: Pooled) {
+    drop(managed::Object::take(conn));
+}
+
+fn describe(config: &tokio_postgres::Config) -> String {
+    let hosts: Vec<String> = config
+        .get_hosts()
+        .iter()
+        .map(|h| match h {
+            tokio_postgres::config::Host::Tcp(name) => name.clone(),
+            tokio_postgres::config::Host::Unix(path) => path.display().to_string(),
+        })
+        .collect();
+    let port = config.get_ports().first().copied().unwrap_or(5432);
+    format!("{}:{port}", hosts.join(","))
+}

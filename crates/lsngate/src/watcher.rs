@@ -1,0 +1,250 @@
+//! What the gate knows about its replicas: per *server* replayed positions (monotonic max), per
+//! replica URL health / role / lag, and the primary's WAL clock used to turn a replay position
+//! into a time lag.
+//!
+//! Fed by every wait, check and read (their results), and by the background monitor. Only
+//! raises what a server itself reported, so a shortcut taken from it ("already replayed, read at
+//! once") is never wrong for that server. It does no I/O itself.
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use lsngate_core::{Lsn, ReplicaState, Role};
+use tokio::time::Instant;
+
+use crate::error::ReplicaPosition;
+use crate::pool::ServerId;
+
+/// Health, role and lag of one replica URL.
+#[derive(Debug, Default)]
+struct SlotState {
+    healthy: bool,
+    role: Role,
+    lag: Option<Duration>,
+    timeline: Option<u32>,
+    servers: HashSet<Arc<ServerId>>,
+}
+
+/// Public snapshot of one replica, for dashboards and tests.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReplicaStatus {
+    /// `replica0`, `replica1`, ...
+    pub name: String,
+    /// host:port of its URL.
+    pub address: String,
+    /// Reachable at the last contact.
+    pub healthy: bool,
+    /// `Standby`, `Primary` (promoted: no longer used as a replica) or `Unknown`.
+    pub role: Role,
+    /// Lowest known replay position over the servers reached through this URL.
+    pub replayed: Option<Lsn>,
+    /// Bytes behind the primary's last known position.
+    pub lag_bytes: Option<u64>,
+    /// Time behind the primary, from the primary's WAL clock.
+    pub lag: Option<Duration>,
+    /// Distinct servers seen behind this URL (more than one: a load balancer).
+    pub servers_seen: usize,
+}
+
+/// Shared knowledge about replicas and the primary.
+#[derive(Debug)]
+pub(crate) struct Watcher {
+    replayed: Mutex<HashMap<Arc<ServerId>, Lsn>>,
+    slots: Vec<Mutex<SlotState>>,
+    /// (when, primary insert position) samples: the primary's WAL clock.
+    clock: Mutex<VecDeque<(Instant, Lsn)>>,
+    primary_timeline: Mutex<Option<u32>>,
+}
+
+const CLOCK_SAMPLES: usize = 2048;
+
+impl Watcher {
+    pub fn new(replicas: usize) -> Watcher {
+        Watcher {
+            replayed: Mutex::new(HashMap::new()),
+            slots: (0..replicas)
+                .map(|_| {
+                    Mutex::new(SlotState {
+                        healthy: true,
+                        ..SlotState::default()
+                    })
+                })
+                .collect(),
+            clock: Mutex::new(VecDeque::new()),
+            primary_timeline: Mutex::new(None),
+        }
+    }
+
+    /// What `server` is known to have replayed.
+    pub fn replayed(&self, server: &ServerId) -> Option<Lsn> {
+        lock(&self.replayed).get(server).copied()
+    }
+
+    /// `server`, reached through replica `slot`, reported having replayed `lsn` (never lowers).
+    pub fn observe_replayed(&self, slot: usize, server: &Arc<ServerId>, lsn: Lsn) {
+        {
+            let mut map = lock(&self.replayed);
+            let known = map.entry(server.clone()).or_insert(lsn);
+            *known = (*known).max(lsn);
+        }
+        let mut state = lock(&self.slots[slot]);
+        state.servers.insert(server.clone());
+        state.healthy = true;
+        if state.role == Role::Unknown {
+            state.role = Role::Standby;
+        }
+    }
+
+    /// Replica `slot` answered as a standby (or as a promoted primary).
+    pub fn observe_role(&self, slot: usize, role: Role, timeline: Option<u32>) {
+        let mut state = lock(&self.slots[slot]);
+        state.healthy = true;
+        if role == Role::Primary && state.role != Role::Primary {
+            tracing::warn!(
+                replica = slot,
+                "replica answered `not in recovery`: it was promoted; no longer used as a replica"
+            );
+            metrics::counter!(crate::metrics::PROMOTIONS, "replica" => slot.to_string())
+                .increment(1);
+        }
+        state.role = role;
+        if timeline.is_some() {
+            state.timeline = timeline;
+        }
+    }
+
+    /// Replica `slot` failed to answer; it is skipped until it answers again.
+    pub fn mark_unreachable(&self, slot: usize, cause: &str) {
+        let mut state = lock(&self.slots[slot]);
+        if state.healthy {
+            tracing::warn!(
+                replica = slot,
+                cause,
+                "replica unreachable; skipped until it answers"
+            );
+        }
+        state.healthy = false;
+    }
+
+    /// Records a time lag measured for `slot`.
+    pub fn observe_lag(&self, slot: usize, lag: Option<Duration>) {
+        lock(&self.slots[slot]).lag = lag;
+    }
+
+    /// The primary was at `lsn` at `when`, on `timeline`.
+    pub fn observe_primary(&self, when: Instant, lsn: Lsn, timeline: Option<u32>) {
+        let mut clock = lock(&self.clock);
+        if clock.back().is_none_or(|&(_, last)| lsn > last) {
+            clock.push_back((when, lsn));
+            if clock.len() > CLOCK_SAMPLES {
+                clock.pop_front();
+            }
+        }
+        drop(clock);
+        if let Some(timeline) = timeline {
+            *lock(&self.primary_timeline) = Some(timeline);
+        }
+    }
+
+    /// The primary's timeline, when known.
+    pub fn primary_timeline(&self) -> Option<u32> {
+        *lock(&self.primary_timeline)
+    }
+
+    /// The primary's last sampled position.
+    pub fn primary_position(&self) -> Option<Lsn> {
+        lock(&self.clock).back().map(|&(_, lsn)| lsn)
+    }
+
+    /// How long ago the primary first wrote past `replayed`: zero when the replica has all the
+    /// primary's known WAL. Unlike `now() - pg_last_xact_replay_timestamp()` this does not grow
+    /// while the primary is idle.
+    pub fn lag_behind(&self, replayed: Lsn, now: Instant) -> Option<Duration> {
+        let clock = lock(&self.clock);
+        let &(_, latest) = clock.back()?;
+        if replayed >= latest {
+            return Some(Duration::ZERO);
+        }
+        let first_missing = clock.iter().find(|&&(_, lsn)| lsn > replayed)?;
+        Some(now.saturating_duration_since(first_missing.0))
+    }
+
+    /// Lowest replayed position over the servers seen behind `slot`.
+    fn slot_replayed(&self, state: &SlotState) -> Option<Lsn> {
+        let map = lock(&self.replayed);
+        let mut positions = state.servers.iter().map(|s| map.get(s).copied());
+        let first = positions.next()??;
+        positions.try_fold(first, |low, p| p.map(|p| low.min(p)))
+    }
+
+    /// Routing input for every replica. A replica on another timeline than `token_timeline`
+    /// is reported unhealthy for this read: `WAIT FOR LSN` compares numbers only.
+    pub fn states(&self, token_timeline: Option<u32>) -> Vec<ReplicaState> {
+        let primary = self.primary_position();
+        self.slots
+            .iter()
+            .map(|slot| {
+                let state = lock(slot);
+                let replayed = self.slot_replayed(&state);
+                let timeline_ok = match (token_timeline, state.timeline) {
+                    (Some(token), Some(replica)) => token == replica,
+                    _ => true,
+                };
+                ReplicaState {
+                    healthy: state.healthy && timeline_ok,
+                    role: if state.role == Role::Unknown {
+                        Role::Standby
+                    } else {
+                        state.role
+                    },
+                    replayed,
+                    lag_bytes: match (primary, replayed) {
+                        (Some(p), Some(r)) => Some(p.bytes_since(r)),
+                        _ => None,
+                    },
+                    lag: state.lag,
+                }
+            })
+            .collect()
+    }
+
+    /// Snapshot for [`crate::Gate::replicas`].
+    pub fn status(&self, names: &[(String, String)]) -> Vec<ReplicaStatus> {
+        let states = self.states(None);
+        names
+            .iter()
+            .zip(states)
+            .enumerate()
+            .map(|(i, ((name, address), state))| ReplicaStatus {
+                name: name.clone(),
+                address: address.clone(),
+                healthy: state.healthy,
+                role: lock(&self.slots[i]).role,
+                replayed: state.replayed,
+                lag_bytes: state.lag_bytes,
+                lag: state.lag,
+                servers_seen: lock(&self.slots[i]).servers.len(),
+            })
+            .collect()
+    }
+
+    /// Positions for error messages.
+    pub fn positions(&self, names: &[(String, String)]) -> Vec<ReplicaPosition> {
+        self.status(names)
+            .into_iter()
+            .map(|s| ReplicaPosition {
+                name: s.name,
+                replayed: s.replayed,
+            })
+            .collect()
+    }
+}
+
+/// A poisoned lock only means another thread panicked mid-update of plain numbers; the data is
+/// still usable.
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
