@@ -35,16 +35,6 @@ pub fn parse(text: &str) -> Result<Duration, String> {
     Ok(Duration::from_secs_f64(seconds))
 }
 
-/// Milliseconds with up to one decimal, for tables.
-pub fn ms(d: Duration) -> String {
-    let ms = d.as_secs_f64() * 1e3;
-    if ms >= 100.0 {
-        format!("{ms:.0}ms")
-    } else {
-        format!("{ms:.1}ms")
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -1,0 +1,254 @@
+//! `lsngate bench`: the problem and the fix side by side, on one cluster, in one run.
+//!
+//! Each strategy does the published workload — insert a row on the primary, then read it back
+//! by id like the next web request would — and the table shows how many reads were stale, who
+//! served them and how long the read path took, with every p50 as a ratio to `primary`'s from
+//! the same run. Then a timeout sweep (the wait budget decides who serves, never correctness)
+//! and the read-load experiment (reads on a replica stretch its replay).
+
+mod chart;
+mod read_load;
+mod report;
+mod strategy;
+mod target;
+mod workload;
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::Args;
+use indicatif::{ProgressBar, ProgressStyle};
+
+use report::{Document, Skipped};
+use strategy::{Session, Strategy};
+use target::Target;
+use workload::Plan;
+
+use crate::duration;
+
+#[derive(Debug, Args)]
+pub struct BenchArgs {
+    /// Primary URL of an existing cluster (libpq URL form). Without it a local cluster is started
+    /// (PostgreSQL 19 when installed), used and removed.
+    #[arg(long, requires = "replicas")]
+    primary: Option<String>,
+    /// Replica URL of an existing cluster; repeat or comma-separate. For sync-on/remote-apply the
+    /// first one must be the synchronous standby.
+    #[arg(long = "replica", value_delimiter = ',')]
+    replicas: Vec<String>,
+    /// Insert-then-read operations per strategy.
+    #[arg(long, default_value_t = 1000)]
+    ops: usize,
+    /// Concurrent workers, each with its own connection to every node.
+    #[arg(long, default_value_t = 8)]
+    workers: usize,
+    /// Strategies to run, comma-separated [default: every one the server supports]: primary,
+    /// replica, sleep:<ms>, sync-on, remote-apply, waitfor, poll.
+    #[arg(long, value_delimiter = ',')]
+    strategies: Vec<Strategy>,
+    /// Wait budget per read for waitfor and poll in the main table (e.g. 1s, 500ms).
+    #[arg(long, value_parser = duration::parse, default_value = "1s")]
+    timeout: Duration,
+    /// recovery_min_apply_delay on the local cluster's replicas for the main table and the sweep.
+    #[arg(long, value_parser = duration::parse)]
+    apply_delay: Option<Duration>,
+    /// Timeout sweep budgets, comma-separated. Local cluster default: 500ms,20ms,5ms with the
+    /// replicas held back by --apply-delay (50ms when not given). Existing cluster: only when set.
+    #[arg(long, value_parser = duration::parse, value_delimiter = ',')]
+    timeouts: Option<Vec<Duration>>,
+    /// Operations per strategy and budget in the sweep.
+    #[arg(long, default_value_t = 400)]
+    sweep_ops: usize,
+    /// Concurrent select-only clients on the replica for the read-load experiment; 0 skips it.
+    #[arg(long, default_value_t = 16)]
+    read_load: usize,
+    /// Length of each read-load phase (with 0 and with --read-load clients).
+    #[arg(long, value_parser = duration::parse, default_value = "3s")]
+    read_load_phase: Duration,
+    /// Replicas in the local cluster.
+    #[arg(long = "local-replicas", default_value_t = 1)]
+    local_replicas: usize,
+    /// PostgreSQL bin dir for the local cluster [default: auto-detect, 19 first].
+    #[arg(long, env = "LSNGATE_PG_BIN")]
+    pg_bin: Option<PathBuf>,
+    /// Also write the results as JSON to this file.
+    #[arg(long)]
+    json: Option<PathBuf>,
+    /// Also write a latency-distribution chart (SVG) to this file.
+    #[arg(long)]
+    svg: Option<PathBuf>,
+    /// No progress bars.
+    #[arg(long)]
+    quiet: bool,
+}
+
+/// The sweep's apply delay on a local cluster when --apply-delay is not given (the published
+/// budget table used 50 ms).
+const DEFAULT_SWEEP_DELAY: Duration = Duration::from_millis(50);
+
+pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
+    anyhow::ensure!(
+        args.ops > 0 && args.workers > 0,
+        "--ops and --workers must be at least 1"
+    );
+    let requested = if args.strategies.is_empty() {
+        default_strategies()
+    } else {
+        args.strategies.clone()
+    };
+    let wants_sync = requested.iter().any(Strategy::needs_sync_standby);
+    let target = Target::open(&args, wants_sync).await?;
+    let (runnable, mut skipped) = target.check(&requested);
+    let environment = target.environment(&args);
+    report::print_environment(&environment);
+
+    target.prepare_schema().await?;
+    let sessions = target.sessions(args.workers).await?;
+    let mut results = Vec::new();
+    let mut chart_series = Vec::new();
+    let plan = Plan {
+        ops: args.ops,
+        budget: args.timeout,
+        warmup_per_worker: 3,
+    };
+    for strategy in &runnable {
+        let label = strategy.to_string();
+        let bar = progress(&args, &label, plan.ops);
+        let samples = workload::run(strategy, &sessions, plan, &bar).await?;
+        bar.finish_and_clear();
+        let row = report::summarize(&label, &samples);
+        chart_series.push(chart::Series {
+            label: format!("{label}: {}/{} stale", row.stale, row.ops),
+            latencies_ms: samples
+                .iter()
+                .map(|s| s.read_path.as_secs_f64() * 1e3)
+                .collect(),
+        });
+        results.push(row);
+    }
+    report::print_results(&results);
+    report::print_skipped(&skipped);
+
+    let sweep = run_sweep(&args, &target, &sessions, &runnable, &mut skipped).await?;
+    if !sweep.is_empty() {
+        println!(
+            "\nWait budget sweep (correctness comes from the token; the budget only decides who serves):"
+        );
+        report::print_sweep(&sweep);
+    }
+
+    let read_load = if args.read_load > 0 {
+        let rows = read_load::run(
+            target.primary_url(),
+            &target.replica_urls()[0],
+            &[0, args.read_load],
+            args.read_load_phase,
+        )
+        .await?;
+        println!("\nRead load on the replica stretches its replay (same write rate, replica1):");
+        read_load::print(&rows);
+        rows
+    } else {
+        Vec::new()
+    };
+
+    target.drop_schema().await?;
+    let document = Document {
+        environment,
+        results,
+        sweep,
+        skipped,
+        read_load,
+    };
+    if let Some(path) = &args.json {
+        std::fs::write(path, serde_json::to_string_pretty(&document)?)?;
+        eprintln!("wrote {}", path.display());
+    }
+    if let Some(path) = &args.svg {
+        let title = format!(
+            "Read after write, PostgreSQL {}: {} ops, {} workers",
+            document.environment.server_version, args.ops, args.workers
+        );
+        std::fs::write(path, chart::render(&title, &chart_series))?;
+        eprintln!("wrote {}", path.display());
+    }
+    target.shutdown();
+    Ok(())
+}
+
+fn default_strategies() -> Vec<Strategy> {
+    vec![
+        Strategy::Primary,
+        Strategy::Replica,
+        Strategy::Sleep(Duration::from_millis(50)),
+        Strategy::SyncOn,
+        Strategy::RemoteApply,
+        Strategy::WaitFor,
+        Strategy::Poll,
+    ]
+}
+
+async fn run_sweep(
+    args: &BenchArgs,
+    target: &Target,
+    sessions: &[Session],
+    runnable: &[Strategy],
+    skipped: &mut Vec<Skipped>,
+) -> anyhow::Result<Vec<report::SweepRow>> {
+    let budgets = match (&args.timeouts, target.is_local()) {
+        (Some(budgets), _) => budgets.clone(),
+        (None, true) => vec![
+            Duration::from_millis(500),
+            Duration::from_millis(20),
+            Duration::from_millis(5),
+        ],
+        (None, false) => return Ok(Vec::new()),
+    };
+    let strategies: Vec<&Strategy> = runnable.iter().filter(|s| s.has_budget()).collect();
+    if strategies.is_empty() {
+        skipped.push(Skipped {
+            strategy: "sweep".into(),
+            reason: "no strategy with a wait budget (waitfor, poll) was run".into(),
+        });
+        return Ok(Vec::new());
+    }
+    let delay = target
+        .hold_back_replicas(args.apply_delay.unwrap_or(DEFAULT_SWEEP_DELAY))
+        .await?;
+    let mut rows = Vec::new();
+    for budget in budgets {
+        for strategy in &strategies {
+            let plan = Plan {
+                ops: args.sweep_ops,
+                budget,
+                warmup_per_worker: 1,
+            };
+            let label = format!("{strategy} {}ms", budget.as_millis());
+            let bar = progress(args, &label, plan.ops);
+            let samples = workload::run(strategy, sessions, plan, &bar).await?;
+            bar.finish_and_clear();
+            rows.push(report::sweep_row(
+                &strategy.to_string(),
+                budget.as_secs_f64() * 1e3,
+                delay.as_secs_f64() * 1e3,
+                &samples,
+            ));
+        }
+    }
+    target.release_replicas(args.apply_delay).await?;
+    Ok(rows)
+}
+
+fn progress(args: &BenchArgs, label: &str, ops: usize) -> ProgressBar {
+    if args.quiet {
+        return ProgressBar::hidden();
+    }
+    let bar = ProgressBar::new(ops as u64);
+    bar.set_style(
+        ProgressStyle::with_template("{prefix:>18} [{bar:40}] {pos}/{len} {elapsed}")
+            .expect("valid template")
+            .progress_chars("=> "),
+    );
+    bar.set_prefix(label.to_string());
+    bar
+}

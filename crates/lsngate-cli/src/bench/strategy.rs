@@ -1,0 +1,268 @@
+//! The read-after-write strategies the benchmark compares, and how each performs one read.
+//!
+//! Every strategy does the same write (an insert on the primary) and then reads the row back by
+//! id "like the next web request would". They differ only in what happens between the COMMIT
+//! returning and the read: nothing, a sleep, a synchronous commit, or a wait for the commit's
+//! LSN on the replica.
+
+use std::time::{Duration, Instant};
+
+use lsngate_core::Lsn;
+use tokio_postgres::{Client, SimpleQueryMessage, Statement};
+
+/// One strategy, as named on the command line.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Strategy {
+    /// Read the primary: never stale, spares no load.
+    Primary,
+    /// Read a replica right away: what naive read/write splitting does.
+    Replica,
+    /// Sleep, then read a replica.
+    Sleep(Duration),
+    /// Synchronous standby with `synchronous_commit = on`: waits for flush, not replay.
+    SyncOn,
+    /// `synchronous_commit = remote_apply`: every commit waits for replay on the standby.
+    RemoteApply,
+    /// The published pattern: a separate LSN query after commit, `WAIT FOR LSN` on the replica,
+    /// then the read (two extra round trips). PostgreSQL ≥ 19.
+    WaitFor,
+    /// LSN query after commit, then poll `pg_last_wal_replay_lsn()` on the replica, then read.
+    Poll,
+}
+
+impl std::str::FromStr for Strategy {
+    type Err = String;
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        Ok(match text {
+            "primary" => Strategy::Primary,
+            "replica" => Strategy::Replica,
+            "sync-on" => Strategy::SyncOn,
+            "remote-apply" => Strategy::RemoteApply,
+            "waitfor" => Strategy::WaitFor,
+            "poll" => Strategy::Poll,
+            other => match other.strip_prefix("sleep:") {
+                Some(delay) => Strategy::Sleep(crate::duration::parse(delay)?),
+                None => {
+                    return Err(format!(
+                        "unknown strategy {other:?}; expected one of: {}",
+                        Strategy::NAMES
+                    ));
+                }
+            },
+        })
+    }
+}
+
+impl std::fmt::Display for Strategy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Strategy::Primary => write!(f, "primary"),
+            Strategy::Replica => write!(f, "replica"),
+            Strategy::Sleep(d) => write!(f, "sleep:{}ms", d.as_millis()),
+            Strategy::SyncOn => write!(f, "sync-on"),
+            Strategy::RemoteApply => write!(f, "remote-apply"),
+            Strategy::WaitFor => write!(f, "waitfor"),
+            Strategy::Poll => write!(f, "poll"),
+        }
+    }
+}
+
+impl Strategy {
+    pub const NAMES: &'static str =
+        "primary, replica, sleep:<ms>, sync-on, remote-apply, waitfor, poll";
+
+    /// The `synchronous_commit` a worker's primary session uses for this strategy's writes.
+    /// `local` keeps the others as fast as plain asynchronous replication when the cluster has a
+    /// synchronous standby configured for the sync strategies.
+    pub fn synchronous_commit(&self) -> &'static str {
+        match self {
+            Strategy::SyncOn => "on",
+            Strategy::RemoteApply => "remote_apply",
+            _ => "local",
+        }
+    }
+
+    pub fn needs_sync_standby(&self) -> bool {
+        matches!(self, Strategy::SyncOn | Strategy::RemoteApply)
+    }
+
+    /// Whether the strategy takes a wait budget (and so belongs in the timeout sweep).
+    pub fn has_budget(&self) -> bool {
+        matches!(self, Strategy::WaitFor | Strategy::Poll)
+    }
+}
+
+/// One worker's connections and prepared statements.
+pub struct Session {
+    pub primary: Client,
+    pub replicas: Vec<Client>,
+    insert: Statement,
+    read_primary: Statement,
+    read_replica: Vec<Statement>,
+    current_lsn: Statement,
+    replayed: Vec<Statement>,
+}
+
+pub const INSERT: &str = "INSERT INTO lsngate_bench (payload) VALUES ($1) RETURNING id";
+pub const READ: &str = "SELECT payload FROM lsngate_bench WHERE id = $1";
+const CURRENT_LSN: &str = "SELECT pg_current_wal_insert_lsn()::text";
+const REPLAYED: &str = "SELECT coalesce(pg_last_wal_replay_lsn() >= $1::text::pg_lsn, false)";
+
+impl Session {
+    /// Prepares every statement once, so each later query is one round trip.
+    pub async fn prepare(primary: Client, replicas: Vec<Client>) -> anyhow::Result<Session> {
+        let mut read_replica = Vec::new();
+        let mut replayed = Vec::new();
+        for replica in &replicas {
+            read_replica.push(replica.prepare(READ).await?);
+            replayed.push(replica.prepare(REPLAYED).await?);
+        }
+        Ok(Session {
+            insert: primary.prepare(INSERT).await?,
+            read_primary: primary.prepare(READ).await?,
+            current_lsn: primary.prepare(CURRENT_LSN).await?,
+            primary,
+            replicas,
+            read_replica,
+            replayed,
+        })
+    }
+
+    pub async fn set_synchronous_commit(&self, value: &str) -> anyhow::Result<()> {
+        self.primary
+            .batch_execute(&format!("SET synchronous_commit = {value}"))
+            .await?;
+        Ok(())
+    }
+
+    pub async fn insert(&self, payload: &str) -> anyhow::Result<i64> {
+        Ok(self
+            .primary
+            .query_one(&self.insert, &[&payload])
+            .await?
+            .get(0))
+    }
+
+    pub async fn read_primary(&self, id: i64) -> anyhow::Result<Option<String>> {
+        let row = self.primary.query_opt(&self.read_primary, &[&id]).await?;
+        Ok(row.map(|r| r.get(0)))
+    }
+
+    pub async fn read_replica(&self, replica: usize, id: i64) -> anyhow::Result<Option<String>> {
+        let row = self.replicas[replica]
+            .query_opt(&self.read_replica[replica], &[&id])
+            .await?;
+        Ok(row.map(|r| r.get(0)))
+    }
+
+    /// The primary's WAL insert position, read after the commit returned (a separate round trip).
+    pub async fn commit_lsn(&self) -> anyhow::Result<Lsn> {
+        let text: String = self.primary.query_one(&self.current_lsn, &[]).await?.get(0);
+        Ok(Lsn::parse(&text)?)
+    }
+
+    /// `WAIT FOR LSN` on a replica; true when it answered `success`.
+    pub async fn wait_for(
+        &self,
+        replica: usize,
+        lsn: Lsn,
+        budget: Duration,
+    ) -> anyhow::Result<bool> {
+        // The LSN must be a literal (no bind parameters); its text comes from the number.
+        let sql = format!(
+            "WAIT FOR LSN '{lsn}' WITH (MODE 'standby_replay', TIMEOUT '{}', NO_THROW)",
+            budget.as_millis().max(1)
+        );
+        let messages = self.replicas[replica].simple_query(&sql).await?;
+        let status = messages.iter().find_map(|m| match m {
+            SimpleQueryMessage::Row(row) => row.get(0).map(str::to_string),
+            _ => None,
+        });
+        Ok(status.as_deref() == Some("success"))
+    }
+
+    /// Polls the replica's replay position until it reaches `lsn` or the budget is spent.
+    pub async fn poll_replayed(
+        &self,
+        replica: usize,
+        lsn: Lsn,
+        budget: Duration,
+    ) -> anyhow::Result<bool> {
+        let deadline = Instant::now() + budget;
+        let lsn_text = lsn.to_string();
+        let mut pause = Duration::from_micros(500);
+        loop {
+            let row = self.replicas[replica]
+                .query_one(&self.replayed[replica], &[&lsn_text])
+                .await?;
+            if row.get::<_, bool>(0) {
+                return Ok(true);
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return Ok(false);
+            }
+            tokio::time::sleep(pause.min(deadline - now)).await;
+            pause = (pause * 2).min(Duration::from_millis(10));
+        }
+    }
+}
+
+/// What one read-after-write gave.
+#[derive(Debug, Clone, Copy)]
+pub struct ReadResult {
+    pub stale: bool,
+    pub served_by_replica: bool,
+    pub fallback: bool,
+}
+
+/// Reads row `id` (written with `payload`) back under `strategy`, on replica `replica`.
+pub async fn read_back(
+    strategy: &Strategy,
+    session: &Session,
+    replica: usize,
+    id: i64,
+    payload: &str,
+    budget: Duration,
+) -> anyhow::Result<ReadResult> {
+    let on_replica = |seen: Option<String>| ReadResult {
+        stale: seen.as_deref() != Some(payload),
+        served_by_replica: true,
+        fallback: false,
+    };
+    let fallback = |seen: Option<String>| ReadResult {
+        stale: seen.as_deref() != Some(payload),
+        served_by_replica: false,
+        fallback: true,
+    };
+    Ok(match strategy {
+        Strategy::Primary => {
+            let seen = session.read_primary(id).await?;
+            ReadResult {
+                stale: seen.as_deref() != Some(payload),
+                served_by_replica: false,
+                fallback: false,
+            }
+        }
+        Strategy::Replica | Strategy::SyncOn | Strategy::RemoteApply => {
+            on_replica(session.read_replica(replica, id).await?)
+        }
+        Strategy::Sleep(delay) => {
+            tokio::time::sleep(*delay).await;
+            on_replica(session.read_replica(replica, id).await?)
+        }
+        Strategy::WaitFor | Strategy::Poll => {
+            let lsn = session.commit_lsn().await?;
+            let caught_up = if *strategy == Strategy::WaitFor {
+                session.wait_for(replica, lsn, budget).await?
+            } else {
+                session.poll_replayed(replica, lsn, budget).await?
+            };
+            if caught_up {
+                on_replica(session.read_replica(replica, id).await?)
+            } else {
+                fallback(session.read_primary(id).await?)
+            }
+        }
+    })
+}
