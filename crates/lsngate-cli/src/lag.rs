@@ -113,7 +113,10 @@ pub fn diagnose(facts: &ReplicaFacts, replay_backlog_bytes: u64) -> Verdict {
     let verdict = |bottleneck, reason: String| Verdict { bottleneck, reason };
     if !facts.reachable {
         let why = facts.error.clone().unwrap_or_default();
-        return verdict(Bottleneck::Down, format!("cannot connect: {why}"));
+        return verdict(
+            Bottleneck::Down,
+            format!("not streaming: the replica is down or unreachable ({why})"),
+        );
     }
     if facts.in_recovery == Some(false) {
         return verdict(

@@ -1,0 +1,286 @@
+//! The `lsngate` binary end to end on real clusters: `bench` (strategies, JSON schema),
+//! `lag` (verdicts for healthy, paused and stopped replicas) and `cluster up|status|down`.
+//! The server version follows LSNGATE_PG_BIN like every other test.
+
+use std::process::{Command, Output};
+use std::time::Duration;
+
+use lsngate_testkit::{Cluster, ClusterConfig, PgBin};
+use serde_json::Value;
+
+fn lsngate(args: &[&str]) -> Output {
+    let output = Command::new(env!("CARGO_BIN_EXE_lsngate"))
+        .args(args)
+        .output()
+        .expect("run lsngate");
+    assert!(
+        output.status.success(),
+        "lsngate {args:?} failed: {}\n{}",
+        String::from_utf8_lossy(&output.stderr),
+        String::from_utf8_lossy(&output.stdout)
+    );
+    output
+}
+
+fn json_lines(output: &Output) -> Value {
+    serde_json::from_slice(&output.stdout).expect("one JSON document on stdout")
+}
+
+#[test]
+fn bench_runs_every_strategy_and_writes_the_documented_json() {
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("bench.json");
+    let svg = dir.path().join("bench.svg");
+    let output = lsngate(&[
+        "bench",
+        "--ops",
+        "60",
+        "--workers",
+        "4",
+        "--sweep-ops",
+        "24",
+        "--timeouts",
+        "500ms,5ms",
+        "--read-load",
+        "2",
+        "--read-load-phase",
+        "300ms",
+        "--quiet",
+        "--json",
+        json.to_str().unwrap(),
+        "--svg",
+        svg.to_str().unwrap(),
+    ]);
+    let table = String::from_utf8_lossy(&output.stdout);
+    assert!(table.contains("read p50 / primary"), "{table}");
+    let doc: Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+
+    let env = &doc["environment"];
+    for key in [
+        "server_version",
+        "replicas",
+        "apply_delay_ms",
+        "cores",
+        "workers",
+        "ops",
+    ] {
+        assert!(!env[key].is_null(), "environment.{key} missing: {env}");
+    }
+    let results = doc["results"].as_array().unwrap();
+    let by_name = |name: &str| results.iter().find(|r| r["strategy"] == name);
+    let major = PgBin::find(None).unwrap().major;
+    let mut expected = vec![
+        "primary",
+        "replica",
+        "sleep:50ms",
+        "sync-on",
+        "remote-apply",
+        "poll",
+    ];
+    if major >= 19 {
+        expected.push("waitfor");
+    } else {
+        let skipped = doc["skipped"].as_array().unwrap();
+        assert!(
+            skipped.iter().any(|s| s["strategy"] == "waitfor"
+                && s["reason"].as_str().unwrap().contains("PostgreSQL 19")),
+            "waitfor must be skipped with its reason on {major}: {skipped:?}"
+        );
+    }
+    for name in &expected {
+        let row = by_name(name).unwrap_or_else(|| panic!("no result for {name}: {results:?}"));
+        for key in ["ops", "stale", "served_by_replica", "fallbacks"] {
+            assert!(row[key].is_u64(), "{name}.{key} not a count: {row}");
+        }
+        for key in ["p50_ms", "p95_ms", "p99_ms", "e2e_p50_ms"] {
+            assert!(row[key].as_f64().unwrap() > 0.0, "{name}.{key}: {row}");
+        }
+        assert_eq!(row["ops"], 60);
+        assert!(row["p50_ms"].as_f64() <= row["p95_ms"].as_f64());
+        assert!(row["p95_ms"].as_f64() <= row["p99_ms"].as_f64());
+    }
+    // Safe strategies are never stale; primary never uses a replica; the replica strategies do.
+    for name in ["primary", "remote-apply", "poll", "waitfor"] {
+        if let Some(row) = by_name(name) {
+            assert_eq!(row["stale"], 0, "{name} must never be stale: {row}");
+        }
+    }
+    assert_eq!(by_name("primary").unwrap()["served_by_replica"], 0);
+    let naive = by_name("replica").unwrap();
+    assert_eq!(naive["served_by_replica"], 60);
+    assert!(
+        naive["stale"].as_u64().unwrap() <= 60,
+        "counted, not capped: {naive}"
+    );
+
+    let sweep = doc["sweep"].as_array().unwrap();
+    assert!(!sweep.is_empty());
+    for row in sweep {
+        for key in [
+            "strategy",
+            "timeout_ms",
+            "apply_delay_ms",
+            "ops",
+            "stale",
+            "served_by_replica",
+            "fallbacks",
+            "p50_ms",
+        ] {
+            assert!(!row[key].is_null(), "sweep.{key} missing: {row}");
+        }
+        assert_eq!(
+            row["stale"], 0,
+            "the budget never makes a read stale: {row}"
+        );
+        assert_eq!(row["apply_delay_ms"], 50.0);
+        assert_eq!(
+            row["served_by_replica"].as_u64().unwrap() + row["fallbacks"].as_u64().unwrap(),
+            24,
+            "every read is served by the replica or falls back: {row}"
+        );
+        if row["timeout_ms"] == 5.0 {
+            // 5 ms cannot cover a 50 ms apply delay: nearly everything falls back.
+            assert!(row["fallbacks"].as_u64().unwrap() >= 20, "{row}");
+        }
+    }
+    let read_load = doc["read_load"].as_array().unwrap();
+    assert_eq!(read_load.len(), 2);
+    assert_eq!(read_load[1]["readers"], 2);
+    assert!(read_load[1]["reads_per_second"].as_f64().unwrap() > 0.0);
+    let chart = std::fs::read_to_string(&svg).unwrap();
+    assert!(chart.starts_with("<svg") && chart.contains("primary: 0/60 stale"));
+}
+
+#[test]
+fn bench_against_an_existing_cluster_says_what_it_cannot_run() {
+    let cluster = Cluster::start(&ClusterConfig::default().replicas(1)).unwrap();
+    let output = lsngate(&[
+        "bench",
+        "--primary",
+        &cluster.primary_url(),
+        "--replica",
+        &cluster.replica_urls()[0],
+        "--ops",
+        "16",
+        "--workers",
+        "2",
+        "--strategies",
+        "primary,sync-on,poll",
+        "--read-load",
+        "0",
+        "--quiet",
+    ]);
+    let text = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        text.contains("skipped sync-on: the primary has no synchronous standby"),
+        "{text}"
+    );
+    assert!(text.contains("poll"), "{text}");
+    assert!(
+        !text.contains("Wait budget sweep"),
+        "no sweep on an existing cluster unless asked"
+    );
+}
+
+#[test]
+fn lag_names_the_bottleneck_for_healthy_paused_and_stopped_replicas() {
+    let cluster = Cluster::start(&ClusterConfig::default().replicas(2)).unwrap();
+    let primary_url = cluster.primary_url();
+    let urls = cluster.replica_urls().join(",");
+    let lag = |extra: &[&str]| {
+        let mut args = vec![
+            "lag",
+            "--primary",
+            &primary_url,
+            "--replica",
+            &urls,
+            "--json",
+            "--sample",
+            "100ms",
+        ];
+        args.extend_from_slice(extra);
+        json_lines(&lsngate(&args))
+    };
+    let verdict = |report: &Value, i: usize| {
+        let replica = &report["replicas"][i];
+        (
+            replica["verdict"]["bottleneck"]
+                .as_str()
+                .unwrap()
+                .to_string(),
+            replica["verdict"]["reason"].as_str().unwrap().to_string(),
+        )
+    };
+
+    let healthy = lag(&["--heartbeat"]);
+    for i in 0..2 {
+        assert_eq!(verdict(&healthy, i).0, "none", "{healthy}");
+        assert!(healthy["replicas"][i]["heartbeat_lag_ms"].as_f64().unwrap() >= 0.0);
+    }
+
+    cluster.replica(0).pause_replay().unwrap();
+    cluster
+        .primary()
+        .sql("CREATE TABLE lag_probe AS SELECT g FROM generate_series(1, 20000) g")
+        .unwrap();
+    let position = cluster
+        .primary()
+        .sql("SELECT pg_current_wal_insert_lsn()")
+        .unwrap();
+    cluster
+        .replica(1)
+        .wait_replayed(&position, Duration::from_secs(30))
+        .unwrap();
+    let paused = lag(&[]);
+    let (bottleneck, reason) = verdict(&paused, 0);
+    assert_eq!(bottleneck, "replay_paused", "{paused}");
+    assert!(reason.contains("replay is paused"), "{reason}");
+    assert!(
+        paused["replicas"][0]["bytes_received_not_replayed"]
+            .as_u64()
+            .unwrap()
+            > 0
+    );
+    assert_eq!(
+        verdict(&paused, 1).0,
+        "none",
+        "the other replica is fine: {paused}"
+    );
+
+    cluster.replica(0).resume_replay().unwrap();
+    cluster.replica(0).stop().unwrap();
+    let stopped = lag(&[]);
+    let (bottleneck, reason) = verdict(&stopped, 0);
+    assert_eq!(bottleneck, "down", "{stopped}");
+    assert!(reason.contains("not streaming"), "{reason}");
+}
+
+#[test]
+fn cluster_up_status_down() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("c");
+    let path = path.to_str().unwrap();
+    let up = lsngate(&["cluster", "up", "--replicas", "1", "--dir", path]);
+    let env = String::from_utf8_lossy(&up.stdout);
+    let primary = env
+        .lines()
+        .find_map(|l| l.strip_prefix("LSNGATE_PRIMARY_URL="))
+        .unwrap();
+    let replicas = env
+        .lines()
+        .find_map(|l| l.strip_prefix("LSNGATE_REPLICA_URLS="))
+        .unwrap();
+    assert!(
+        primary.starts_with("postgres://postgres@127.0.0.1:"),
+        "{env}"
+    );
+    assert_eq!(replicas.split(',').count(), 1);
+    let status = lsngate(&["cluster", "status", "--dir", path]);
+    let status = String::from_utf8_lossy(&status.stdout);
+    assert!(
+        status.contains("primary") && status.contains("replica1") && status.contains("replica"),
+        "{status}"
+    );
+    lsngate(&["cluster", "down", "--dir", path]);
+    assert!(!std::path::Path::new(path).exists());
+}
