@@ -1,0 +1,278 @@
+//! One server connection: connect, authenticate with the config's credentials (trust,
+//! cleartext, MD5, SCRAM-SHA-256), then send and receive frames. It also remembers what the
+//! session above must know to reuse it safely: which prepared statements and settings it
+//! carries, and its cancel key. It does not decide where queries go.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use bytes::BytesMut;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+use crate::config::NodeUrl;
+use crate::frontend::auth::{md5_response, md5_stored, scram_client_final};
+use crate::net::{BackendMessage, ErrorFields, Frame, FrontendMessage, StartupFrame, decode_frame};
+
+/// Why a backend connection failed; `retry_safe` tells the router whether another node may be
+/// tried (nothing was sent yet) or the client must get an error.
+#[derive(Debug, thiserror::Error)]
+pub enum BackendError {
+    /// TCP connect failed or timed out.
+    #[error("cannot connect to {node}: {why}; is the server up and the URL right?")]
+    Connect { node: String, why: String },
+    /// The server refused our credentials or sent an error at startup.
+    #[error("{node} refused the proxy's login: {message}; check the user/password in the node URL")]
+    Startup {
+        node: String,
+        message: String,
+        sqlstate: String,
+    },
+    /// The server asked for an authentication method we do not implement.
+    #[error(
+        "{node} asked for authentication method {code}, which lsngate does not support; use scram-sha-256, md5, password or trust in pg_hba.conf"
+    )]
+    UnsupportedAuth { node: String, code: i32 },
+    /// The connection broke.
+    #[error("connection to {node} lost: {why}")]
+    Lost { node: String, why: String },
+    /// The server sent bytes that are not protocol 3.
+    #[error("{node} sent an invalid message: {source}")]
+    Protocol {
+        node: String,
+        source: crate::net::ProtocolError,
+    },
+}
+
+/// An authenticated server connection.
+#[derive(Debug)]
+pub struct BackendConn {
+    stream: TcpStream,
+    read_buf: BytesMut,
+    write_buf: BytesMut,
+    /// Index of the node in the config.
+    pub node: usize,
+    /// `host:port`, for errors.
+    pub address: String,
+    /// Database this connection is logged into.
+    pub database: String,
+    /// Cancel key announced by the server.
+    pub key: (i32, Vec<u8>),
+    /// ParameterStatus values reported at startup (server_version, encodings, ...).
+    pub server_params: Vec<(String, String)>,
+    /// Named prepared statements on this connection: name → query text.
+    pub prepared: HashMap<String, String>,
+    /// Settings applied on behalf of a client: name → SQL value text.
+    pub applied: HashMap<String, String>,
+}
+
+impl BackendConn {
+    /// Opens and authenticates a connection to `url` for `database`.
+    pub async fn connect(
+        node: usize,
+        url: &NodeUrl,
+        database: &str,
+        timeout: Duration,
+    ) -> Result<BackendConn, BackendError> {
+        let address = url.address();
+        let stream = tokio::time::timeout(timeout, TcpStream::connect(&address))
+            .await
+            .map_err(|_| BackendError::Connect {
+                node: address.clone(),
+                why: format!("timed out after {timeout:?}"),
+            })?
+            .map_err(|e| BackendError::Connect {
+                node: address.clone(),
+                why: e.to_string(),
+            })?;
+        let _ = stream.set_nodelay(true);
+        let mut conn = BackendConn {
+            stream,
+            read_buf: BytesMut::with_capacity(16 * 1024),
+            write_buf: BytesMut::with_capacity(16 * 1024),
+            node,
+            address,
+            database: database.to_string(),
+            key: (0, Vec::new()),
+            server_params: Vec::new(),
+            prepared: HashMap::new(),
+            applied: HashMap::new(),
+        };
+        let startup = StartupFrame::Startup {
+            minor: 0,
+            params: vec![
+                ("user".into(), url.user.clone()),
+                ("database".into(), database.into()),
+            ],
+        };
+        let mut out = BytesMut::new();
+        startup.encode(&mut out);
+        conn.write_raw(&out).await?;
+        tokio::time::timeout(timeout, conn.authenticate(url))
+            .await
+            .map_err(|_| BackendError::Connect {
+                node: conn.address.clone(),
+                why: format!("login timed out after {timeout:?}"),
+            })??;
+        Ok(conn)
+    }
+
+    async fn authenticate(&mut self, url: &NodeUrl) -> Result<(), BackendError> {
+        let mut scram: Option<(String, Vec<u8>)> = None;
+        loop {
+            let frame = self.recv().await?;
+            match self.parse(&frame)? {
+                BackendMessage::Authentication { code: 0, .. } => {}
+                BackendMessage::Authentication { code: 3, .. } => {
+                    let mut body = url.password.clone().unwrap_or_default().into_bytes();
+                    body.push(0);
+                    self.send(&[FrontendMessage::AuthResponse(body.into()).to_frame()])
+                        .await?;
+                }
+                BackendMessage::Authentication { code: 5, data } if data.len() == 4 => {
+                    let stored = md5_stored(&url.user, url.password.as_deref().unwrap_or_default());
+                    let mut body =
+                        md5_response(&stored, [data[0], data[1], data[2], data[3]]).into_bytes();
+                    body.push(0);
+                    self.send(&[FrontendMessage::AuthResponse(body.into()).to_frame()])
+                        .await?;
+                }
+                BackendMessage::Authentication { code: 10, .. } => {
+                    let nonce: [u8; 18] = rand::random();
+                    let bare = format!(
+                        "n=,r={}",
+                        nonce.iter().map(|b| format!("{b:02x}")).collect::<String>()
+                    );
+                    let first = format!("n,,{bare}");
+                    let mut body = BytesMut::from(&b"SCRAM-SHA-256\0"[..]);
+                    body.extend_from_slice(&(first.len() as i32).to_be_bytes());
+                    body.extend_from_slice(first.as_bytes());
+                    self.send(&[FrontendMessage::AuthResponse(body.freeze()).to_frame()])
+                        .await?;
+                    scram = Some((bare, Vec::new()));
+                }
+                BackendMessage::Authentication { code: 11, data } => {
+                    let (bare, _) = scram.take().ok_or_else(|| self.unsupported(11))?;
+                    let server_first = String::from_utf8_lossy(&data).to_string();
+                    let password = url.password.as_deref().unwrap_or_default();
+                    let (client_final, signature) =
+                        scram_client_final(password, &bare, &server_first)
+                            .ok_or_else(|| self.unsupported(11))?;
+                    self.send(&[
+                        FrontendMessage::AuthResponse(client_final.into_bytes().into()).to_frame(),
+                    ])
+                    .await?;
+                    scram = Some((bare, signature));
+                }
+                BackendMessage::Authentication { code: 12, .. } => {}
+                BackendMessage::Authentication { code, .. } => return Err(self.unsupported(code)),
+                BackendMessage::ParameterStatus { name, value } => {
+                    self.server_params.push((name, value))
+                }
+                BackendMessage::BackendKeyData { pid, secret } => self.key = (pid, secret.to_vec()),
+                BackendMessage::ErrorResponse(e) => return Err(self.startup_error(&e)),
+                BackendMessage::ReadyForQuery(_) => return Ok(()),
+                _ => {}
+            }
+        }
+    }
+
+    fn unsupported(&self, code: i32) -> BackendError {
+        BackendError::UnsupportedAuth {
+            node: self.address.clone(),
+            code,
+        }
+    }
+
+    fn startup_error(&self, e: &ErrorFields) -> BackendError {
+        BackendError::Startup {
+            node: self.address.clone(),
+            message: e.get(b'M').unwrap_or("unknown error").to_string(),
+            sqlstate: e.sqlstate().unwrap_or("08000").to_string(),
+        }
+    }
+
+    /// Parses a frame from this server.
+    pub fn parse(&self, frame: &Frame) -> Result<BackendMessage, BackendError> {
+        BackendMessage::parse(frame).map_err(|source| BackendError::Protocol {
+            node: self.address.clone(),
+            source,
+        })
+    }
+
+    async fn write_raw(&mut self, bytes: &[u8]) -> Result<(), BackendError> {
+        self.stream
+            .write_all(bytes)
+            .await
+            .map_err(|e| BackendError::Lost {
+                node: self.address.clone(),
+                why: e.to_string(),
+            })
+    }
+
+    /// Writes frames in one flight (one syscall for the batch).
+    pub async fn send(&mut self, frames: &[Frame]) -> Result<(), BackendError> {
+        self.write_buf.clear();
+        frames.iter().for_each(|f| f.encode(&mut self.write_buf));
+        let buf = std::mem::take(&mut self.write_buf);
+        let result = self.write_raw(&buf).await;
+        self.write_buf = buf;
+        result
+    }
+
+    /// Receives one frame. Cancel-safe: bytes only move into the connection's own buffer.
+    pub async fn recv(&mut self) -> Result<Frame, BackendError> {
+        loop {
+            match decode_frame(&mut self.read_buf, usize::MAX) {
+                Ok(Some(frame)) => return Ok(frame),
+                Ok(None) => {}
+                Err(source) => {
+                    return Err(BackendError::Protocol {
+                        node: self.address.clone(),
+                        source,
+                    });
+                }
+            }
+            let n = self
+                .stream
+                .read_buf(&mut self.read_buf)
+                .await
+                .map_err(|e| BackendError::Lost {
+                    node: self.address.clone(),
+                    why: e.to_string(),
+                })?;
+            if n == 0 {
+                return Err(BackendError::Lost {
+                    node: self.address.clone(),
+                    why: "server closed the connection".into(),
+                });
+            }
+        }
+    }
+
+    /// Runs `sql` as a simple query and discards the result; used for resets. Returns the error
+    /// message if the server reported one.
+    pub async fn run_simple(&mut self, sql: &str) -> Result<Option<String>, BackendError> {
+        self.send(&[FrontendMessage::Query(sql.into()).to_frame()])
+            .await?;
+        let mut error = None;
+        loop {
+            let frame = self.recv().await?;
+            match self.parse(&frame)? {
+                BackendMessage::ErrorResponse(e) => {
+                    error = Some(e.get(b'M').unwrap_or("error").to_string())
+                }
+                BackendMessage::ReadyForQuery(_) => return Ok(error),
+                _ => {}
+            }
+        }
+    }
+}
+
+impl BackendConn {
+    /// Whether a whole frame is already buffered (so the client flush can wait for it).
+    pub fn has_frame(&self) -> bool {
+        let b = &self.read_buf;
+        b.len() >= 5 && (u32::from_be_bytes([b[1], b[2], b[3], b[4]]) as usize) < b.len()
+    }
+}

@@ -1,0 +1,173 @@
+//! The server side: connections (`conn`), pools per (node, database) (`pool`) and the
+//! health/role monitor (`monitor`). `Nodes` holds what is known about every configured server —
+//! its role as detected with `pg_is_in_recovery()`, not as configured — and picks one for a
+//! target. It never parses client SQL.
+
+pub mod conn;
+pub mod monitor;
+pub mod pool;
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+
+pub use conn::{BackendConn, BackendError};
+pub use pool::{Pool, PoolError, PooledConn};
+
+use crate::config::NodeUrl;
+
+/// A node's detected role.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Role {
+    /// Not yet checked, or unreachable since start.
+    Unknown,
+    /// Not in recovery: takes writes.
+    Primary,
+    /// In recovery: a streaming replica.
+    Replica,
+}
+
+/// What the router needs: the primary, or a replica (falling back to the primary).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Target {
+    /// The node currently detected as primary.
+    Primary,
+    /// A healthy replica, round robin; the primary when there is none.
+    Replica,
+}
+
+/// One configured server and its pools.
+#[derive(Debug)]
+pub struct NodeState {
+    /// Position in the config (0 = configured primary).
+    pub index: usize,
+    /// Where and as whom to connect.
+    pub url: NodeUrl,
+    role: AtomicU8,
+    healthy: AtomicBool,
+    /// Last health-check error, for /status.
+    pub last_error: Mutex<Option<String>>,
+    pools: Mutex<HashMap<String, Arc<Pool>>>,
+}
+
+impl NodeState {
+    /// The detected role.
+    pub fn role(&self) -> Role {
+        match self.role.load(Ordering::Relaxed) {
+            1 => Role::Primary,
+            2 => Role::Replica,
+            _ => Role::Unknown,
+        }
+    }
+
+    /// Whether the last health check (or connection attempt) succeeded.
+    pub fn healthy(&self) -> bool {
+        self.healthy.load(Ordering::Relaxed)
+    }
+
+    /// Records a health-check result.
+    pub fn set_health(&self, role: Option<Role>, error: Option<String>) {
+        if let Some(role) = role {
+            let code = match role {
+                Role::Unknown => 0,
+                Role::Primary => 1,
+                Role::Replica => 2,
+            };
+            let old = self.role.swap(code, Ordering::Relaxed);
+            if old != code && old != 0 {
+                tracing::warn!(node = %self.url.address(), ?role, "node changed role");
+                self.pools
+                    .lock()
+                    .expect("pools lock")
+                    .values()
+                    .for_each(|p| p.clear_idle());
+            }
+        }
+        self.healthy.store(error.is_none(), Ordering::Relaxed);
+        *self.last_error.lock().expect("error lock") = error;
+    }
+
+    /// The pool for `database`, created on first use.
+    pub fn pool(&self, database: &str, size: usize) -> Arc<Pool> {
+        let mut pools = self.pools.lock().expect("pools lock");
+        Arc::clone(
+            pools
+                .entry(database.to_string())
+                .or_insert_with(|| Pool::new(self.index, database, size)),
+        )
+    }
+
+    /// (database, open, idle, size) per pool.
+    pub fn pool_stats(&self) -> Vec<(String, usize, usize, usize)> {
+        let pools = self.pools.lock().expect("pools lock");
+        let mut stats: Vec<_> = pools
+            .iter()
+            .map(|(db, p)| {
+                let (o, i, s) = p.stats();
+                (db.clone(), o, i, s)
+            })
+            .collect();
+        stats.sort();
+        stats
+    }
+}
+
+/// Every configured node.
+#[derive(Debug)]
+pub struct Nodes {
+    /// The nodes in config order.
+    pub all: Vec<Arc<NodeState>>,
+    next_replica: AtomicUsize,
+}
+
+impl Nodes {
+    /// Nodes for these URLs, roles unknown until the first check.
+    pub fn new(urls: &[NodeUrl]) -> Nodes {
+        let all = urls
+            .iter()
+            .enumerate()
+            .map(|(index, url)| {
+                Arc::new(NodeState {
+                    index,
+                    url: url.clone(),
+                    role: AtomicU8::new(0),
+                    healthy: AtomicBool::new(false),
+                    last_error: Mutex::new(None),
+                    pools: Mutex::new(HashMap::new()),
+                })
+            })
+            .collect();
+        Nodes {
+            all,
+            next_replica: AtomicUsize::new(0),
+        }
+    }
+
+    /// The node to use for `target`, or None when no primary is known.
+    pub fn pick(&self, target: Target) -> Option<Arc<NodeState>> {
+        if target == Target::Replica {
+            let replicas: Vec<_> = self
+                .all
+                .iter()
+                .filter(|n| n.healthy() && n.role() == Role::Replica)
+                .collect();
+            if !replicas.is_empty() {
+                let i = self.next_replica.fetch_add(1, Ordering::Relaxed) % replicas.len();
+                return Some(Arc::clone(replicas[i]));
+            }
+        }
+        self.primary()
+    }
+
+    /// The healthy node detected as primary; before the first check, the configured one.
+    pub fn primary(&self) -> Option<Arc<NodeState>> {
+        let detected = self
+            .all
+            .iter()
+            .find(|n| n.healthy() && n.role() == Role::Primary);
+        detected
+            .or_else(|| self.all.iter().find(|n| n.role() == Role::Primary))
+            .cloned()
+    }
+}

@@ -1,0 +1,412 @@
+//! The proxy's configuration: one TOML file whose every key has a default and a doc line,
+//! overridden by command-line flags. Parsing and validation only; the running proxy receives a
+//! finished `Config` (and a new one on SIGHUP) instead of reading globals.
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use crate::frontend::auth::{Credential, ScramVerifier, md5_stored};
+
+/// Why a configuration cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The file could not be read.
+    #[error("cannot read config file {path}: {source}")]
+    Read {
+        path: String,
+        source: std::io::Error,
+    },
+    /// The file is not valid TOML or has unknown keys.
+    #[error("invalid config file {path}: {message}")]
+    Parse { path: String, message: String },
+    /// A connection URL is not a libpq URL.
+    #[error(
+        "invalid connection URL {url:?}: {why}; expected postgres://user[:password]@host[:port]/database"
+    )]
+    Url { url: String, why: &'static str },
+    /// No primary was configured.
+    #[error(
+        "no primary configured: pass --primary postgres://user@host:port/db or set `primary` in the config file"
+    )]
+    NoPrimary,
+    /// Flags-only mode would accept anyone on a non-loopback address.
+    #[error(
+        "the primary URL has no password and --listen {0} is not loopback: clients would log in without a password; add [[users]] to a config file or listen on 127.0.0.1"
+    )]
+    OpenTrust(SocketAddr),
+    /// A user entry is unusable.
+    #[error("user {user:?}: {why}")]
+    User { user: String, why: String },
+}
+
+/// Pooling mode.
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Deserialize, clap::ValueEnum, Default, serde::Serialize,
+)]
+#[serde(rename_all = "lowercase")]
+pub enum PoolMode {
+    /// A backend serves a client for one transaction (or one autocommit statement).
+    #[default]
+    Transaction,
+    /// A backend serves one client for its whole session.
+    Session,
+}
+
+/// A user clients may log in as.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct UserEntry {
+    /// Login name.
+    pub name: String,
+    /// Plain password (a SCRAM verifier is derived at load time).
+    #[serde(default)]
+    pub password: Option<String>,
+    /// Stored verifier instead of a password: `SCRAM-SHA-256$...` or `md5...` as in pg_authid.
+    #[serde(default)]
+    pub verifier: Option<String>,
+    /// `scram-sha-256` (default), `md5` or `trust`.
+    #[serde(default = "default_auth")]
+    pub auth: String,
+}
+
+fn default_auth() -> String {
+    "scram-sha-256".into()
+}
+
+/// The TOML file as written by a person: every field optional.
+#[derive(Debug, Clone, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct FileConfig {
+    /// Address clients connect to. Default 127.0.0.1:6432.
+    pub listen: Option<SocketAddr>,
+    /// Admin HTTP address (/metrics, /status). Default: off.
+    pub admin_listen: Option<SocketAddr>,
+    /// libpq URL of the primary (backend credentials included).
+    pub primary: Option<String>,
+    /// libpq URLs of the replicas.
+    #[serde(default)]
+    pub replicas: Vec<String>,
+    /// transaction (default) or session.
+    pub pool_mode: Option<PoolMode>,
+    /// Max backend connections per (node, database). Default 20.
+    pub pool_size: Option<usize>,
+    /// Max client connections. Default 1000.
+    pub max_client_connections: Option<usize>,
+    /// Milliseconds a client waits for a free backend. Default 5000.
+    pub acquire_timeout_ms: Option<u64>,
+    /// Milliseconds to open a backend connection. Default 5000.
+    pub connect_timeout_ms: Option<u64>,
+    /// Milliseconds between health/role checks of every node. Default 1000.
+    pub health_interval_ms: Option<u64>,
+    /// Largest message accepted from a client, bytes. Default 67108864 (64 MiB).
+    pub max_message_size: Option<usize>,
+    /// Bytes of a replica reply held back so a 25006 error can be re-run on the primary. Default 1048576.
+    pub retry_buffer_size: Option<usize>,
+    /// Functions (lower case, no schema) whose presence sends a statement to the primary.
+    #[serde(default)]
+    pub write_functions: Vec<String>,
+    /// Users clients may log in as. Without any, clients log in as the primary URL's user.
+    #[serde(default)]
+    pub users: Vec<UserEntry>,
+}
+
+/// A parsed libpq URL of one node.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct NodeUrl {
+    /// Host name or address.
+    pub host: String,
+    /// TCP port.
+    pub port: u16,
+    /// Backend user.
+    pub user: String,
+    /// Backend password, if any.
+    #[serde(skip)]
+    pub password: Option<String>,
+    /// Default database.
+    pub database: String,
+}
+
+impl NodeUrl {
+    /// Parses `postgres://user[:password]@host[:port][/database]`.
+    pub fn parse(url: &str) -> Result<NodeUrl, ConfigError> {
+        let bad = |why| ConfigError::Url {
+            url: redact(url),
+            why,
+        };
+        let rest = url
+            .strip_prefix("postgres://")
+            .or_else(|| url.strip_prefix("postgresql://"))
+            .ok_or_else(|| bad("scheme must be postgres:// or postgresql://"))?;
+        let rest = rest.split('?').next().unwrap_or_default();
+        let (auth, hostpart) = rest.rsplit_once('@').ok_or_else(|| bad("missing user@"))?;
+        let (user, password) = match auth.split_once(':') {
+            Some((u, p)) => (u, Some(percent_decode(p))),
+            None => (auth, None),
+        };
+        let (hostport, database) = hostpart.split_once('/').unwrap_or((hostpart, ""));
+        let (host, port) = match hostport.rsplit_once(':') {
+            Some((h, p)) => (h, p.parse().map_err(|_| bad("port is not a number"))?),
+            None => (hostport, 5432),
+        };
+        if host.is_empty() || user.is_empty() {
+            return Err(bad("host and user are required"));
+        }
+        let user = percent_decode(user);
+        let database = if database.is_empty() {
+            user.clone()
+        } else {
+            percent_decode(database)
+        };
+        Ok(NodeUrl {
+            host: host.to_string(),
+            port,
+            user,
+            password,
+            database,
+        })
+    }
+
+    /// `host:port`, for logs and status.
+    pub fn address(&self) -> String {
+        format!("{}:{}", self.host, self.port)
+    }
+}
+
+fn redact(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(s), Some(at)) if url[s + 3..at].contains(':') => {
+            let colon = s + 3 + url[s + 3..at].find(':').unwrap_or(0);
+            format!("{}:***{}", &url[..colon], &url[at..])
+        }
+        _ => url.to_string(),
+    }
+}
+
+fn percent_decode(s: &str) -> String {
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%' && i + 2 < bytes.len() + 0 && i + 2 <= bytes.len() - 1 {
+            if let Ok(b) = u8::from_str_radix(&s[i + 1..i + 3], 16) {
+                out.push(b);
+                i += 3;
+                continue;
+            }
+        }
+        out.push(bytes[i]);
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// The finished configuration the proxy runs with.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// Client listen address.
+    pub listen: SocketAddr,
+    /// Admin HTTP address.
+    pub admin_listen: Option<SocketAddr>,
+    /// Every node: index 0 is the configured primary, then replicas. Roles are re-detected.
+    pub nodes: Vec<NodeUrl>,
+    /// Pooling mode.
+    pub pool_mode: PoolMode,
+    /// Max backend connections per (node, database).
+    pub pool_size: usize,
+    /// Max client connections.
+    pub max_client_connections: usize,
+    /// How long a client waits for a backend.
+    pub acquire_timeout: Duration,
+    /// How long opening a backend may take.
+    pub connect_timeout: Duration,
+    /// Interval of health/role checks.
+    pub health_interval: Duration,
+    /// Largest client message.
+    pub max_message_size: usize,
+    /// Replica reply bytes held back for a transparent 25006 re-run.
+    pub retry_buffer_size: usize,
+    /// Functions that force the primary.
+    pub write_functions: Vec<String>,
+    /// Login name → credential.
+    pub users: Vec<(String, Credential)>,
+}
+
+impl Config {
+    /// Builds the final config from a file (already parsed) with flag overrides applied on top.
+    pub fn build(file: FileConfig) -> Result<Config, ConfigError> {
+        let listen = file
+            .listen
+            .unwrap_or_else(|| "127.0.0.1:6432".parse().expect("valid address"));
+        let primary = NodeUrl::parse(file.primary.as_deref().ok_or(ConfigError::NoPrimary)?)?;
+        let mut nodes = vec![primary.clone()];
+        for r in &file.replicas {
+            nodes.push(NodeUrl::parse(r)?);
+        }
+        let users = if file.users.is_empty() {
+            flags_only_users(&primary, listen)?
+        } else {
+            config_users(&file.users)?
+        };
+        Ok(Config {
+            listen,
+            admin_listen: file.admin_listen,
+            nodes,
+            pool_mode: file.pool_mode.unwrap_or_default(),
+            pool_size: file.pool_size.unwrap_or(20).max(1),
+            max_client_connections: file.max_client_connections.unwrap_or(1000),
+            acquire_timeout: Duration::from_millis(file.acquire_timeout_ms.unwrap_or(5000)),
+            connect_timeout: Duration::from_millis(file.connect_timeout_ms.unwrap_or(5000)),
+            health_interval: Duration::from_millis(file.health_interval_ms.unwrap_or(1000).max(10)),
+            max_message_size: file
+                .max_message_size
+                .unwrap_or(crate::net::DEFAULT_MAX_MESSAGE_LEN)
+                .max(1024),
+            retry_buffer_size: file.retry_buffer_size.unwrap_or(1 << 20),
+            write_functions: file
+                .write_functions
+                .iter()
+                .map(|f| f.to_lowercase())
+                .collect(),
+            users,
+        })
+    }
+
+    /// Reads and parses a TOML file.
+    pub fn read_file(path: &Path) -> Result<FileConfig, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.display().to_string(),
+            source,
+        })?;
+        toml::from_str(&text).map_err(|e| ConfigError::Parse {
+            path: path.display().to_string(),
+            message: e.to_string(),
+        })
+    }
+
+    /// The credential a login name must present, if the user exists.
+    pub fn credential(&self, user: &str) -> Option<&Credential> {
+        self.users
+            .iter()
+            .find(|(name, _)| name == user)
+            .map(|(_, c)| c)
+    }
+}
+
+fn flags_only_users(
+    primary: &NodeUrl,
+    listen: SocketAddr,
+) -> Result<Vec<(String, Credential)>, ConfigError> {
+    let credential = match &primary.password {
+        Some(password) => Credential::Scram(ScramVerifier::from_password(password, 4096)),
+        None if listen.ip().is_loopback() => Credential::Trust,
+        None => return Err(ConfigError::OpenTrust(listen)),
+    };
+    Ok(vec![(primary.user.clone(), credential)])
+}
+
+fn config_users(entries: &[UserEntry]) -> Result<Vec<(String, Credential)>, ConfigError> {
+    entries
+        .iter()
+        .map(|u| Ok((u.name.clone(), user_credential(u)?)))
+        .collect()
+}
+
+fn user_credential(u: &UserEntry) -> Result<Credential, ConfigError> {
+    let err = |why: &str| ConfigError::User {
+        user: u.name.clone(),
+        why: why.to_string(),
+    };
+    match (u.auth.as_str(), &u.password, &u.verifier) {
+        ("trust", _, _) => Ok(Credential::Trust),
+        ("scram-sha-256", Some(p), None) => {
+            Ok(Credential::Scram(ScramVerifier::from_password(p, 4096)))
+        }
+        ("scram-sha-256", None, Some(v)) => ScramVerifier::parse(&u.name, v)
+            .map(Credential::Scram)
+            .map_err(|e| err(&e.to_string())),
+        ("md5", Some(p), None) => Ok(Credential::Md5 {
+            hash: md5_stored(&u.name, p),
+        }),
+        ("md5", None, Some(v)) if v.starts_with("md5") && v.len() == 35 => {
+            Ok(Credential::Md5 { hash: v.clone() })
+        }
+        ("scram-sha-256" | "md5", _, _) => Err(err(
+            "set exactly one of `password` or a matching `verifier`",
+        )),
+        (other, _, _) => Err(err(&format!(
+            "unknown auth {other:?}; use scram-sha-256, md5 or trust"
+        ))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn urls_parse_with_defaults() {
+        let u = NodeUrl::parse("postgres://app:p%40ss@db1:5433/shop").unwrap();
+        assert_eq!(
+            (
+                u.host.as_str(),
+                u.port,
+                u.user.as_str(),
+                u.database.as_str()
+            ),
+            ("db1", 5433, "app", "shop")
+        );
+        assert_eq!(u.password.as_deref(), Some("p@ss"));
+        let u = NodeUrl::parse("postgresql://postgres@127.0.0.1").unwrap();
+        assert_eq!(
+            (u.port, u.database.as_str(), u.password),
+            (5432, "postgres", None)
+        );
+        assert!(NodeUrl::parse("mysql://x@y").is_err());
+        assert!(NodeUrl::parse("postgres://host-only").is_err());
+    }
+
+    #[test]
+    fn flags_only_mode_is_trust_on_loopback_only() {
+        let file = FileConfig {
+            primary: Some("postgres://postgres@127.0.0.1:5432/postgres".into()),
+            ..Default::default()
+        };
+        let config = Config::build(file.clone()).unwrap();
+        assert_eq!(config.credential("postgres"), Some(&Credential::Trust));
+        let open = FileConfig {
+            listen: Some("0.0.0.0:6432".parse().unwrap()),
+            ..file
+        };
+        assert!(matches!(
+            Config::build(open),
+            Err(ConfigError::OpenTrust(_))
+        ));
+    }
+
+    #[test]
+    fn toml_file_parses_and_rejects_unknown_keys() {
+        let text = r#"
+            listen = "127.0.0.1:7000"
+            primary = "postgres://postgres@127.0.0.1:5432/postgres"
+            replicas = ["postgres://postgres@127.0.0.1:5433/postgres"]
+            pool_mode = "session"
+            write_functions = ["Audit_Log"]
+            [[users]]
+            name = "app"
+            password = "secret"
+            auth = "md5"
+        "#;
+        let config = Config::build(toml::from_str(text).unwrap()).unwrap();
+        assert_eq!(config.nodes.len(), 2);
+        assert_eq!(config.pool_mode, PoolMode::Session);
+        assert_eq!(config.write_functions, vec!["audit_log"]);
+        assert!(matches!(
+            config.credential("app"),
+            Some(Credential::Md5 { .. })
+        ));
+        assert!(toml::from_str::<FileConfig>("bogus_key = 1").is_err());
+    }
+}

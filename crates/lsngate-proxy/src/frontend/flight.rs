@@ -1,0 +1,595 @@
+//! Flights: what the session sends to a backend in one write, and how the replies come back.
+//! A flight is a list of segments, each ending in Sync or a Query, owned either by the client or
+//! by the proxy. Proxy segments (settings a fresh backend must carry, prepared statements it
+//! lacks) ride in front of the client's messages in the same write, and their replies never
+//! reach the client — the same mechanism causal reads will use to put a wait in front of a read.
+//! Replies of a replica read outside a transaction are held back (up to `retry_buffer_size`) so
+//! a 25006 "read-only transaction" error can be re-run on the primary without the client seeing it.
+
+use std::collections::{HashMap, HashSet, VecDeque};
+
+use super::router::{Class, RouteHint, session_set};
+use super::session::Session;
+use super::{CancelTarget, Proxy};
+use crate::backend::{BackendError, PooledConn, Role, Target};
+use crate::net::backend::build;
+use crate::net::{BackendMessage, ErrorFields, Frame, FrontendMessage};
+
+/// Who is waiting for the replies of one segment.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Owner {
+    /// The proxy's own statements: replies are consumed here.
+    Proxy,
+    /// The client's: replies are relayed.
+    Client,
+}
+
+/// Replies held back while a replica read may still need a re-run on the primary.
+#[derive(Debug)]
+pub struct RetryBuffer {
+    flight: Vec<FrontendMessage>,
+    class: Option<Class>,
+    frames: Vec<Frame>,
+    bytes: usize,
+    read_only_violation: bool,
+}
+
+/// A backend attached to the session.
+#[derive(Debug)]
+pub struct Attached {
+    /// The pooled connection.
+    pub conn: PooledConn,
+    /// What it serves as (by detected role at attach time).
+    pub target: Target,
+    /// One entry per ReadyForQuery still to come, oldest first.
+    pub expect: VecDeque<Owner>,
+    /// The server awaits a Sync (a flight ended with Flush, or an extended COPY finished).
+    pub open: bool,
+    /// COPY FROM STDIN in progress.
+    pub copy_in: bool,
+    /// The last client flight used the extended protocol.
+    pub extended: bool,
+    /// Held-back replies of a replica read.
+    pub retry: Option<RetryBuffer>,
+}
+
+impl Attached {
+    /// Whether replies are still due (the backend must not be reused or released yet).
+    pub fn awaiting_replies(&self) -> bool {
+        !self.expect.is_empty() || self.open || self.copy_in
+    }
+}
+
+fn segment_ends(flight: &[FrontendMessage]) -> usize {
+    flight
+        .iter()
+        .filter(|m| {
+            matches!(
+                m,
+                FrontendMessage::Sync
+                    | FrontendMessage::Query(_)
+                    | FrontendMessage::FunctionCall(_)
+            )
+        })
+        .count()
+}
+
+/// `SET`/`RESET` statements that make a backend carry exactly the client's settings.
+fn settings_sql(
+    wanted: &HashMap<String, String>,
+    applied: &HashMap<String, String>,
+) -> Option<String> {
+    let mut sql = String::new();
+    let mut names: Vec<_> = wanted.keys().collect();
+    names.sort();
+    for name in names {
+        let value = &wanted[name];
+        if applied.get(name) != Some(value) {
+            sql.push_str(&format!("SET {name} = {value};"));
+        }
+    }
+    for name in applied.keys().filter(|n| !wanted.contains_key(*n)) {
+        sql.push_str(&format!("RESET {name};"));
+    }
+    (!sql.is_empty()).then_some(sql)
+}
+
+impl Proxy {
+    /// ParameterStatus values to report at login, from a primary connection.
+    pub async fn server_params(&self, database: &str) -> anyhow::Result<Vec<(String, String)>> {
+        let config = self.config();
+        let node = self
+            .nodes
+            .pick(Target::Primary)
+            .ok_or_else(|| anyhow::anyhow!(no_primary()))?;
+        let pool = node.pool(database, config.pool_size);
+        let conn = pool
+            .acquire(&node.url, config.acquire_timeout, config.connect_timeout)
+            .await?;
+        let params = conn.server_params.clone();
+        conn.release();
+        Ok(params)
+    }
+}
+
+fn no_primary() -> String {
+    "no primary is reachable: every configured node is down or in recovery; check /status on the admin port".into()
+}
+
+impl Session {
+    /// Routes a flight and sends it, attaching a backend if needed.
+    pub(super) async fn dispatch(
+        &mut self,
+        flight: Vec<FrontendMessage>,
+        class: Option<Class>,
+        hint: Option<RouteHint>,
+    ) -> anyhow::Result<()> {
+        let want = self.target_for(class, hint);
+        self.dispatch_to(flight, class, want).await
+    }
+
+    async fn dispatch_to(
+        &mut self,
+        flight: Vec<FrontendMessage>,
+        class: Option<Class>,
+        want: Option<Target>,
+    ) -> anyhow::Result<()> {
+        while let Some(b) = self.backend.as_ref() {
+            let in_block = self.status != b'I' || b.open || b.copy_in || self.pinned;
+            let compatible = want.is_none_or(|w| w == b.target) && b.retry.is_none();
+            if in_block || compatible {
+                break;
+            }
+            if b.awaiting_replies() {
+                self.drain().await?;
+                continue;
+            }
+            self.release_backend();
+        }
+        if self.backend.is_none() {
+            if let Err(e) = self.attach(want.unwrap_or(Target::Primary)).await {
+                metrics::counter!("lsngate_proxy_errors_total", "kind" => "no_backend")
+                    .increment(1);
+                for _ in 0..segment_ends(&flight).max(1) {
+                    self.io
+                        .queue(&ErrorFields::new("ERROR", "08006", e.to_string()).to_frame(b'E'));
+                    self.io.queue(&build::ready_for_query(self.status));
+                }
+                self.io.flush().await?;
+                return Ok(());
+            }
+        }
+        self.send_flight(flight, class).await
+    }
+
+    async fn attach(&mut self, target: Target) -> anyhow::Result<()> {
+        let config = self.proxy.config();
+        let mut target = target;
+        loop {
+            let node = self
+                .proxy
+                .nodes
+                .pick(target)
+                .ok_or_else(|| anyhow::anyhow!(no_primary()))?;
+            let pool = node.pool(&self.database, config.pool_size);
+            match pool
+                .acquire(&node.url, config.acquire_timeout, config.connect_timeout)
+                .await
+            {
+                Ok(conn) => {
+                    *self.cancel_slot.lock().expect("cancel slot") = Some(CancelTarget {
+                        address: conn.address.clone(),
+                        pid: conn.key.0,
+                        secret: conn.key.1.clone(),
+                    });
+                    let serves = if node.role() == Role::Replica {
+                        Target::Replica
+                    } else {
+                        Target::Primary
+                    };
+                    self.backend = Some(Attached {
+                        conn,
+                        target: serves,
+                        expect: VecDeque::new(),
+                        open: false,
+                        copy_in: false,
+                        extended: false,
+                        retry: None,
+                    });
+                    return Ok(());
+                }
+                Err(crate::backend::PoolError::Backend(e @ BackendError::Connect { .. }))
+                    if node.role() == Role::Replica =>
+                {
+                    // Nothing was sent: trying elsewhere is safe. The monitor brings it back later.
+                    tracing::warn!(node = %node.url.address(), "replica unreachable, skipping it: {e}");
+                    node.set_health(None, Some(e.to_string()));
+                    target = Target::Replica;
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
+    }
+
+    pub(super) fn release_backend(&mut self) {
+        if let Some(attached) = self.backend.take() {
+            *self.cancel_slot.lock().expect("cancel slot") = None;
+            attached.conn.release();
+        }
+    }
+
+    fn maybe_release(&mut self) {
+        let idle = self
+            .backend
+            .as_ref()
+            .is_some_and(|b| !b.awaiting_replies() && b.retry.is_none());
+        if idle && self.status == b'I' && !self.pinned {
+            self.release_backend();
+        }
+    }
+
+    /// Proxy frames that make the attached backend ready for this flight: the client's settings
+    /// and the prepared statements the flight uses.
+    fn preparation(&mut self, flight: &[FrontendMessage]) -> Vec<Frame> {
+        let attached = self.backend.as_mut().expect("attached before send");
+        let conn = &mut attached.conn;
+        let mut frames = Vec::new();
+        if attached.open || attached.copy_in {
+            return frames;
+        }
+        if let Some(sql) = settings_sql(&self.settings, &conn.applied) {
+            frames.push(FrontendMessage::Query(sql).to_frame());
+            conn.applied = self.settings.clone();
+            attached.expect.push_back(Owner::Proxy);
+        }
+        let mut statements = Vec::new();
+        let mut defined_here = HashSet::new();
+        for m in flight {
+            match m {
+                FrontendMessage::Parse {
+                    statement,
+                    query,
+                    param_types,
+                } if !statement.is_empty() => {
+                    if conn.prepared.contains_key(statement) && !defined_here.contains(statement) {
+                        statements.push(
+                            FrontendMessage::Close {
+                                kind: b'S',
+                                name: statement.clone(),
+                            }
+                            .to_frame(),
+                        );
+                    }
+                    defined_here.insert(statement.clone());
+                    conn.prepared
+                        .insert(statement.clone(), format!("{param_types:?}|{query}"));
+                }
+                FrontendMessage::Bind { statement, .. }
+                | FrontendMessage::Describe {
+                    kind: b'S',
+                    name: statement,
+                } if !statement.is_empty() && !defined_here.contains(statement) => {
+                    defined_here.insert(statement.clone());
+                    let Some(s) = self.statements.get(statement) else {
+                        continue;
+                    };
+                    if conn.prepared.get(statement) != Some(&s.identity()) {
+                        statements.push(
+                            FrontendMessage::Close {
+                                kind: b'S',
+                                name: statement.clone(),
+                            }
+                            .to_frame(),
+                        );
+                        let parse = FrontendMessage::Parse {
+                            statement: statement.clone(),
+                            query: s.query.clone(),
+                            param_types: s.param_types.clone(),
+                        };
+                        statements.push(parse.to_frame());
+                        conn.prepared.insert(statement.clone(), s.identity());
+                    }
+                }
+                FrontendMessage::Close { kind: b'S', name } => {
+                    conn.prepared.remove(name);
+                    defined_here.remove(name);
+                }
+                _ => {}
+            }
+        }
+        if !statements.is_empty() {
+            frames.extend(statements);
+            frames.push(FrontendMessage::Sync.to_frame());
+            attached.expect.push_back(Owner::Proxy);
+        }
+        frames
+    }
+
+    /// Tracks session-level effects of a simple query (SET, RESET, DISCARD, DEALLOCATE, LISTEN).
+    fn note_session_effects(&mut self, flight: &[FrontendMessage], class: Option<Class>) {
+        let [FrontendMessage::Query(sql)] = flight else {
+            return;
+        };
+        let lower = sql.trim().trim_end_matches(';').trim().to_ascii_lowercase();
+        let conn = &mut self.backend.as_mut().expect("attached").conn;
+        match class {
+            Some(Class::Pin) => self.pinned = true,
+            Some(Class::SessionState) => {
+                if let Some((name, value)) = session_set(sql) {
+                    conn.applied.insert(name.clone(), value.clone());
+                    self.settings.insert(name, value);
+                } else if lower == "reset all" || lower == "discard all" {
+                    self.settings.clear();
+                    conn.applied.clear();
+                    if lower == "discard all" {
+                        self.statements.clear();
+                        conn.prepared.clear();
+                    }
+                } else if let Some(name) = lower.strip_prefix("reset ") {
+                    self.settings.remove(name.trim());
+                    conn.applied.remove(name.trim());
+                } else if lower == "deallocate all" || lower == "deallocate prepare all" {
+                    self.statements.clear();
+                    conn.prepared.clear();
+                }
+            }
+            _ => {}
+        }
+    }
+
+    async fn send_flight(
+        &mut self,
+        flight: Vec<FrontendMessage>,
+        class: Option<Class>,
+    ) -> anyhow::Result<()> {
+        let mut frames = self.preparation(&flight);
+        self.note_session_effects(&flight, class);
+        let retry_allowed = self.proxy.config().retry_buffer_size > 0;
+        let status = self.status;
+        let attached = self.backend.as_mut().expect("attached before send");
+        let ends = segment_ends(&flight);
+        let route = if attached.target == Target::Replica {
+            "replica"
+        } else {
+            "primary"
+        };
+        metrics::counter!("lsngate_proxy_queries_total", "route" => route)
+            .increment(ends.max(1) as u64);
+        let standalone_read = matches!(class, Some(Class::Read)) && ends == 1 && status == b'I';
+        if retry_allowed
+            && standalone_read
+            && attached.target == Target::Replica
+            && attached.expect.iter().all(|o| *o == Owner::Proxy)
+        {
+            attached.retry = Some(RetryBuffer {
+                flight: flight.clone(),
+                class,
+                frames: Vec::new(),
+                bytes: 0,
+                read_only_violation: false,
+            });
+        }
+        frames.extend(flight.iter().map(FrontendMessage::to_frame));
+        attached
+            .expect
+            .extend(std::iter::repeat_n(Owner::Client, ends));
+        attached.extended = !matches!(flight.first(), Some(FrontendMessage::Query(_)));
+        match flight.last() {
+            Some(FrontendMessage::Flush) => attached.open = true,
+            Some(FrontendMessage::Sync) => attached.open = false,
+            _ => {}
+        }
+        if let Err(e) = attached.conn.send(&frames).await {
+            return self.backend_lost(e).await;
+        }
+        Ok(())
+    }
+
+    /// Relays replies until none are due.
+    pub(super) async fn drain(&mut self) -> anyhow::Result<()> {
+        while let Some(b) = self.backend.as_mut() {
+            if !b.awaiting_replies() || b.copy_in {
+                break;
+            }
+            let frame = b.conn.recv().await;
+            self.on_backend(frame).await?;
+        }
+        Ok(())
+    }
+
+    /// COPY data from the client goes straight to the backend in COPY IN mode; PostgreSQL drops
+    /// it outside COPY, and so does the proxy.
+    pub(super) async fn copy_from_client(
+        &mut self,
+        message: FrontendMessage,
+    ) -> anyhow::Result<()> {
+        let Some(attached) = self.backend.as_mut().filter(|b| b.copy_in) else {
+            return Ok(());
+        };
+        if matches!(
+            message,
+            FrontendMessage::CopyDone | FrontendMessage::CopyFail(_)
+        ) {
+            attached.copy_in = false;
+        }
+        if let Err(e) = attached.conn.send(&[message.to_frame()]).await {
+            return self.backend_lost(e).await;
+        }
+        Ok(())
+    }
+
+    /// Handles one reply from the attached backend.
+    pub(super) async fn on_backend(
+        &mut self,
+        frame: Result<Frame, BackendError>,
+    ) -> anyhow::Result<()> {
+        let frame = match frame {
+            Ok(f) => f,
+            Err(e) => return self.backend_lost(e).await,
+        };
+        let attached = self.backend.as_mut().expect("replies only while attached");
+        let message = match attached.conn.parse(&frame) {
+            Ok(m) => m,
+            Err(e) => return self.backend_lost(e).await,
+        };
+        let owner = attached.expect.front().copied().unwrap_or(Owner::Client);
+        match message {
+            BackendMessage::ReadyForQuery(status) => {
+                attached.expect.pop_front();
+                if owner == Owner::Proxy {
+                    return Ok(());
+                }
+                return self.client_ready(frame, status).await;
+            }
+            BackendMessage::CopyInResponse | BackendMessage::CopyBothResponse => {
+                attached.copy_in = true;
+                if attached.extended {
+                    // The Sync already sent behind Execute is ignored in COPY IN mode; the
+                    // client sends another after CopyDone.
+                    attached.expect.pop_front();
+                    attached.open = true;
+                }
+                if let Some(retry) = attached.retry.take() {
+                    retry.frames.iter().for_each(|f| self.io.queue(f));
+                }
+            }
+            BackendMessage::ErrorResponse(ref e) if owner == Owner::Proxy => {
+                tracing::warn!(node = %attached.conn.address, "statement lsngate added failed: {:?}", e.get(b'M'));
+                return Ok(());
+            }
+            BackendMessage::ErrorResponse(ref e) if e.sqlstate() == Some("25006") => {
+                if let Some(retry) = attached.retry.as_mut() {
+                    retry.read_only_violation = true;
+                }
+            }
+            _ if owner == Owner::Proxy => return Ok(()),
+            _ => {}
+        }
+        self.relay(frame).await
+    }
+
+    async fn relay(&mut self, frame: Frame) -> anyhow::Result<()> {
+        let limit = self.proxy.config().retry_buffer_size;
+        let attached = self.backend.as_mut().expect("attached");
+        if let Some(retry) = attached.retry.as_mut() {
+            retry.bytes += frame.body.len() + 5;
+            retry.frames.push(frame);
+            if retry.bytes > limit && !retry.read_only_violation {
+                // Too much to hold: hand it over; a later 25006 then reaches the client as is.
+                let retry = attached.retry.take().expect("checked");
+                retry.frames.iter().for_each(|f| self.io.queue(f));
+            } else {
+                return Ok(());
+            }
+        } else {
+            self.io.queue(&frame);
+        }
+        let more_buffered = self.backend.as_ref().is_some_and(|b| b.conn.has_frame());
+        if !more_buffered || self.io.queued() > 64 * 1024 {
+            self.io.flush().await?;
+        }
+        Ok(())
+    }
+
+    async fn client_ready(&mut self, frame: Frame, status: u8) -> anyhow::Result<()> {
+        let attached = self.backend.as_mut().expect("attached");
+        if let Some(retry) = attached.retry.take() {
+            if retry.read_only_violation && status == b'I' {
+                metrics::counter!("lsngate_proxy_retries_total", "reason" => "read_only")
+                    .increment(1);
+                tracing::debug!("replica refused a write (25006); re-running on the primary");
+                self.release_backend();
+                return Box::pin(self.dispatch_to(
+                    retry.flight,
+                    retry.class,
+                    Some(Target::Primary),
+                ))
+                .await;
+            }
+            retry.frames.iter().for_each(|f| self.io.queue(f));
+        }
+        self.status = status;
+        self.io.queue(&frame);
+        self.maybe_release();
+        self.io.flush().await?;
+        Ok(())
+    }
+
+    /// The backend broke. Replies still due become errors; only a replica read (which cannot
+    /// have written) is re-run, on the primary.
+    async fn backend_lost(&mut self, error: BackendError) -> anyhow::Result<()> {
+        let Some(attached) = self.backend.take() else {
+            return Ok(());
+        };
+        *self.cancel_slot.lock().expect("cancel slot") = None;
+        metrics::counter!("lsngate_proxy_errors_total", "kind" => "backend_lost").increment(1);
+        tracing::warn!("backend lost mid-flight: {error}");
+        if let Some(retry) = attached
+            .retry
+            .filter(|_| attached.target == Target::Replica)
+        {
+            metrics::counter!("lsngate_proxy_retries_total", "reason" => "replica_lost")
+                .increment(1);
+            return Box::pin(self.dispatch_to(retry.flight, retry.class, Some(Target::Primary)))
+                .await;
+        }
+        let waiting = attached
+            .expect
+            .iter()
+            .filter(|o| **o == Owner::Client)
+            .count();
+        let waiting = if waiting == 0 && (attached.open || attached.copy_in || self.status != b'I')
+        {
+            1
+        } else {
+            waiting
+        };
+        let rolled_back = if self.status != b'I' {
+            "; the open transaction was rolled back"
+        } else {
+            ""
+        };
+        let message = format!(
+            "lsngate lost the server connection while it ran your statement ({error}); it was not retried because it may have written{rolled_back}"
+        );
+        for _ in 0..waiting {
+            self.io
+                .queue(&ErrorFields::new("ERROR", "08006", message.clone()).to_frame(b'E'));
+            self.io.queue(&build::ready_for_query(b'I'));
+        }
+        self.status = b'I';
+        if waiting == 0 && self.pinned {
+            self.io.queue(&super::listener::fatal("08006", &message));
+            self.io.flush().await?;
+            anyhow::bail!(message);
+        }
+        self.io.flush().await?;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn settings_sql_sets_what_differs_and_resets_leftovers() {
+        let wanted = HashMap::from([("application_name".to_string(), "'app'".to_string())]);
+        let applied = HashMap::from([("search_path".to_string(), "x".to_string())]);
+        assert_eq!(
+            settings_sql(&wanted, &applied).unwrap(),
+            "SET application_name = 'app';RESET search_path;"
+        );
+        assert_eq!(settings_sql(&wanted, &wanted), None);
+    }
+
+    #[test]
+    fn segment_ends_counts_syncs_and_queries() {
+        let flight = vec![
+            FrontendMessage::Sync,
+            FrontendMessage::Query("x".into()),
+            FrontendMessage::Flush,
+        ];
+        assert_eq!(segment_ends(&flight), 2);
+    }
+}

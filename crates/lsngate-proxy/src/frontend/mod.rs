@@ -1,0 +1,116 @@
+//! The client side: the listener and handshake (`listener`), authentication (`auth`), the
+//! per-client session loop (`session`) and statement classification (`router`). `Proxy` is the
+//! state every session shares — config snapshot, nodes and pools, the classification cache and
+//! the cancel-key registry — passed in explicitly, never read from a global.
+
+pub mod auth;
+mod flight;
+pub mod listener;
+pub mod router;
+pub mod session;
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+
+use crate::backend::Nodes;
+use crate::config::Config;
+use router::ClassCache;
+
+/// Where a client's query is running right now, for CancelRequest routing.
+#[derive(Debug, Clone)]
+pub struct CancelTarget {
+    /// `host:port` of the backend.
+    pub address: String,
+    /// The backend's cancel key.
+    pub pid: i32,
+    /// The backend's cancel secret.
+    pub secret: Vec<u8>,
+}
+
+/// A client's slot in the cancel registry.
+pub type CancelSlot = Arc<Mutex<Option<CancelTarget>>>;
+
+/// State shared by every session of one proxy.
+#[derive(Debug)]
+pub struct Proxy {
+    config: RwLock<Arc<Config>>,
+    /// Every configured node with its pools.
+    pub nodes: Nodes,
+    /// Statement classifications by text.
+    pub classes: ClassCache,
+    cancels: Mutex<HashMap<(i32, i32), CancelSlot>>,
+    clients: AtomicUsize,
+}
+
+impl Proxy {
+    /// A proxy for `config`; nothing runs until `serve`.
+    pub fn new(config: Config) -> Arc<Proxy> {
+        Arc::new(Proxy {
+            nodes: Nodes::new(&config.nodes),
+            config: RwLock::new(Arc::new(config)),
+            classes: ClassCache::default(),
+            cancels: Mutex::new(HashMap::new()),
+            clients: AtomicUsize::new(0),
+        })
+    }
+
+    /// The current config (a snapshot; SIGHUP swaps it).
+    pub fn config(&self) -> Arc<Config> {
+        Arc::clone(&self.config.read().expect("config lock"))
+    }
+
+    /// Swaps in a new config. Users, pool limits for new pools, timeouts, routing functions take
+    /// effect at once; a changed node list needs a restart and is reported as such.
+    pub fn reload(&self, config: Config) {
+        if config.nodes != self.config().nodes {
+            tracing::warn!(
+                "SIGHUP: the node list changed; restart the proxy to apply it (other settings reloaded)"
+            );
+        }
+        *self.config.write().expect("config lock") = Arc::new(config);
+        tracing::info!("configuration reloaded");
+    }
+
+    /// Connected clients right now.
+    pub fn client_count(&self) -> usize {
+        self.clients.load(Ordering::Relaxed)
+    }
+
+    pub(crate) fn client_joined(&self) -> usize {
+        metrics::gauge!("lsngate_proxy_clients").increment(1.0);
+        self.clients.fetch_add(1, Ordering::Relaxed) + 1
+    }
+
+    pub(crate) fn client_left(&self) {
+        metrics::gauge!("lsngate_proxy_clients").decrement(1.0);
+        self.clients.fetch_sub(1, Ordering::Relaxed);
+    }
+
+    pub(crate) fn register_cancel(&self) -> ((i32, i32), CancelSlot) {
+        let slot: CancelSlot = Arc::new(Mutex::new(None));
+        let mut cancels = self.cancels.lock().expect("cancel lock");
+        loop {
+            let key = (rand::random::<i32>() & 0x7fff_ffff, rand::random::<i32>());
+            if let std::collections::hash_map::Entry::Vacant(e) = cancels.entry(key) {
+                e.insert(Arc::clone(&slot));
+                return (key, slot);
+            }
+        }
+    }
+
+    pub(crate) fn unregister_cancel(&self, key: (i32, i32)) {
+        self.cancels.lock().expect("cancel lock").remove(&key);
+    }
+
+    pub(crate) fn cancel_target(&self, key: (i32, i32)) -> Option<CancelTarget> {
+        let slot = self
+            .cancels
+            .lock()
+            .expect("cancel lock")
+            .get(&key)
+            .cloned()?;
+        let target = slot.lock().expect("cancel slot lock").clone();
+        target
+    }
+}

@@ -1,0 +1,399 @@
+//! Statement classification: where may this SQL run? Conservative by construction — anything
+//! the parser does not understand, or that might write, goes to the primary; only plain queries
+//! without locking clauses, data-modifying CTEs or effectful functions may go to a replica. Also
+//! recognises the proxy's own commands (`SET/SHOW/RESET lsngate.route`) and route hints in
+//! comments. Pure and cached per statement text; it does not choose a node (the session does).
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+
+use sqlparser::ast::Statement;
+use sqlparser::dialect::PostgreSqlDialect;
+use sqlparser::parser::Parser;
+
+/// Functions that write, take locks or depend on session state created on the primary.
+const EFFECT_FUNCTIONS: &[&str] = &[
+    "nextval",
+    "setval",
+    "currval",
+    "lastval",
+    "pg_advisory_lock",
+    "pg_advisory_xact_lock",
+    "pg_advisory_lock_shared",
+    "pg_advisory_xact_lock_shared",
+    "pg_try_advisory_lock",
+    "pg_try_advisory_xact_lock",
+    "pg_try_advisory_lock_shared",
+    "pg_try_advisory_xact_lock_shared",
+    "pg_advisory_unlock",
+    "pg_advisory_unlock_all",
+    "pg_advisory_unlock_shared",
+    "txid_current",
+    "pg_current_xact_id",
+    "set_config",
+    "pg_notify",
+    "lo_create",
+    "lo_import",
+    "lo_unlink",
+    "lo_put",
+    "lo_from_bytea",
+    "pg_logical_emit_message",
+    "dblink_exec",
+    "pg_current_wal_lsn",
+    "pg_current_wal_insert_lsn",
+    "pg_current_wal_flush_lsn",
+];
+
+/// What a statement (or a multi-statement string) needs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Class {
+    /// Only reads: a replica may serve it outside a transaction block.
+    Read,
+    /// May write, lock or is not understood: the primary.
+    Write,
+    /// Opens a transaction block; `read_only` blocks may go to a replica.
+    Begin { read_only: bool },
+    /// COMMIT / ROLLBACK / SAVEPOINT: goes wherever the transaction is.
+    TransactionControl,
+    /// Session state (SET, RESET, DISCARD, DEALLOCATE): runs on the primary and is re-applied
+    /// on every backend the client later uses.
+    SessionState,
+    /// LISTEN and friends: the client must stay on one primary backend from now on.
+    Pin,
+}
+
+/// A routing hint given by the client.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RouteHint {
+    /// Route as classified.
+    Auto,
+    /// Always the primary.
+    Primary,
+    /// A replica even for what looks like a write (the replica will refuse real writes).
+    Replica,
+}
+
+impl RouteHint {
+    /// Parses `primary`, `replica` or `auto` (quotes allowed).
+    pub fn parse(text: &str) -> Option<RouteHint> {
+        match text
+            .trim()
+            .trim_matches(|c| c == '\'' || c == '"')
+            .to_ascii_lowercase()
+            .as_str()
+        {
+            "primary" => Some(RouteHint::Primary),
+            "replica" => Some(RouteHint::Replica),
+            "auto" | "default" => Some(RouteHint::Auto),
+            _ => None,
+        }
+    }
+
+    /// The name shown by `SHOW lsngate.route`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RouteHint::Auto => "auto",
+            RouteHint::Primary => "primary",
+            RouteHint::Replica => "replica",
+        }
+    }
+}
+
+/// A statement the proxy answers itself and never forwards.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LocalCommand {
+    /// `SET lsngate.route = ...` / `RESET lsngate.route`.
+    SetRoute(RouteHint),
+    /// `SHOW lsngate.route`.
+    ShowRoute,
+    /// `SET lsngate.route = <garbage>`.
+    BadRoute(String),
+}
+
+/// Recognises the proxy's own commands.
+pub fn local_command(sql: &str) -> Option<LocalCommand> {
+    let text = sql.trim().trim_end_matches(';').trim();
+    let lower = text.to_ascii_lowercase();
+    let words: Vec<&str> = lower.split_whitespace().collect();
+    match words.as_slice() {
+        ["show", "lsngate.route"] => Some(LocalCommand::ShowRoute),
+        ["reset", "lsngate.route"] => Some(LocalCommand::SetRoute(RouteHint::Auto)),
+        ["set", rest @ ..] | ["set", "session", rest @ ..]
+            if rest.first().is_some_and(|w| w.starts_with("lsngate.route")) =>
+        {
+            let after = lower
+                .split_once("lsngate.route")
+                .map(|(_, a)| a)
+                .unwrap_or_default();
+            let value = after.trim_start().trim_start_matches('=').trim_start();
+            let value = value.strip_prefix("to ").unwrap_or(value).trim();
+            Some(
+                RouteHint::parse(value)
+                    .map(LocalCommand::SetRoute)
+                    .unwrap_or(LocalCommand::BadRoute(value.to_string())),
+            )
+        }
+        _ => None,
+    }
+}
+
+/// Finds a `/* lsngate:route=primary */` style hint and returns it with the SQL minus the comment.
+pub fn comment_hint(sql: &str) -> Option<(RouteHint, String)> {
+    let start = sql.find("/*")?;
+    let end = start + sql[start..].find("*/")? + 2;
+    let inner = sql[start + 2..end - 2].trim();
+    let value = inner.strip_prefix("lsngate:route=")?;
+    let hint = RouteHint::parse(value)?;
+    Some((hint, format!("{}{}", &sql[..start], &sql[end..])))
+}
+
+/// Parses a session `SET name = value` / `SET name TO value` into (name, value as SQL text).
+pub fn session_set(sql: &str) -> Option<(String, String)> {
+    let text = sql.trim().trim_end_matches(';').trim();
+    let lower = text.to_ascii_lowercase();
+    let rest = lower.strip_prefix("set ")?;
+    if rest.starts_with("local ")
+        || rest.starts_with("transaction")
+        || rest.starts_with("constraints")
+    {
+        return None;
+    }
+    let offset = text.len() - rest.len();
+    let rest_orig = &text[offset..];
+    let rest_orig = rest_orig
+        .strip_prefix("session ")
+        .or_else(|| rest_orig.strip_prefix("SESSION "))
+        .unwrap_or(rest_orig);
+    let name_end =
+        rest_orig.find(|c: char| !(c.is_ascii_alphanumeric() || c == '_' || c == '.'))?;
+    let name = rest_orig[..name_end].to_ascii_lowercase();
+    let value = rest_orig[name_end..].trim_start();
+    let value = value.strip_prefix('=').map(str::trim_start).or_else(|| {
+        value
+            .get(..3)
+            .filter(|p| p.eq_ignore_ascii_case("to "))
+            .map(|_| value[3..].trim_start())
+    })?;
+    if name.is_empty() || value.is_empty() || value.contains(';') {
+        return None;
+    }
+    Some((name, value.to_string()))
+}
+
+/// Classifies SQL text conservatively.
+pub fn classify(sql: &str, write_functions: &[String]) -> Class {
+    let lower = sql.to_ascii_lowercase();
+    let first = lower
+        .trim_start()
+        .split(|c: char| !c.is_ascii_alphabetic())
+        .next()
+        .unwrap_or_default()
+        .to_string();
+    match first.as_str() {
+        "set" | "reset" | "discard" | "deallocate" => return Class::SessionState,
+        "listen" | "unlisten" => return Class::Pin,
+        "show" => return Class::Read,
+        "savepoint" | "release" => return Class::TransactionControl,
+        _ => {}
+    }
+    let Ok(statements) = Parser::parse_sql(&PostgreSqlDialect {}, sql) else {
+        return Class::Write;
+    };
+    let mut class = None;
+    for statement in &statements {
+        let this = match statement {
+            Statement::Query(_) if reads_only(&lower, write_functions) => Class::Read,
+            Statement::Copy { .. }
+                if lower.contains(" to stdout") && reads_only(&lower, write_functions) =>
+            {
+                Class::Read
+            }
+            Statement::StartTransaction { .. } => Class::Begin {
+                read_only: is_read_only_begin(&lower),
+            },
+            Statement::Commit { .. } | Statement::Rollback { .. } => Class::TransactionControl,
+            _ => Class::Write,
+        };
+        class = Some(match (class, this) {
+            (None, c) => c,
+            (Some(Class::Read), Class::Read) => Class::Read,
+            (Some(Class::TransactionControl), Class::TransactionControl) => {
+                Class::TransactionControl
+            }
+            _ => Class::Write,
+        });
+    }
+    class.unwrap_or(Class::Read)
+}
+
+fn is_read_only_begin(lower: &str) -> bool {
+    let squashed = lower.split_whitespace().collect::<Vec<_>>().join(" ");
+    squashed.contains("read only") && !squashed.contains("read write")
+}
+
+fn reads_only(lower: &str, write_functions: &[String]) -> bool {
+    const LOCKS: &[&str] = &[
+        "for update",
+        "for share",
+        "for no key update",
+        "for key share",
+    ];
+    const MODIFYING: &[&str] = &["insert", "update", "delete", "merge", "into"];
+    let squashed = lower.split_whitespace().collect::<Vec<_>>().join(" ");
+    if LOCKS.iter().any(|l| squashed.contains(l)) {
+        return false;
+    }
+    if MODIFYING.iter().any(|kw| has_word(&squashed, kw)) {
+        return false;
+    }
+    let extra = write_functions.iter().map(String::as_str);
+    !EFFECT_FUNCTIONS
+        .iter()
+        .copied()
+        .chain(extra)
+        .any(|f| calls(&squashed, f))
+}
+
+fn is_ident(c: u8) -> bool {
+    c.is_ascii_alphanumeric() || c == b'_' || c == b'$'
+}
+
+fn has_word(text: &str, word: &str) -> bool {
+    text.match_indices(word).any(|(i, _)| {
+        let before = i == 0 || !is_ident(text.as_bytes()[i - 1]);
+        let after = text
+            .as_bytes()
+            .get(i + word.len())
+            .is_none_or(|&c| !is_ident(c));
+        before && after
+    })
+}
+
+fn calls(text: &str, function: &str) -> bool {
+    text.match_indices(function).any(|(i, _)| {
+        let before = i == 0 || !is_ident(text.as_bytes()[i - 1]) || text.as_bytes()[i - 1] == b'.';
+        before && text[i + function.len()..].trim_start().starts_with('(')
+    })
+}
+
+/// A bounded cache of classifications keyed by statement text.
+#[derive(Debug, Default)]
+pub struct ClassCache {
+    entries: Mutex<HashMap<String, Class>>,
+}
+
+const CACHE_LIMIT: usize = 10_000;
+
+impl ClassCache {
+    /// Classifies through the cache.
+    pub fn classify(&self, sql: &str, write_functions: &[String]) -> Class {
+        if let Some(c) = self.entries.lock().expect("cache lock").get(sql) {
+            return *c;
+        }
+        let class = classify(sql, write_functions);
+        let mut entries = self.entries.lock().expect("cache lock");
+        if entries.len() >= CACHE_LIMIT {
+            entries.clear();
+        }
+        entries.insert(sql.to_string(), class);
+        class
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn c(sql: &str) -> Class {
+        classify(sql, &["audit".to_string()])
+    }
+
+    #[test]
+    fn plain_reads_go_to_replicas() {
+        assert_eq!(c("SELECT 1"), Class::Read);
+        assert_eq!(c("select * from t where id = $1"), Class::Read);
+        assert_eq!(c("SELECT a FROM t; SELECT b FROM u"), Class::Read);
+        assert_eq!(c("WITH x AS (SELECT 1) SELECT * FROM x"), Class::Read);
+        assert_eq!(c("SHOW server_version"), Class::Read);
+        assert_eq!(c("COPY t TO STDOUT"), Class::Read);
+        assert_eq!(c("select updated_at from t"), Class::Read);
+    }
+
+    #[test]
+    fn anything_that_may_write_goes_to_the_primary() {
+        for sql in [
+            "INSERT INTO t VALUES (1)",
+            "SELECT 1; DELETE FROM t",
+            "SELECT nextval('s')",
+            "select pg_advisory_lock(1)",
+            "SELECT * FROM t FOR UPDATE",
+            "SELECT * FROM t for  no key update",
+            "WITH d AS (DELETE FROM t RETURNING *) SELECT * FROM d",
+            "SELECT * INTO new_t FROM t",
+            "SELECT audit(1)",
+            "SELECT public.setval('s', 1)",
+            "CREATE TABLE x (a int)",
+            "COPY t FROM STDIN",
+            "this is not sql",
+            "WAIT FOR LSN '0/1'",
+        ] {
+            assert_eq!(c(sql), Class::Write, "{sql}");
+        }
+    }
+
+    #[test]
+    fn transactions_session_state_and_local_commands() {
+        assert_eq!(c("BEGIN"), Class::Begin { read_only: false });
+        assert_eq!(c("BEGIN READ ONLY"), Class::Begin { read_only: true });
+        assert_eq!(
+            c("START TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY"),
+            Class::Begin { read_only: true }
+        );
+        assert_eq!(c("COMMIT"), Class::TransactionControl);
+        assert_eq!(c("SET search_path = app"), Class::SessionState);
+        assert_eq!(c("LISTEN jobs"), Class::Pin);
+        assert_eq!(
+            local_command("SET lsngate.route = primary;"),
+            Some(LocalCommand::SetRoute(RouteHint::Primary))
+        );
+        assert_eq!(
+            local_command("set lsngate.route to 'replica'"),
+            Some(LocalCommand::SetRoute(RouteHint::Replica))
+        );
+        assert_eq!(
+            local_command("RESET lsngate.route"),
+            Some(LocalCommand::SetRoute(RouteHint::Auto))
+        );
+        assert_eq!(
+            local_command("SHOW lsngate.route"),
+            Some(LocalCommand::ShowRoute)
+        );
+        assert!(matches!(
+            local_command("SET lsngate.route = nowhere"),
+            Some(LocalCommand::BadRoute(_))
+        ));
+        assert_eq!(local_command("SET search_path = x"), None);
+        let (hint, rest) = comment_hint("/* lsngate:route=primary */ SELECT 1").unwrap();
+        assert_eq!((hint, rest.trim()), (RouteHint::Primary, "SELECT 1"));
+        assert_eq!(
+            session_set("SET search_path TO app, public"),
+            Some(("search_path".into(), "app, public".into()))
+        );
+        assert_eq!(
+            session_set("set application_name = 'x'"),
+            Some(("application_name".into(), "'x'".into()))
+        );
+        assert_eq!(session_set("SET LOCAL work_mem = '1MB'"), None);
+    }
+
+    proptest! {
+        #[test]
+        fn classification_never_panics(sql in ".{0,200}") {
+            let _ = classify(&sql, &[]);
+            let _ = local_command(&sql);
+            let _ = comment_hint(&sql);
+            let _ = session_set(&sql);
+        }
+    }
+}

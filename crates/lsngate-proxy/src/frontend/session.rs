@@ -1,0 +1,491 @@
+//! One client session after login: reads client messages, groups them into flights (a simple
+//! Query, or extended-protocol messages up to Sync/Flush), answers the proxy's own commands, and
+//! hands flights to `flight.rs`, which routes them to a backend and relays the replies. It owns
+//! the client's state that must survive backend changes: settings, prepared statements, the route
+//! hint, the transaction status the client has seen.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use bytes::BytesMut;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio::sync::watch;
+
+use super::flight::Attached;
+use super::router::{Class, LocalCommand, RouteHint, comment_hint, local_command};
+use super::{CancelSlot, Proxy};
+use crate::backend::Target;
+use crate::net::backend::build;
+use crate::net::{ErrorFields, Frame, FrontendMessage, ProtocolError, decode_frame};
+
+/// The client's socket with its read and write buffers.
+#[derive(Debug)]
+pub struct ClientIo {
+    stream: TcpStream,
+    read_buf: BytesMut,
+    write_buf: BytesMut,
+    max_len: usize,
+}
+
+impl ClientIo {
+    /// Wraps an accepted socket; `read_buf` holds bytes already read during startup.
+    pub fn new(stream: TcpStream, read_buf: BytesMut, max_len: usize) -> ClientIo {
+        ClientIo {
+            stream,
+            read_buf,
+            write_buf: BytesMut::with_capacity(16 * 1024),
+            max_len,
+        }
+    }
+
+    /// The next message, `None` when the client closed the connection. Cancel-safe.
+    pub async fn recv(&mut self) -> Result<Option<Frame>, anyhow::Error> {
+        loop {
+            if let Some(frame) = decode_frame(&mut self.read_buf, self.max_len)? {
+                return Ok(Some(frame));
+            }
+            if self.stream.read_buf(&mut self.read_buf).await? == 0 {
+                return Ok(None);
+            }
+        }
+    }
+
+    /// Buffers a frame for the client.
+    pub fn queue(&mut self, frame: &Frame) {
+        frame.encode(&mut self.write_buf);
+    }
+
+    /// Bytes queued and not yet written.
+    pub fn queued(&self) -> usize {
+        self.write_buf.len()
+    }
+
+    /// Writes everything queued.
+    pub async fn flush(&mut self) -> std::io::Result<()> {
+        if !self.write_buf.is_empty() {
+            self.stream.write_all(&self.write_buf).await?;
+            self.write_buf.clear();
+        }
+        Ok(())
+    }
+}
+
+/// A prepared statement as the client defined it.
+#[derive(Debug, Clone)]
+pub struct ClientStatement {
+    /// The SQL text (hint comment removed).
+    pub query: String,
+    /// Parameter type OIDs from Parse.
+    pub param_types: Vec<u32>,
+    /// Classification of the text.
+    pub class: Class,
+    /// A route hint found in the text.
+    pub hint: Option<RouteHint>,
+}
+
+impl ClientStatement {
+    /// The identity a backend's copy must match to be reused.
+    pub fn identity(&self) -> String {
+        format!("{:?}|{}", self.param_types, self.query)
+    }
+}
+
+/// Startup parameters that are connection metadata, not settings to apply with SET.
+const NOT_SETTINGS: &[&str] = &["user", "database", "options", "replication"];
+
+/// A logged-in client.
+#[derive(Debug)]
+pub struct Session {
+    pub(super) proxy: Arc<Proxy>,
+    pub(super) io: ClientIo,
+    pub(super) database: String,
+    /// Settings to apply on every backend: name → SQL value text.
+    pub(super) settings: HashMap<String, String>,
+    pub(super) statements: HashMap<String, ClientStatement>,
+    /// The last unnamed Parse, for Binds to "".
+    pub(super) unnamed: Option<ClientStatement>,
+    pub(super) hint: RouteHint,
+    pub(super) backend: Option<Attached>,
+    /// Transaction status from the last ReadyForQuery the client got.
+    pub(super) status: u8,
+    /// Stay on one backend (session pooling, LISTEN).
+    pub(super) pinned: bool,
+    pub(super) pending: Vec<FrontendMessage>,
+    pub(super) cancel_slot: CancelSlot,
+    shutdown: watch::Receiver<bool>,
+}
+
+fn quote_literal(value: &str) -> String {
+    format!("'{}'", value.replace('\'', "''"))
+}
+
+fn is_setting_name(name: &str) -> bool {
+    !name.is_empty()
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '.')
+}
+
+/// Settings from the startup packet, including `-c name=value` in `options`.
+fn startup_settings(params: &[(String, String)]) -> HashMap<String, String> {
+    let mut settings = HashMap::new();
+    for (name, value) in params {
+        if name == "options" {
+            let mut words = value.split_whitespace();
+            while let Some(word) = words.next() {
+                let pair = if word == "-c" {
+                    words.next()
+                } else {
+                    word.strip_prefix("--").or(word.strip_prefix("-c"))
+                };
+                if let Some((k, v)) = pair.and_then(|p| p.split_once('=')) {
+                    if is_setting_name(k) && !k.starts_with("lsngate.") {
+                        settings.insert(k.to_ascii_lowercase().replace('-', "_"), quote_literal(v));
+                    }
+                }
+            }
+        } else if !NOT_SETTINGS.contains(&name.as_str())
+            && is_setting_name(name)
+            && !name.starts_with("_pq_.")
+        {
+            settings.insert(name.to_ascii_lowercase(), quote_literal(value));
+        }
+    }
+    settings
+}
+
+impl Session {
+    /// Finishes login: reports server parameters and the cancel key, then ReadyForQuery.
+    #[allow(clippy::too_many_arguments)]
+    pub async fn start(
+        proxy: Arc<Proxy>,
+        mut io: ClientIo,
+        user: String,
+        database: String,
+        params: Vec<(String, String)>,
+        cancel_key: (i32, i32),
+        cancel_slot: CancelSlot,
+        shutdown: watch::Receiver<bool>,
+    ) -> anyhow::Result<Session> {
+        let config = proxy.config();
+        let settings = startup_settings(&params);
+        let server_params = match proxy.server_params(&database).await {
+            Ok(p) => p,
+            Err(e) => {
+                io.queue(&super::listener::fatal("08006", &e.to_string()));
+                io.flush().await?;
+                return Err(e);
+            }
+        };
+        for (name, value) in &server_params {
+            let client_value = params
+                .iter()
+                .find(|(k, _)| k.eq_ignore_ascii_case(name))
+                .map(|(_, v)| v.as_str());
+            io.queue(&build::parameter_status(
+                name,
+                client_value.unwrap_or(value),
+            ));
+        }
+        io.queue(&build::backend_key_data(cancel_key.0, cancel_key.1));
+        io.queue(&build::ready_for_query(b'I'));
+        io.flush().await?;
+        tracing::debug!(%user, %database, "client logged in");
+        Ok(Session {
+            pinned: config.pool_mode == crate::config::PoolMode::Session,
+            proxy,
+            io,
+            database,
+            settings,
+            statements: HashMap::new(),
+            unnamed: None,
+            hint: RouteHint::Auto,
+            backend: None,
+            status: b'I',
+            pending: Vec::new(),
+            cancel_slot,
+            shutdown,
+        })
+    }
+
+    /// The session loop: until the client leaves, breaks the protocol or the proxy drains.
+    pub async fn run(mut self) -> anyhow::Result<()> {
+        let result = self.run_loop().await;
+        self.finish().await;
+        result
+    }
+
+    async fn run_loop(&mut self) -> anyhow::Result<()> {
+        enum Event {
+            Client(anyhow::Result<Option<Frame>>),
+            Backend(Result<Frame, crate::backend::BackendError>),
+            Shutdown,
+        }
+        loop {
+            let listening = self
+                .backend
+                .as_ref()
+                .is_some_and(|b| b.awaiting_replies() || self.pinned);
+            let draining = *self.shutdown.borrow();
+            if draining
+                && self.status == b'I'
+                && !self.backend.as_ref().is_some_and(|b| b.awaiting_replies())
+            {
+                self.io.queue(&super::listener::fatal(
+                    "57P01",
+                    "lsngate proxy is shutting down; reconnect",
+                ));
+                self.io.flush().await?;
+                return Ok(());
+            }
+            let event = tokio::select! {
+                frame = async { self.backend.as_mut().expect("listening implies attached").conn.recv().await }, if listening => Event::Backend(frame),
+                frame = self.io.recv() => Event::Client(frame),
+                _ = self.shutdown.changed(), if !draining => Event::Shutdown,
+            };
+            match event {
+                Event::Backend(frame) => self.on_backend(frame).await?,
+                Event::Client(Ok(Some(frame))) => {
+                    if !self.on_client(frame).await? {
+                        return Ok(());
+                    }
+                }
+                Event::Client(Ok(None)) => return Ok(()),
+                Event::Client(Err(e)) => {
+                    metrics::counter!("lsngate_proxy_errors_total", "kind" => "protocol")
+                        .increment(1);
+                    if e.downcast_ref::<ProtocolError>().is_some() {
+                        self.io
+                            .queue(&super::listener::fatal("08P01", &e.to_string()));
+                        let _ = self.io.flush().await;
+                    }
+                    return Err(e);
+                }
+                Event::Shutdown => {}
+            }
+        }
+    }
+
+    /// Handles one client message; false when the client said Terminate.
+    async fn on_client(&mut self, frame: Frame) -> anyhow::Result<bool> {
+        let message = match FrontendMessage::parse(&frame) {
+            Ok(m) => m,
+            Err(e) => {
+                metrics::counter!("lsngate_proxy_errors_total", "kind" => "protocol").increment(1);
+                self.io
+                    .queue(&super::listener::fatal("08P01", &e.to_string()));
+                let _ = self.io.flush().await;
+                return Err(e.into());
+            }
+        };
+        match message {
+            FrontendMessage::Query(sql) => self.simple_query(sql).await?,
+            FrontendMessage::Parse {
+                statement,
+                query,
+                param_types,
+            } => {
+                let (hint, query) = match comment_hint(&query) {
+                    Some((hint, rest)) => (Some(hint), rest),
+                    None => (None, query),
+                };
+                let class = self
+                    .proxy
+                    .classes
+                    .classify(&query, &self.proxy.config().write_functions);
+                let defined = ClientStatement {
+                    query: query.clone(),
+                    param_types: param_types.clone(),
+                    class,
+                    hint,
+                };
+                if statement.is_empty() {
+                    self.unnamed = Some(defined);
+                } else {
+                    self.statements.insert(statement.clone(), defined);
+                }
+                self.pending.push(FrontendMessage::Parse {
+                    statement,
+                    query,
+                    param_types,
+                });
+            }
+            FrontendMessage::Close { kind: b'S', name } => {
+                self.statements.remove(&name);
+                self.pending
+                    .push(FrontendMessage::Close { kind: b'S', name });
+            }
+            m @ (FrontendMessage::Bind { .. }
+            | FrontendMessage::Describe { .. }
+            | FrontendMessage::Execute { .. }
+            | FrontendMessage::Close { .. }) => self.pending.push(m),
+            m @ (FrontendMessage::Sync | FrontendMessage::Flush) => {
+                self.pending.push(m);
+                let flight = std::mem::take(&mut self.pending);
+                let (class, hint) = self.extended_class(&flight);
+                self.dispatch(flight, class, hint).await?;
+            }
+            m @ (FrontendMessage::CopyData(_)
+            | FrontendMessage::CopyDone
+            | FrontendMessage::CopyFail(_)) => self.copy_from_client(m).await?,
+            FrontendMessage::FunctionCall(body) => {
+                self.dispatch(
+                    vec![FrontendMessage::FunctionCall(body)],
+                    Some(Class::Write),
+                    None,
+                )
+                .await?
+            }
+            FrontendMessage::Terminate => return Ok(false),
+            FrontendMessage::AuthResponse(_) => {
+                let e = ProtocolError::Malformed {
+                    tag: 'p',
+                    why: "password message after authentication",
+                };
+                self.io
+                    .queue(&super::listener::fatal("08P01", &e.to_string()));
+                let _ = self.io.flush().await;
+                return Err(e.into());
+            }
+        }
+        Ok(true)
+    }
+
+    /// What an extended-protocol flight needs: the most demanding class among the statements
+    /// it prepares or binds; None when it only syncs, describes portals or closes.
+    fn extended_class(&self, flight: &[FrontendMessage]) -> (Option<Class>, Option<RouteHint>) {
+        let mut class: Option<Class> = None;
+        let mut hint = None;
+        let mut unnamed = self.unnamed.as_ref();
+        let mut add = |s: &ClientStatement, class: &mut Option<Class>| {
+            hint = hint.or(s.hint);
+            *class = Some(match (*class, s.class) {
+                (None, c) => c,
+                (Some(Class::Read), Class::Read) => Class::Read,
+                (Some(a), b) if a == b => a,
+                _ => Class::Write,
+            });
+        };
+        for m in flight {
+            match m {
+                FrontendMessage::Parse { statement, .. } if statement.is_empty() => {
+                    unnamed = self.unnamed.as_ref();
+                    if let Some(s) = unnamed {
+                        add(s, &mut class);
+                    }
+                }
+                FrontendMessage::Parse { statement, .. }
+                | FrontendMessage::Bind { statement, .. }
+                    if !statement.is_empty() =>
+                {
+                    match self.statements.get(statement) {
+                        Some(s) => add(s, &mut class),
+                        None => class = Some(Class::Write),
+                    }
+                }
+                FrontendMessage::Bind { .. } => {
+                    if let Some(s) = unnamed {
+                        add(s, &mut class);
+                    }
+                }
+                _ => {}
+            }
+        }
+        (class, hint)
+    }
+
+    async fn simple_query(&mut self, sql: String) -> anyhow::Result<()> {
+        if let Some(command) = local_command(&sql) {
+            return self.answer_locally(command).await;
+        }
+        let lower = sql.trim_start().to_ascii_lowercase();
+        if (lower.starts_with("set ") || lower.starts_with("show ")) && lower.contains("lsngate.") {
+            let message = format!(
+                "unrecognized lsngate parameter in {:?}; lsngate knows lsngate.route",
+                sql.trim()
+            );
+            return self.answer_error("42704", &message).await;
+        }
+        let (hint, sql) = match comment_hint(&sql) {
+            Some((hint, rest)) => (Some(hint), rest),
+            None => (None, sql),
+        };
+        let class = self
+            .proxy
+            .classes
+            .classify(&sql, &self.proxy.config().write_functions);
+        self.dispatch(vec![FrontendMessage::Query(sql)], Some(class), hint)
+            .await
+    }
+
+    async fn answer_locally(&mut self, command: LocalCommand) -> anyhow::Result<()> {
+        self.drain().await?;
+        match command {
+            LocalCommand::SetRoute(hint) => {
+                self.hint = hint;
+                self.io.queue(&build::command_complete("SET"));
+            }
+            LocalCommand::ShowRoute => {
+                build::single_text_row("lsngate.route", self.hint.as_str())
+                    .iter()
+                    .for_each(|f| self.io.queue(f));
+                self.io.queue(&build::command_complete("SHOW"));
+            }
+            LocalCommand::BadRoute(value) => {
+                let message = format!(
+                    "invalid value {value:?} for lsngate.route; use primary, replica or auto"
+                );
+                return self.answer_error("22023", &message).await;
+            }
+        }
+        self.io.queue(&build::ready_for_query(self.status));
+        self.io.flush().await?;
+        Ok(())
+    }
+
+    async fn answer_error(&mut self, code: &str, message: &str) -> anyhow::Result<()> {
+        self.drain().await?;
+        self.io
+            .queue(&ErrorFields::new("ERROR", code, message).to_frame(b'E'));
+        let status = self.status;
+        self.io.queue(&build::ready_for_query(status));
+        self.io.flush().await?;
+        Ok(())
+    }
+
+    /// Where a class should run, after hints.
+    pub(super) fn target_for(
+        &self,
+        class: Option<Class>,
+        hint: Option<RouteHint>,
+    ) -> Option<Target> {
+        match hint.unwrap_or(self.hint) {
+            RouteHint::Primary => return Some(Target::Primary),
+            RouteHint::Replica if class.is_some() => return Some(Target::Replica),
+            _ => {}
+        }
+        match class? {
+            Class::Read | Class::Begin { read_only: true } => Some(Target::Replica),
+            Class::TransactionControl => None,
+            _ => Some(Target::Primary),
+        }
+    }
+
+    /// Ends the session: a backend that is mid-transaction is closed (the server rolls back);
+    /// a pinned one is reset with DISCARD ALL before it returns to the pool.
+    async fn finish(&mut self) {
+        let Some(mut attached) = self.backend.take() else {
+            return;
+        };
+        *self.cancel_slot.lock().expect("cancel slot") = None;
+        if attached.awaiting_replies() || self.status != b'I' {
+            return;
+        }
+        if matches!(attached.conn.run_simple("DISCARD ALL").await, Ok(None)) {
+            attached.conn.prepared.clear();
+            attached.conn.applied.clear();
+            attached.conn.release();
+        }
+    }
+}

@@ -1,0 +1,205 @@
+//! Messages a server sends, parsed only as far as the proxy needs (authentication requests,
+//! ParameterStatus, BackendKeyData, ReadyForQuery status, error SQLSTATEs, COPY mode changes);
+//! row data passes through as the frame it arrived in. Also builds the server messages the
+//! proxy answers clients with itself.
+
+use bytes::{BufMut, Bytes, BytesMut};
+
+use super::{ErrorFields, Fields, Frame, ProtocolError, put_cstr};
+
+/// A server message.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum BackendMessage {
+    /// 'R': authentication request or result; `code` 0 = ok, 3 = cleartext, 5 = md5 (data = salt),
+    /// 10 = SASL (mechanisms), 11 = SASL continue, 12 = SASL final.
+    Authentication { code: i32, data: Bytes },
+    /// 'S': a run-time parameter changed (or was reported at startup).
+    ParameterStatus { name: String, value: String },
+    /// 'K': the key a CancelRequest must present.
+    BackendKeyData { pid: i32, secret: Bytes },
+    /// 'Z': ready for the next query; `b'I'` idle, `b'T'` in a transaction, `b'E'` failed transaction.
+    ReadyForQuery(u8),
+    /// 'E'.
+    ErrorResponse(ErrorFields),
+    /// 'N'.
+    NoticeResponse(ErrorFields),
+    /// 'G': COPY FROM STDIN starts; the client now sends CopyData.
+    CopyInResponse,
+    /// 'W': COPY BOTH (replication); treated like COPY IN by the proxy.
+    CopyBothResponse,
+    /// 'v': the server downgrades the protocol version.
+    NegotiateProtocolVersion,
+    /// Any other valid server message (rows, completions, descriptions, notifications, ...).
+    Other(u8),
+}
+
+const PASSTHROUGH_TAGS: &[u8] = b"TDC123nsItHdcAV";
+
+impl BackendMessage {
+    /// Parses a frame from a server. Unknown tags are errors.
+    pub fn parse(frame: &Frame) -> Result<BackendMessage, ProtocolError> {
+        let mut f = Fields::new(frame.tag, &frame.body);
+        let msg = match frame.tag {
+            b'R' => {
+                let code = f.i32()?;
+                return Ok(BackendMessage::Authentication {
+                    code,
+                    data: frame.body.slice(4..),
+                });
+            }
+            b'S' => BackendMessage::ParameterStatus {
+                name: f.cstr()?.to_string(),
+                value: f.cstr()?.to_string(),
+            },
+            b'K' => {
+                let pid = f.i32()?;
+                return Ok(BackendMessage::BackendKeyData {
+                    pid,
+                    secret: frame.body.slice(4..),
+                });
+            }
+            b'Z' => BackendMessage::ReadyForQuery(f.u8()?),
+            b'E' => {
+                return Ok(BackendMessage::ErrorResponse(ErrorFields::parse(
+                    b'E',
+                    &frame.body,
+                )?));
+            }
+            b'N' => {
+                return Ok(BackendMessage::NoticeResponse(ErrorFields::parse(
+                    b'N',
+                    &frame.body,
+                )?));
+            }
+            b'G' => return Ok(BackendMessage::CopyInResponse),
+            b'W' => return Ok(BackendMessage::CopyBothResponse),
+            b'v' => return Ok(BackendMessage::NegotiateProtocolVersion),
+            tag if PASSTHROUGH_TAGS.contains(&tag) => return Ok(BackendMessage::Other(tag)),
+            other => return Err(ProtocolError::UnknownTag(other)),
+        };
+        f.finish()?;
+        Ok(msg)
+    }
+}
+
+/// Frames the proxy sends to clients on its own behalf.
+pub mod build {
+    use super::*;
+
+    fn auth(code: i32, data: &[u8]) -> Frame {
+        let mut b = BytesMut::new();
+        b.put_i32(code);
+        b.put_slice(data);
+        Frame::new(b'R', b.freeze())
+    }
+
+    /// AuthenticationOk.
+    pub fn auth_ok() -> Frame {
+        auth(0, &[])
+    }
+    /// AuthenticationCleartextPassword.
+    pub fn auth_cleartext() -> Frame {
+        auth(3, &[])
+    }
+    /// AuthenticationMD5Password with its salt.
+    pub fn auth_md5(salt: [u8; 4]) -> Frame {
+        auth(5, &salt)
+    }
+    /// AuthenticationSASL offering SCRAM-SHA-256.
+    pub fn auth_sasl() -> Frame {
+        auth(10, b"SCRAM-SHA-256\0\0")
+    }
+    /// AuthenticationSASLContinue.
+    pub fn auth_sasl_continue(data: &[u8]) -> Frame {
+        auth(11, data)
+    }
+    /// AuthenticationSASLFinal.
+    pub fn auth_sasl_final(data: &[u8]) -> Frame {
+        auth(12, data)
+    }
+    /// ParameterStatus.
+    pub fn parameter_status(name: &str, value: &str) -> Frame {
+        let mut b = BytesMut::new();
+        put_cstr(&mut b, name);
+        put_cstr(&mut b, value);
+        Frame::new(b'S', b.freeze())
+    }
+    /// BackendKeyData.
+    pub fn backend_key_data(pid: i32, secret: i32) -> Frame {
+        let mut b = BytesMut::new();
+        b.put_i32(pid);
+        b.put_i32(secret);
+        Frame::new(b'K', b.freeze())
+    }
+    /// ReadyForQuery.
+    pub fn ready_for_query(status: u8) -> Frame {
+        Frame::new(b'Z', Bytes::copy_from_slice(&[status]))
+    }
+    /// CommandComplete.
+    pub fn command_complete(tag: &str) -> Frame {
+        let mut b = BytesMut::new();
+        put_cstr(&mut b, tag);
+        Frame::new(b'C', b.freeze())
+    }
+    /// NegotiateProtocolVersion: we speak 3.0 and none of the `_pq_` options.
+    pub fn negotiate_protocol_version(unsupported: &[String]) -> Frame {
+        let mut b = BytesMut::new();
+        b.put_i32(0);
+        b.put_i32(unsupported.len() as i32);
+        unsupported.iter().for_each(|o| put_cstr(&mut b, o));
+        Frame::new(b'v', b.freeze())
+    }
+    /// RowDescription for one text column, then DataRow frames, for SHOW answered locally.
+    pub fn single_text_row(column: &str, value: &str) -> Vec<Frame> {
+        let mut d = BytesMut::new();
+        d.put_i16(1);
+        put_cstr(&mut d, column);
+        d.put_i32(0);
+        d.put_i16(0);
+        d.put_u32(25);
+        d.put_i16(-1);
+        d.put_i32(-1);
+        d.put_i16(0);
+        let mut r = BytesMut::new();
+        r.put_i16(1);
+        r.put_i32(value.len() as i32);
+        r.put_slice(value.as_bytes());
+        vec![Frame::new(b'T', d.freeze()), Frame::new(b'D', r.freeze())]
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_what_the_proxy_builds() {
+        assert_eq!(
+            BackendMessage::parse(&build::ready_for_query(b'T')).unwrap(),
+            BackendMessage::ReadyForQuery(b'T')
+        );
+        assert_eq!(
+            BackendMessage::parse(&build::parameter_status("TimeZone", "UTC")).unwrap(),
+            BackendMessage::ParameterStatus {
+                name: "TimeZone".into(),
+                value: "UTC".into()
+            }
+        );
+        match BackendMessage::parse(&build::auth_md5([1, 2, 3, 4])).unwrap() {
+            BackendMessage::Authentication { code: 5, data } => {
+                assert_eq!(&data[..], &[1, 2, 3, 4])
+            }
+            other => panic!("unexpected {other:?}"),
+        }
+        assert!(matches!(
+            BackendMessage::parse(&build::backend_key_data(7, 9)).unwrap(),
+            BackendMessage::BackendKeyData { pid: 7, .. }
+        ));
+        assert_eq!(
+            BackendMessage::parse(&build::command_complete("SET")).unwrap(),
+            BackendMessage::Other(b'C')
+        );
+        assert!(BackendMessage::parse(&Frame::new(b'?', Bytes::new())).is_err());
+        assert!(BackendMessage::parse(&Frame::new(b'Z', Bytes::new())).is_err());
+    }
+}

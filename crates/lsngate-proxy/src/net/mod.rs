@@ -1,0 +1,242 @@
+//! The PostgreSQL protocol-3 message codec: bytes in, frames out, nothing else. No sockets, no
+//! state beyond the caller's buffer, so the decoder can be fuzzed and property-tested. It is not a
+//! client or a server: sessions in `frontend/` and connections in `backend/` drive it.
+//!
+//! Every decoder takes the caller's `BytesMut`, returns `Ok(None)` while a message is incomplete
+//! and consumes bytes only when it returns a whole message. A declared length below the minimum or
+//! above the configured limit is an error for that connection only — the caller closes it.
+
+pub mod backend;
+pub mod error_fields;
+pub mod frontend;
+pub mod startup;
+
+use bytes::{Buf, BufMut, Bytes, BytesMut};
+
+pub use backend::BackendMessage;
+pub use error_fields::ErrorFields;
+pub use frontend::FrontendMessage;
+pub use startup::StartupFrame;
+
+/// Default ceiling for one message (bytes, length word included). PostgreSQL itself accepts up
+/// to 1 GiB for some messages; a proxy that buffers flights wants a tighter default.
+pub const DEFAULT_MAX_MESSAGE_LEN: usize = 64 * 1024 * 1024;
+
+/// What can be wrong with bytes a peer sent.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ProtocolError {
+    /// The length word is below 4 (it counts itself) or otherwise impossible.
+    #[error(
+        "message '{tag}' declares length {len}, below the minimum of 4: the peer is not speaking PostgreSQL protocol 3"
+    )]
+    LengthTooSmall { tag: char, len: u32 },
+    /// The message is larger than the configured limit.
+    #[error(
+        "message '{tag}' of {len} bytes exceeds the limit of {limit} bytes; raise max_message_size if this client is legitimate"
+    )]
+    TooLarge { tag: char, len: usize, limit: usize },
+    /// The tag byte names no message this side of the protocol may send.
+    #[error("unknown message type '{}' (0x{:02x}); the client is not speaking PostgreSQL protocol 3", *.0 as char, .0)]
+    UnknownTag(u8),
+    /// The body of a known message does not match its format.
+    #[error("malformed '{tag}' message: {why}")]
+    Malformed { tag: char, why: &'static str },
+    /// The startup packet asks for a protocol this proxy does not speak.
+    #[error(
+        "unsupported protocol version {major}.{minor}; lsngate speaks protocol 3.0 (and accepts 3.2 as 3.0)"
+    )]
+    UnsupportedVersion { major: u16, minor: u16 },
+}
+
+/// One tagged message: the tag byte and the body after the length word.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Frame {
+    /// The message type byte, e.g. `b'Q'`.
+    pub tag: u8,
+    /// The message body, without tag and length.
+    pub body: Bytes,
+}
+
+impl Frame {
+    /// A frame from a tag and a body.
+    pub fn new(tag: u8, body: impl Into<Bytes>) -> Frame {
+        Frame {
+            tag,
+            body: body.into(),
+        }
+    }
+
+    /// Appends the wire form (tag, length, body) to `out`.
+    pub fn encode(&self, out: &mut BytesMut) {
+        out.reserve(5 + self.body.len());
+        out.put_u8(self.tag);
+        out.put_u32((self.body.len() + 4) as u32);
+        out.put_slice(&self.body);
+    }
+
+    /// The wire form as fresh bytes.
+    pub fn to_bytes(&self) -> Bytes {
+        let mut out = BytesMut::new();
+        self.encode(&mut out);
+        out.freeze()
+    }
+}
+
+/// Takes one tagged message off the front of `buf` when it is complete.
+pub fn decode_frame(buf: &mut BytesMut, max_len: usize) -> Result<Option<Frame>, ProtocolError> {
+    if buf.len() < 5 {
+        return Ok(None);
+    }
+    let tag = buf[0];
+    let len = u32::from_be_bytes([buf[1], buf[2], buf[3], buf[4]]);
+    if len < 4 {
+        return Err(ProtocolError::LengthTooSmall {
+            tag: tag as char,
+            len,
+        });
+    }
+    let len = len as usize;
+    if len + 1 > max_len {
+        return Err(ProtocolError::TooLarge {
+            tag: tag as char,
+            len,
+            limit: max_len,
+        });
+    }
+    if buf.len() < len + 1 {
+        buf.reserve(len + 1 - buf.len());
+        return Ok(None);
+    }
+    buf.advance(5);
+    let body = buf.split_to(len - 4).freeze();
+    Ok(Some(Frame { tag, body }))
+}
+
+/// A cursor over a message body that reads PostgreSQL's field types.
+pub(crate) struct Fields<'a> {
+    tag: u8,
+    rest: &'a [u8],
+}
+
+impl<'a> Fields<'a> {
+    pub(crate) fn new(tag: u8, body: &'a [u8]) -> Fields<'a> {
+        Fields { tag, rest: body }
+    }
+
+    fn malformed(&self, why: &'static str) -> ProtocolError {
+        ProtocolError::Malformed {
+            tag: self.tag as char,
+            why,
+        }
+    }
+
+    /// A NUL-terminated string (must be UTF-8).
+    pub(crate) fn cstr(&mut self) -> Result<&'a str, ProtocolError> {
+        let end = self
+            .rest
+            .iter()
+            .position(|&b| b == 0)
+            .ok_or(self.malformed("string without NUL terminator"))?;
+        let s = std::str::from_utf8(&self.rest[..end])
+            .map_err(|_| self.malformed("string is not UTF-8"))?;
+        self.rest = &self.rest[end + 1..];
+        Ok(s)
+    }
+
+    pub(crate) fn u8(&mut self) -> Result<u8, ProtocolError> {
+        let (&b, rest) = self
+            .rest
+            .split_first()
+            .ok_or(self.malformed("truncated byte"))?;
+        self.rest = rest;
+        Ok(b)
+    }
+
+    pub(crate) fn i16(&mut self) -> Result<i16, ProtocolError> {
+        let bytes = self.take(2)?;
+        Ok(i16::from_be_bytes([bytes[0], bytes[1]]))
+    }
+
+    pub(crate) fn i32(&mut self) -> Result<i32, ProtocolError> {
+        let bytes = self.take(4)?;
+        Ok(i32::from_be_bytes([bytes[0], bytes[1], bytes[2], bytes[3]]))
+    }
+
+    pub(crate) fn take(&mut self, n: usize) -> Result<&'a [u8], ProtocolError> {
+        if self.rest.len() < n {
+            return Err(self.malformed("truncated field"));
+        }
+        let (head, rest) = self.rest.split_at(n);
+        self.rest = rest;
+        Ok(head)
+    }
+
+    pub(crate) fn rest(&self) -> &'a [u8] {
+        self.rest
+    }
+
+    pub(crate) fn finish(&self) -> Result<(), ProtocolError> {
+        if self.rest.is_empty() {
+            Ok(())
+        } else {
+            Err(self.malformed("trailing bytes after the last field"))
+        }
+    }
+}
+
+/// Appends a NUL-terminated string.
+pub(crate) fn put_cstr(out: &mut BytesMut, s: &str) {
+    out.put_slice(s.as_bytes());
+    out.put_u8(0);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn incomplete_frame_waits_and_consumes_nothing() {
+        let mut buf = BytesMut::from(&b"Q\x00\x00\x00\x09SEL"[..]);
+        assert_eq!(decode_frame(&mut buf, 1024).unwrap(), None);
+        assert_eq!(buf.len(), 8);
+        buf.extend_from_slice(b"\0\0");
+        let frame = decode_frame(&mut buf, 1024).unwrap().unwrap();
+        assert_eq!(frame.tag, b'Q');
+        assert_eq!(&frame.body[..], b"SEL\0\0");
+    }
+
+    #[test]
+    fn oversized_and_undersized_lengths_are_errors() {
+        let mut buf = BytesMut::from(&b"Q\x7f\xff\xff\xff"[..]);
+        assert!(matches!(
+            decode_frame(&mut buf, 1024),
+            Err(ProtocolError::TooLarge { .. })
+        ));
+        let mut buf = BytesMut::from(&b"Q\x00\x00\x00\x02"[..]);
+        assert!(matches!(
+            decode_frame(&mut buf, 1024),
+            Err(ProtocolError::LengthTooSmall { .. })
+        ));
+    }
+
+    proptest! {
+        #[test]
+        fn random_bytes_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..512)) {
+            let mut buf = BytesMut::from(&bytes[..]);
+            let _ = startup::decode_startup(&mut buf.clone(), 1024);
+            while let Ok(Some(frame)) = decode_frame(&mut buf, 1024) {
+                let _ = FrontendMessage::parse(&frame);
+                let _ = BackendMessage::parse(&frame);
+            }
+        }
+
+        #[test]
+        fn frames_round_trip(tag in any::<u8>(), body in proptest::collection::vec(any::<u8>(), 0..300)) {
+            let frame = Frame::new(tag, body);
+            let mut buf = BytesMut::from(&frame.to_bytes()[..]);
+            prop_assert_eq!(decode_frame(&mut buf, 4096).unwrap(), Some(frame));
+            prop_assert!(buf.is_empty());
+        }
+    }
+}
