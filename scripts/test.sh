@@ -17,6 +17,9 @@ debian=$(ls -d /usr/lib/postgresql/*/bin | sort -V | tail -n1)
 
 cargo build --workspace --all-targets --locked
 
+# Every parser that takes bytes from a client: a short coverage-guided run per fuzz target.
+bash scripts/fuzz.sh "${LSNGATE_FUZZ_SECONDS:-20}"
+
 log=$(mktemp)
 status=0
 for bin in "$pg19" "$debian"; do
