@@ -71,5 +71,6 @@ async function shown(page, field, expected) {
     ? (await page.locator(`#${field}`).textContent()).trim()
     : null;
   const served = (await page.locator('#served-by').textContent()).trim();
-  return { expected, status, seen, served, fresh: seen === expected };
+  const wait_ms = parseFloat(await page.locator('#wait').textContent());
+  return { expected, status, seen, served, wait_ms, fresh: seen === expected };
 }

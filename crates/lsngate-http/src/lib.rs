@@ -17,16 +17,19 @@
 //!     .layer(TokenLayer::new(TokenCodec::signed(b"server secret".to_vec())));
 //! ```
 //!
-//! Not a database client: reads and writes go through the `lsngate` library (or anything that
-//! produces an `lsngate_core::Token`); this crate only carries the token.
+//! Not a database client: reads and writes go through the `lsngate` library's gate (or anything
+//! that produces an `lsngate_core::Token`); this crate carries the token, and [`JobContext`]
+//! makes a job's reads honour the token in its payload.
 
 mod context;
 mod cookie;
 pub mod job;
 mod layer;
 pub mod store;
+pub mod worker;
 
 pub use context::{MissingTokenLayer, NewToken, TokenContext};
 pub use job::JobPayload;
 pub use layer::{DEFAULT_COOKIE, DEFAULT_HEADER, DEFAULT_TTL, TokenLayer, TokenService, UserOf};
 pub use store::{MemoryTokenStore, RedisTokenStore, StoreError, TokenStore};
+pub use worker::JobContext;

@@ -12,12 +12,15 @@ use tokio::sync::watch;
 
 use crate::demo_app::{self, Demo};
 
+/// What one page showed; every field is printed when an assertion fails.
+#[allow(dead_code)]
 #[derive(Debug, Deserialize)]
 struct Seen {
     expected: String,
     status: Option<String>,
     seen: Option<String>,
     served: String,
+    wait_ms: Option<f64>,
     fresh: bool,
 }
 
@@ -165,8 +168,12 @@ async fn browser_sees_every_write_with_the_token_and_stale_pages_without() {
         .iter()
         .filter(|s| s.served.starts_with("replica"))
         .count();
+    let mut waits: Vec<f64> = fixed.edits.iter().filter_map(|s| s.wait_ms).collect();
+    waits.sort_by(f64::total_cmp);
     eprintln!(
-        "fixed: 50/50 fresh, {by_replica} served by a replica after waiting, the rest by the primary"
+        "fixed: 50/50 fresh, {by_replica} served by a replica, wait p50 {:.1} ms, max {:.1} ms",
+        waits.get(waits.len() / 2).unwrap_or(&f64::NAN),
+        waits.last().unwrap_or(&f64::NAN)
     );
 
     // The same clicks without the token: the browser must see old values, or the test above

@@ -9,3 +9,4 @@ mod demo_app;
 mod layer;
 mod redis_store;
 mod support;
+mod worker;

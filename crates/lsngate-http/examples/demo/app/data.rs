@@ -1,16 +1,12 @@
-//! The demo's data access: items and jobs in PostgreSQL.
-//!
-//! STAND-IN: until the `lsngate` library's gate lands, this module does the token pattern by hand
-//! (token after COMMIT; on the replica `WAIT FOR LSN` on PostgreSQL 19, replay-position polling
-//! before; the primary once the budget is spent) with one connection per node. It is replaced by
-//! the library's gate without changing the handlers.
+//! The demo's data access: items and jobs in PostgreSQL, through the `lsngate` gate. Writes go
+//! to the primary and return the commit token; reads carry the token (or none, in naive mode)
+//! and the gate picks the replica, waits, or falls back to the primary.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use lsngate_core::{Lsn, Token};
+use lsngate::{Config, Gate, Token};
 use lsngate_http::JobPayload;
-use tokio_postgres::{Client, NoTls};
+use tokio_postgres::{Client, NoTls, Row};
 
 use super::log::Served;
 
@@ -24,6 +20,16 @@ pub struct Item {
     pub id: i64,
     pub title: String,
     pub value: String,
+}
+
+impl Item {
+    fn from_row(row: &Row) -> Item {
+        Item {
+            id: row.get(0),
+            title: row.get(1),
+            value: row.get(2),
+        }
+    }
 }
 
 /// The job the create handler enqueues: "read the item I just created".
@@ -47,173 +53,83 @@ CREATE TABLE IF NOT EXISTS items (id bigserial PRIMARY KEY, title text NOT NULL,
 CREATE TABLE IF NOT EXISTS jobs (id bigserial PRIMARY KEY, payload jsonb NOT NULL,
   done_at timestamptz, found boolean, served_by text, wait_ms float8);";
 
+pub const ITEM_SQL: &str = "SELECT id, title, value FROM items WHERE id = $1";
+
 pub struct Db {
-    primary: Client,
-    replicas: Vec<(String, Client, bool)>,
-    next: AtomicUsize,
+    pub gate: Gate,
+    /// For the jobs page only: the queue lives on the primary.
+    monitor: Client,
 }
 
-async fn connect(url: &str) -> DbResult<Client> {
-    let (client, connection) = tokio_postgres::connect(url, NoTls).await?;
-    tokio::spawn(connection);
-    Ok(client)
+/// How the gate served a read, as the demo's pages show it.
+pub fn served(read: &lsngate::Served) -> Served {
+    Served {
+        node: read.node.clone(),
+        wait: read.wait_time,
+        fallback: read.fallback.map(|why| why.to_string()),
+    }
 }
 
 impl Db {
     pub async fn connect(primary_url: &str, replica_urls: &[String]) -> DbResult<Db> {
-        let primary = connect(primary_url).await?;
-        primary.batch_execute(SCHEMA).await?;
-        let mut replicas = Vec::new();
-        for (index, url) in replica_urls.iter().enumerate() {
-            let client = connect(url).await?;
-            let version: i32 = client
-                .query_one("SELECT current_setting('server_version_num')::int", &[])
-                .await?
-                .get(0);
-            replicas.push((format!("replica{index}"), client, version >= 190000));
-        }
-        Ok(Db {
-            primary,
-            replicas,
-            next: AtomicUsize::new(0),
-        })
-    }
-
-    /// The token of everything committed so far on the primary. Read after COMMIT returned.
-    async fn commit_token(&self) -> DbResult<Token> {
-        let row = self
-            .primary
-            .query_one("SELECT pg_current_wal_insert_lsn()::text", &[])
+        let config = Config::new(primary_url)
+            .replicas(replica_urls.iter().cloned())
+            .budget(BUDGET);
+        let gate = Gate::connect(config).await?;
+        gate.transaction(|tx| Box::pin(tx.batch_execute(SCHEMA)))
             .await?;
-        Ok(Token::new(Lsn::parse(row.get::<_, &str>(0))?))
+        let (monitor, connection) = tokio_postgres::connect(primary_url, NoTls).await?;
+        tokio::spawn(connection);
+        Ok(Db { gate, monitor })
     }
 
     pub async fn create_item(&self, title: &str) -> DbResult<(i64, Token)> {
-        let row = self
-            .primary
-            .query_one(
-                "INSERT INTO items (title) VALUES ($1) RETURNING id",
-                &[&title],
-            )
+        let title = title.to_owned();
+        let (id, token) = self
+            .gate
+            .transaction(move |tx| {
+                Box::pin(async move {
+                    let sql = "INSERT INTO items (title) VALUES ($1) RETURNING id";
+                    Ok(tx.query_one(sql, &[&title]).await?.get::<_, i64>(0))
+                })
+            })
             .await?;
-        Ok((row.get(0), self.commit_token().await?))
+        Ok((id, token))
     }
 
     pub async fn update_item(&self, id: i64, value: &str) -> DbResult<Token> {
-        self.primary
-            .execute("UPDATE items SET value = $2 WHERE id = $1", &[&id, &value])
-            .await?;
-        self.commit_token().await
+        let sql = "UPDATE items SET value = $2 WHERE id = $1";
+        Ok(self.gate.write(sql, &[&id, &value]).await?.token)
     }
 
     pub async fn enqueue(&self, payload: &JobPayload<ItemJob>) -> DbResult<Token> {
         let json = serde_json::to_string(payload)?;
-        self.primary
-            .execute(
-                "INSERT INTO jobs (payload) VALUES ($1::text::jsonb)",
-                &[&json],
-            )
-            .await?;
-        self.commit_token().await
-    }
-
-    /// A replica that has replayed `token` within the budget, or the primary.
-    async fn reader(&self, token: Option<Token>) -> DbResult<(&Client, Served)> {
-        let (name, client, has_wait_for) =
-            &self.replicas[self.next.fetch_add(1, Ordering::Relaxed) % self.replicas.len()];
-        let started = Instant::now();
-        let Some(token) = token else {
-            return Ok((
-                client,
-                Served {
-                    node: name.clone(),
-                    wait: Duration::ZERO,
-                    fallback: None,
-                },
-            ));
-        };
-        // SQL text from `Lsn`'s Display only: a number, never client text.
-        let caught_up = if *has_wait_for {
-            let sql = format!(
-                "WAIT FOR LSN '{}' WITH (MODE 'standby_replay', TIMEOUT '{}ms', NO_THROW)",
-                token.lsn,
-                BUDGET.as_millis()
-            );
-            let messages = client.simple_query(&sql).await?;
-            messages.iter().any(|m| matches!(m, tokio_postgres::SimpleQueryMessage::Row(r) if r.get(0) == Some("success")))
-        } else {
-            let sql = format!(
-                "SELECT pg_last_wal_replay_lsn() >= {}",
-                token.lsn.to_sql_literal()
-            );
-            loop {
-                if client.query_one(&sql, &[]).await?.get::<_, Option<bool>>(0) == Some(true) {
-                    break true;
-                }
-                if started.elapsed() > BUDGET {
-                    break false;
-                }
-                tokio::time::sleep(Duration::from_millis(5)).await;
-            }
-        };
-        let wait = started.elapsed();
-        Ok(if caught_up {
-            (
-                client,
-                Served {
-                    node: name.clone(),
-                    wait,
-                    fallback: None,
-                },
-            )
-        } else {
-            (
-                &self.primary,
-                Served {
-                    node: "primary".into(),
-                    wait,
-                    fallback: Some("budget spent".into()),
-                },
-            )
-        })
+        let sql = "INSERT INTO jobs (payload) VALUES ($1::text::jsonb)";
+        Ok(self.gate.write(sql, &[&json]).await?.token)
     }
 
     pub async fn item(&self, id: i64, token: Option<Token>) -> DbResult<(Option<Item>, Served)> {
-        let (client, served) = self.reader(token).await?;
-        let row = client
-            .query_opt("SELECT id, title, value FROM items WHERE id = $1", &[&id])
+        let read = self
+            .gate
+            .read()
+            .after(token)
+            .query(ITEM_SQL, &[&id])
             .await?;
-        Ok((
-            row.map(|r| Item {
-                id: r.get(0),
-                title: r.get(1),
-                value: r.get(2),
-            }),
-            served,
-        ))
+        Ok((read.rows.first().map(Item::from_row), served(&read.served)))
     }
 
     pub async fn items(&self, token: Option<Token>) -> DbResult<(Vec<Item>, Served)> {
-        let (client, served) = self.reader(token).await?;
-        let rows = client
-            .query(
-                "SELECT id, title, value FROM items ORDER BY id DESC LIMIT 50",
-                &[],
-            )
-            .await?;
-        let items = rows
-            .iter()
-            .map(|r| Item {
-                id: r.get(0),
-                title: r.get(1),
-                value: r.get(2),
-            })
-            .collect();
-        Ok((items, served))
+        let sql = "SELECT id, title, value FROM items ORDER BY id DESC LIMIT 50";
+        let read = self.gate.read().after(token).query(sql, &[]).await?;
+        Ok((
+            read.rows.iter().map(Item::from_row).collect(),
+            served(&read.served),
+        ))
     }
 
     pub async fn jobs(&self) -> DbResult<Vec<JobRow>> {
-        let rows = self.primary.query("SELECT id, payload::text, found, served_by, wait_ms FROM jobs ORDER BY id DESC LIMIT 100", &[]).await?;
+        let sql = "SELECT id, payload::text, found, served_by, wait_ms FROM jobs ORDER BY id DESC LIMIT 100";
+        let rows = self.monitor.query(sql, &[]).await?;
         Ok(rows
             .iter()
             .map(|r| JobRow {

@@ -1,16 +1,17 @@
 //! The demo's job worker: claims one job at a time from the `jobs` table on the primary with
 //! `FOR UPDATE SKIP LOCKED` (so several workers never take the same job), reads the item the job
-//! names with the token from the payload, and records what it found and who served it.
+//! names through `lsngate_http::JobContext` (after the payload's token), and records what it
+//! found and who served it.
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use lsngate_http::JobPayload;
+use lsngate_http::{JobContext, JobPayload};
 use tokio::sync::watch;
 use tokio_postgres::{Client, NoTls};
 
 use super::Demo;
-use super::data::ItemJob;
+use super::data::{ITEM_SQL, ItemJob, served};
 
 /// Runs until `stop` turns true. Errors are logged and retried after a pause: a worker outlives
 /// a restart of its database.
@@ -59,9 +60,11 @@ async fn work_one(
     };
     let id: i64 = row.get(0);
     let payload: JobPayload<ItemJob> = serde_json::from_str(row.get::<_, &str>(1))?;
-    // The first read of the job honours the payload's token (wait within the budget, else the
-    // primary); without a token it is the naive replica read.
-    let (item, served) = demo.db.item(payload.job.item_id, payload.token).await?;
+    // The job's first read honours the payload's token: a replica that replayed it (waiting
+    // within the budget), else the primary. Without a token it is the naive replica read.
+    let job = JobContext::new(&demo.db.gate, payload);
+    let read = job.query(ITEM_SQL, &[&job.job().item_id]).await?;
+    let (item, served) = (read.rows.first(), served(&read.served));
     transaction
         .execute(
             "UPDATE jobs SET done_at = now(), found = $2, served_by = $3, wait_ms = $4 WHERE id = $1",
