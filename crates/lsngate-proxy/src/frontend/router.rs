@@ -58,7 +58,8 @@ pub enum Class {
     /// Session state (SET, RESET, DISCARD, DEALLOCATE): runs on the primary and is re-applied
     /// on every backend the client later uses.
     SessionState,
-    /// LISTEN and friends: the client must stay on one primary backend from now on.
+    /// LISTEN, SQL-level PREPARE, DECLARE (cursors WITH HOLD): state the proxy cannot move
+    /// between backends, so the client stays on one primary backend from now on.
     Pin,
 }
 
@@ -191,7 +192,7 @@ pub fn classify(sql: &str, write_functions: &[String]) -> Class {
         .to_string();
     match first.as_str() {
         "set" | "reset" | "discard" | "deallocate" => return Class::SessionState,
-        "listen" | "unlisten" => return Class::Pin,
+        "listen" | "unlisten" | "prepare" | "declare" => return Class::Pin,
         "show" => return Class::Read,
         "savepoint" | "release" => return Class::TransactionControl,
         _ => {}
@@ -353,6 +354,7 @@ mod tests {
         assert_eq!(c("COMMIT"), Class::TransactionControl);
         assert_eq!(c("SET search_path = app"), Class::SessionState);
         assert_eq!(c("LISTEN jobs"), Class::Pin);
+        assert_eq!(c("PREPARE q AS SELECT 1"), Class::Pin);
         assert_eq!(
             local_command("SET lsngate.route = primary;"),
             Some(LocalCommand::SetRoute(RouteHint::Primary))

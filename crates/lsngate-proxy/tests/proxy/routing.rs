@@ -1,0 +1,190 @@
+//! Read/write splitting, hints, 25006 re-runs, prepared statements across backends.
+
+use crate::support::*;
+use lsngate_testkit::shared_cluster;
+
+async fn on_replica(client: &tokio_postgres::Client, sql: &str) -> bool {
+    let row = client
+        .query_one(sql, &[])
+        .await
+        .unwrap_or_else(|e| panic!("{sql}: {e}"));
+    row.get::<_, bool>(0)
+}
+
+#[test]
+fn reads_go_to_replicas_writes_and_transactions_to_the_primary() {
+    let cluster = shared_cluster();
+    let proxy = TestProxy::start(cluster);
+    let seq = unique("seq");
+    cluster
+        .primary()
+        .sql(&format!("CREATE SEQUENCE {seq}"))
+        .unwrap();
+    caught_up(cluster);
+    rt().block_on(async {
+        let client = connect(&proxy.conninfo()).await;
+        assert!(
+            on_replica(&client, "SELECT pg_is_in_recovery()").await,
+            "plain read → replica"
+        );
+        assert!(
+            !on_replica(
+                &client,
+                &format!("SELECT pg_is_in_recovery() FROM nextval('{seq}')")
+            )
+            .await,
+            "nextval → primary"
+        );
+        assert!(
+            !on_replica(
+                &client,
+                "SELECT pg_is_in_recovery() FROM pg_class LIMIT 1 FOR SHARE"
+            )
+            .await
+        );
+        assert!(
+            !on_replica(
+                &client,
+                "/* lsngate:route=primary */ SELECT pg_is_in_recovery()"
+            )
+            .await,
+            "hint"
+        );
+        client.batch_execute("BEGIN").await.unwrap();
+        assert!(
+            !on_replica(&client, "SELECT pg_is_in_recovery()").await,
+            "explicit transaction → primary"
+        );
+        client.batch_execute("COMMIT").await.unwrap();
+        client.batch_execute("BEGIN READ ONLY").await.unwrap();
+        assert!(
+            on_replica(&client, "SELECT pg_is_in_recovery()").await,
+            "BEGIN READ ONLY → replica"
+        );
+        client.batch_execute("COMMIT").await.unwrap();
+        client
+            .batch_execute("SET lsngate.route = primary")
+            .await
+            .unwrap();
+        let shown = client.simple_query("SHOW lsngate.route").await.unwrap();
+        let value = shown.iter().find_map(|m| match m {
+            tokio_postgres::SimpleQueryMessage::Row(r) => r.get(0).map(str::to_string),
+            _ => None,
+        });
+        assert_eq!(value.as_deref(), Some("primary"));
+        assert!(
+            !on_replica(&client, "SELECT pg_is_in_recovery()").await,
+            "SET lsngate.route = primary"
+        );
+        client.batch_execute("RESET lsngate.route").await.unwrap();
+        assert!(
+            on_replica(&client, "SELECT pg_is_in_recovery()").await,
+            "back to auto"
+        );
+        let err = client
+            .batch_execute("SET lsngate.route = sideways")
+            .await
+            .unwrap_err();
+        let message = err
+            .as_db_error()
+            .map(|e| e.message().to_string())
+            .unwrap_or_default();
+        assert!(message.contains("primary, replica or auto"), "{err:?}");
+        assert!(
+            on_replica(&client, "SELECT pg_is_in_recovery()").await,
+            "session goes on after the error"
+        );
+    });
+}
+
+#[test]
+fn a_write_hidden_in_a_function_is_rerun_on_the_primary() {
+    let cluster = shared_cluster();
+    let proxy = TestProxy::start(cluster);
+    let t = unique("hidden");
+    cluster
+        .primary()
+        .sql(&format!(
+            "CREATE TABLE {t} (id serial, note text);
+             CREATE FUNCTION {t}_add(n text) RETURNS int LANGUAGE sql AS $$ INSERT INTO {t}(note) VALUES (n) RETURNING id $$;"
+        ))
+        .unwrap();
+    caught_up(cluster);
+    rt().block_on(async {
+        let client = connect(&proxy.conninfo()).await;
+        for i in 0..3 {
+            let row = client
+                .query_one(&format!("SELECT {t}_add($1)"), &[&format!("n{i}")])
+                .await
+                .unwrap();
+            assert_eq!(row.get::<_, i32>(0), i + 1);
+        }
+        client
+            .simple_query(&format!("SELECT {t}_add('simple')"))
+            .await
+            .unwrap();
+    });
+    assert_eq!(
+        cluster
+            .primary()
+            .sql(&format!("SELECT count(*) FROM {t}"))
+            .unwrap(),
+        "4",
+        "each write ran exactly once"
+    );
+    let metrics = proxy.http_get("/metrics");
+    assert!(metrics.contains("lsngate_proxy_retries_total"), "{metrics}");
+}
+
+#[test]
+fn named_statements_survive_backend_changes_and_name_collisions() {
+    let cluster = shared_cluster();
+    let mut file = file_config(cluster);
+    file.pool_size = Some(1);
+    let proxy = TestProxy::with(file);
+    let t = unique("prep");
+    cluster
+        .primary()
+        .sql(&format!("CREATE TABLE {t} (id int, who text)"))
+        .unwrap();
+    caught_up(cluster);
+    rt().block_on(async {
+        // Every tokio-postgres client names its first statement "s0": on a pool of one
+        // connection per node they collide unless the proxy re-prepares.
+        let a = connect(&proxy.conninfo()).await;
+        let b = connect(&proxy.conninfo()).await;
+        let read_a = a
+            .prepare("SELECT 'a'::text, pg_is_in_recovery()")
+            .await
+            .unwrap();
+        let read_b = b
+            .prepare("SELECT 'b'::text, pg_is_in_recovery()")
+            .await
+            .unwrap();
+        let insert_a = a
+            .prepare(&format!("INSERT INTO {t} VALUES ($1, 'a')"))
+            .await
+            .unwrap();
+        for i in 0..5 {
+            let row = a.query_one(&read_a, &[]).await.unwrap();
+            assert_eq!(row.get::<_, &str>(0), "a");
+            let row = b.query_one(&read_b, &[]).await.unwrap();
+            assert_eq!(row.get::<_, &str>(0), "b");
+            a.execute(&insert_a, &[&i]).await.unwrap();
+        }
+        // The same read statement inside a transaction runs on the primary, prepared there on demand.
+        a.batch_execute("BEGIN").await.unwrap();
+        let row = a.query_one(&read_a, &[]).await.unwrap();
+        assert!(!row.get::<_, bool>(1), "inside a transaction → primary");
+        a.batch_execute("COMMIT").await.unwrap();
+        let row = a.query_one(&read_a, &[]).await.unwrap();
+        assert!(row.get::<_, bool>(1), "outside → replica again");
+    });
+    assert_eq!(
+        cluster
+            .primary()
+            .sql(&format!("SELECT count(*) FROM {t} WHERE who = 'a'"))
+            .unwrap(),
+        "5"
+    );
+}

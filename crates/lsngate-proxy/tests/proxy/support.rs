@@ -1,0 +1,201 @@
+//! Test support: an in-process proxy on 127.0.0.1:0 in front of a testkit cluster, on its own
+//! runtime thread so blocking clients (psql, pgbench, python, node) can talk to it.
+
+use std::net::SocketAddr;
+use std::process::{Command, Output};
+use std::sync::Arc;
+use std::time::Duration;
+
+use lsngate_proxy::{Config, FileConfig, Proxy};
+use lsngate_testkit::Cluster;
+use tokio::sync::watch;
+
+pub struct TestProxy {
+    pub addr: SocketAddr,
+    pub admin: SocketAddr,
+    pub proxy: Arc<Proxy>,
+    stop: watch::Sender<bool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+pub fn file_config(cluster: &Cluster) -> FileConfig {
+    FileConfig {
+        listen: Some("127.0.0.1:0".parse().unwrap()),
+        admin_listen: Some("127.0.0.1:0".parse().unwrap()),
+        primary: Some(cluster.primary_url()),
+        replicas: cluster.replica_urls(),
+        pool_size: Some(4),
+        health_interval_ms: Some(200),
+        ..Default::default()
+    }
+}
+
+impl TestProxy {
+    pub fn start(cluster: &Cluster) -> TestProxy {
+        Self::with(file_config(cluster))
+    }
+
+    pub fn with(file: FileConfig) -> TestProxy {
+        let mut config = Config::build(file).expect("valid test config");
+        let std_listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let admin_listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = std_listener.local_addr().unwrap();
+        let admin = admin_listener.local_addr().unwrap();
+        drop(admin_listener);
+        config.listen = addr;
+        config.admin_listen = Some(admin);
+        std_listener.set_nonblocking(true).unwrap();
+        let proxy = Proxy::new(config);
+        let (stop, stop_rx) = watch::channel(false);
+        let serving = Arc::clone(&proxy);
+        let thread = std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(2)
+                .enable_all()
+                .build()
+                .unwrap();
+            runtime.block_on(async move {
+                let listener = tokio::net::TcpListener::from_std(std_listener).unwrap();
+                serving.serve(listener, stop_rx).await.unwrap();
+            });
+        });
+        let test_proxy = TestProxy {
+            addr,
+            admin,
+            proxy,
+            stop,
+            thread: Some(thread),
+        };
+        test_proxy.wait_ready();
+        test_proxy
+    }
+
+    fn wait_ready(&self) {
+        for _ in 0..200 {
+            if std::net::TcpStream::connect(self.addr).is_ok()
+                && std::net::TcpStream::connect(self.admin).is_ok()
+            {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(25));
+        }
+        panic!("proxy did not start listening");
+    }
+
+    pub fn url(&self) -> String {
+        format!(
+            "postgres://postgres@127.0.0.1:{}/postgres",
+            self.addr.port()
+        )
+    }
+
+    pub fn conninfo(&self) -> String {
+        format!(
+            "host=127.0.0.1 port={} user=postgres dbname=postgres",
+            self.addr.port()
+        )
+    }
+
+    pub fn http_get(&self, path: &str) -> String {
+        use std::io::{Read, Write};
+        let mut stream = std::net::TcpStream::connect(self.admin).unwrap();
+        write!(stream, "GET {path} HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
+        let mut response = String::new();
+        stream.read_to_string(&mut response).unwrap();
+        response
+    }
+
+    /// Stops accepting and waits for sessions to drain.
+    pub fn shutdown(mut self) {
+        let _ = self.stop.send(true);
+        if let Some(t) = self.thread.take() {
+            t.join().unwrap();
+        }
+    }
+}
+
+impl Drop for TestProxy {
+    fn drop(&mut self) {
+        let _ = self.stop.send(true);
+    }
+}
+
+/// Runs a command, returns (stdout, stderr); panics with both if it failed.
+pub fn run_ok(command: &mut Command) -> (String, String) {
+    let output = run(command);
+    let (stdout, stderr) = texts(&output);
+    assert!(
+        output.status.success(),
+        "{command:?} failed\nstdout:\n{stdout}\nstderr:\n{stderr}"
+    );
+    (stdout, stderr)
+}
+
+pub fn run(command: &mut Command) -> Output {
+    command
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {command:?}: {e}"))
+}
+
+pub fn texts(output: &Output) -> (String, String) {
+    (
+        String::from_utf8_lossy(&output.stdout).into_owned(),
+        String::from_utf8_lossy(&output.stderr).into_owned(),
+    )
+}
+
+/// psql through the proxy, unaligned tuples-only, stopping on the first error.
+pub fn psql(cluster: &Cluster, conninfo: &str, sql: &str) -> Command {
+    let mut command = Command::new(cluster.pg_bin().tool("psql"));
+    command
+        .args([
+            "-X",
+            "-A",
+            "-t",
+            "-q",
+            "-v",
+            "ON_ERROR_STOP=1",
+            "-d",
+            conninfo,
+            "-c",
+            sql,
+        ])
+        .env("PGCONNECT_TIMEOUT", "10");
+    command
+}
+
+/// A unique name for tables so tests sharing a cluster do not collide.
+pub fn unique(prefix: &str) -> String {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    static N: AtomicUsize = AtomicUsize::new(0);
+    format!(
+        "{prefix}_{}_{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+/// Waits until every replica replayed the primary's current position.
+pub fn caught_up(cluster: &Cluster) {
+    cluster
+        .wait_caught_up(Duration::from_secs(30))
+        .expect("replicas catch up");
+}
+
+/// A tokio runtime for async client code in a sync test.
+pub fn rt() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+pub async fn connect(conninfo: &str) -> tokio_postgres::Client {
+    let (client, connection) = tokio_postgres::connect(conninfo, tokio_postgres::NoTls)
+        .await
+        .expect("connect through the proxy");
+    tokio::spawn(async move {
+        let _ = connection.await;
+    });
+    client
+}
