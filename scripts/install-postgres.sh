@@ -70,6 +70,11 @@ build_chroot() {
     sed -n 's/^\(deb[^ ]* [^ ]*\) sid\b/\1 experimental/p' "$CHROOT/etc/apt/sources.list" \
       | as_root tee "$CHROOT/etc/apt/sources.list.d/experimental.list" >/dev/null
   fi
+  # No services and no default cluster inside the chroot: only the package files are wanted.
+  as_root mkdir -p "$CHROOT/etc/postgresql-common" "$CHROOT/usr/sbin"
+  echo "create_main_cluster = false" | as_root tee "$CHROOT/etc/postgresql-common/createcluster.conf" >/dev/null
+  printf '#!/bin/sh\nexit 101\n' | as_root tee "$CHROOT/usr/sbin/policy-rc.d" >/dev/null
+  as_root chmod +x "$CHROOT/usr/sbin/policy-rc.d"
   chroot_apt update
 }
 
@@ -79,9 +84,10 @@ make_bundle() {
   # pkg/suite (not pkg=version) lets apt take libpq5 from the same suite; -t experimental fails on perl
   # maintainer scripts want /proc; only the unpacked files matter to the bundle
   as_root mount -t proc proc "$CHROOT/proc" 2>/dev/null && trap 'umount "$CHROOT/proc" 2>/dev/null || true' EXIT
-  chroot_apt install -y --no-install-recommends "postgresql-19/$suite" "postgresql-client-19/$suite" >/dev/null \
-    || chroot_apt install -y -f >/dev/null \
-    || log "package configuration failed in the chroot; continuing with the unpacked files"
+  local apt_log="$CACHE/apt-install.log"
+  chroot_apt install -y --no-install-recommends "postgresql-19/$suite" "postgresql-client-19/$suite" >"$apt_log" 2>&1 \
+    || chroot_apt install -y -f >>"$apt_log" 2>&1 \
+    || log "package configuration failed in the chroot (see $apt_log); continuing with the unpacked files"
   umount "$CHROOT/proc" 2>/dev/null || true
   [ -x "$CHROOT/usr/lib/postgresql/19/bin/postgres" ] || { log "postgresql-19 did not unpack"; exit 1; }
   # same relative layout as in Debian, so the binaries find share/ from bin/ by relative path
