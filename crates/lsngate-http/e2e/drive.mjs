@@ -3,7 +3,9 @@
 // Prints one JSON line with what the pages showed; the Rust test decides pass or fail.
 //
 // usage: node drive.mjs <base-url> <mode: fixed|naive> <cycles> [screenshot-dir]
-// (with a screenshot dir: item.png of the last item page and requests.png of the request log)
+//        (with a screenshot dir: item.png of the last item page and requests.png of the log)
+//        node drive.mjs <base-url> showcase <cycles> <screenshot-dir>
+//        (the README picture: <cycles> fixed saves, then <cycles> naive ones, then the log)
 import { chromium } from 'playwright-core';
 import { mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
@@ -11,7 +13,7 @@ import { join } from 'node:path';
 
 const [base, mode, cyclesText, shots] = process.argv.slice(2);
 const cycles = Number(cyclesText);
-if (!base || !['fixed', 'naive'].includes(mode) || !(cycles > 0)) {
+if (!base || !['fixed', 'naive', 'showcase'].includes(mode) || !(cycles > 0)) {
   console.error('usage: node drive.mjs <base-url> <fixed|naive> <cycles> [screenshot-dir]');
   process.exit(2);
 }
@@ -30,6 +32,18 @@ const result = { mode, cycles, edits: [], creates: [] };
 try {
   const page = browser.pages()[0] ?? await browser.newPage();
   page.setDefaultTimeout(20000);
+  if (mode === 'showcase') {
+    await showcase(page);
+  } else {
+    await run(page);
+  }
+} finally {
+  await browser.close();
+  rmSync(profile, { recursive: true, force: true });
+}
+console.log(JSON.stringify(result));
+
+async function run(page) {
   await page.goto(`${base}/mode?set=${mode}`);
   // Create: form POST → 303 → the new item's page, which must exist.
   for (let i = 0; i < Math.min(cycles, 10); i++) {
@@ -58,11 +72,30 @@ try {
     await page.goto(`${base}/requests`);
     await page.screenshot({ path: join(shots, 'requests.png') });
   }
-} finally {
-  await browser.close();
-  rmSync(profile, { recursive: true, force: true });
 }
-console.log(JSON.stringify(result));
+
+// One item, saved `cycles` times naive then `cycles` times fixed: the log shows both side by side.
+async function showcase(page) {
+  await page.goto(`${base}/`);
+  await page.fill('#new-title', `showcase-${Date.now()}`);
+  await Promise.all([page.waitForURL(/\/items\/\d+$/), page.click('#create')]);
+  const item = page.url();
+  for (const phase of ['fixed', 'naive']) {
+    await page.goto(`${base}/mode?set=${phase}`);
+    await page.goto(item);
+    for (let i = 0; i < 100 && (await page.locator('body').getAttribute('data-status')) !== 'found'; i++) {
+      await page.waitForTimeout(100);
+      await page.goto(item);
+    }
+    for (let i = 0; i < cycles; i++) {
+      await page.fill('#value-input', `${phase} save ${i}`);
+      await Promise.all([page.waitForURL(item), page.click('#save')]);
+      result.edits.push(await shown(page, 'value', `${phase} save ${i}`));
+    }
+  }
+  await page.goto(`${base}/requests`);
+  await page.screenshot({ path: join(shots, 'showcase.png'), clip: { x: 0, y: 0, width: 1100, height: 620 } });
+}
 
 // What the item page showed after the redirect, beside what it should have shown.
 async function shown(page, field, expected) {

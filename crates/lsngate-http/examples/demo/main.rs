@@ -42,10 +42,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
         Cluster::start(&ClusterConfig::default().replicas(2).apply_delay(delay))
     })
     .await??;
-    let demo = Arc::new(app::Demo {
-        db: app::data::Db::connect(&cluster.primary_url(), &cluster.replica_urls()).await?,
-        log: app::log::RequestLog::default(),
-    });
+    let db = app::data::Db::connect(&cluster.primary_url(), &cluster.replica_urls()).await?;
+    let demo = Arc::new(app::Demo::new(db));
     let (stop, stopped) = watch::channel(false);
     let worker = tokio::spawn(app::jobs::run(demo.clone(), cluster.primary_url(), stopped));
     let listener = tokio::net::TcpListener::bind(("127.0.0.1", port as u16)).await?;

@@ -78,10 +78,7 @@ async fn start_demo(delay: Duration) -> Running {
     let db = demo_app::data::Db::connect(&cluster.primary_url(), &cluster.replica_urls())
         .await
         .unwrap();
-    let demo = Arc::new(Demo {
-        db,
-        log: Default::default(),
-    });
+    let demo = Arc::new(Demo::new(db));
     let (stop, stopped) = watch::channel(false);
     tokio::spawn(demo_app::jobs::run(
         demo.clone(),
@@ -208,5 +205,11 @@ async fn browser_sees_every_write_with_the_token_and_stale_pages_without() {
         naive_missed > 0,
         "tokenless jobs never missed their row: the job check cannot fail"
     );
+
+    // The README picture: the same item saved fixed then naive, and the request log.
+    let showcase = drive(&demo.base, "showcase", 6, Some(&shots)).await;
+    let fixed_half = &showcase.edits[..6];
+    assert_eq!(stale(fixed_half).len(), 0, "{fixed_half:?}");
+    eprintln!("screenshots in {}", shots.display());
     let _ = demo.stop.send(true);
 }

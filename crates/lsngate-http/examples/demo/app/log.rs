@@ -7,6 +7,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use lsngate_core::Token;
 
+use super::Verdict;
+
 /// One served read.
 #[derive(Debug, Clone)]
 pub struct Served {
@@ -26,6 +28,8 @@ pub struct Entry {
     pub mode: &'static str,
     pub token: Option<Token>,
     pub served: Served,
+    /// For item pages: fresh, stale or missing, against the last save.
+    pub verdict: Option<Verdict>,
 }
 
 /// The last [`RequestLog::KEEP`] entries, newest first.
@@ -37,7 +41,14 @@ pub struct RequestLog {
 impl RequestLog {
     const KEEP: usize = 200;
 
-    pub fn push(&self, what: String, mode: &'static str, token: Option<Token>, served: &Served) {
+    pub fn push(
+        &self,
+        what: String,
+        mode: &'static str,
+        token: Option<Token>,
+        served: &Served,
+        verdict: Option<Verdict>,
+    ) {
         let mut entries = self.entries.lock().unwrap();
         entries.push_front(Entry {
             at: SystemTime::now(),
@@ -45,6 +56,7 @@ impl RequestLog {
             mode,
             token,
             served: served.clone(),
+            verdict,
         });
         entries.truncate(Self::KEEP);
     }

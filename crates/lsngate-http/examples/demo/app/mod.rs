@@ -10,8 +10,9 @@ pub mod jobs;
 pub mod log;
 pub mod pages;
 
+use std::collections::HashMap;
 use std::fmt;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use axum::Router;
 use axum::extract::{Form, Path, Query, State};
@@ -73,6 +74,46 @@ impl Mode {
 pub struct Demo {
     pub db: Db,
     pub log: RequestLog,
+    /// The last value saved per item, as the server wrote it: the ground truth a page is
+    /// compared with to flag it stale.
+    saved: Mutex<HashMap<i64, String>>,
+}
+
+impl Demo {
+    pub fn new(db: Db) -> Demo {
+        Demo {
+            db,
+            log: RequestLog::default(),
+            saved: Mutex::default(),
+        }
+    }
+
+    fn remember(&self, id: i64, value: &str) {
+        self.saved.lock().unwrap().insert(id, value.to_owned());
+    }
+
+    /// Whether a page showing `item` (or nothing) for `id` is older than the last save.
+    fn verdict(&self, id: i64, item: Option<&data::Item>) -> Verdict {
+        match (item, self.saved.lock().unwrap().get(&id)) {
+            (None, Some(_)) => Verdict::Missing,
+            (Some(item), Some(saved)) if item.value != *saved => Verdict::Stale {
+                saved: saved.clone(),
+            },
+            _ => Verdict::Fresh,
+        }
+    }
+}
+
+/// A page compared with the last write the server made.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Verdict {
+    Fresh,
+    /// The page shows an older value than `saved`.
+    Stale {
+        saved: String,
+    },
+    /// The item was created but the read did not find it.
+    Missing,
 }
 
 /// Any failure, shown as a 500 page with its message.
@@ -116,7 +157,7 @@ async fn index(State(demo): State<Arc<Demo>>, tokens: TokenContext, headers: Hea
     let token = mode.read_token(&tokens);
     let (items, served) = demo.db.items(token).await?;
     demo.log
-        .push("GET /".into(), mode_name(mode), token, &served);
+        .push("GET /".into(), mode_name(mode), token, &served, None);
     Ok(Html(pages::index(&items, &served, token, mode)).into_response())
 }
 
@@ -134,6 +175,7 @@ async fn create(
 ) -> Page {
     let mode = Mode::of(&headers);
     let (id, created) = demo.db.create_item(&new.title).await?;
+    demo.remember(id, "");
     mode.record(&tokens, created);
     // The job row commits after the item: its payload carries the item's commit token.
     let payload_token = (mode == Mode::Fixed).then_some(created);
@@ -154,18 +196,17 @@ async fn show(
     let mode = Mode::of(&headers);
     let token = mode.read_token(&tokens);
     let (item, served) = demo.db.item(id, token).await?;
+    let verdict = demo.verdict(id, item.as_ref());
+    let what = format!("GET /items/{id}");
     demo.log
-        .push(format!("GET /items/{id}"), mode_name(mode), token, &served);
+        .push(what, mode_name(mode), token, &served, Some(verdict.clone()));
     let status = if item.is_some() {
         StatusCode::OK
     } else {
         StatusCode::NOT_FOUND
     };
-    Ok((
-        status,
-        Html(pages::item(item.as_ref(), id, &served, token, mode)),
-    )
-        .into_response())
+    let page = pages::item(item.as_ref(), id, &served, token, mode, &verdict);
+    Ok((status, Html(page)).into_response())
 }
 
 #[derive(serde::Deserialize)]
@@ -183,6 +224,7 @@ async fn update(
 ) -> Page {
     let mode = Mode::of(&headers);
     let written = demo.db.update_item(id, &edit.value).await?;
+    demo.remember(id, &edit.value);
     mode.record(&tokens, written);
     Ok(Redirect::to(&format!("/items/{id}")).into_response())
 }

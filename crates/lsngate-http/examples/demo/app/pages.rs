@@ -5,9 +5,9 @@ use std::fmt::Write as _;
 
 use lsngate_core::Token;
 
-use super::Mode;
 use super::data::{Item, JobRow};
 use super::log::{Entry, Served, clock};
+use super::{Mode, Verdict};
 
 pub fn escape(text: &str) -> String {
     text.replace('&', "&amp;")
@@ -27,7 +27,8 @@ nav a{margin-right:1rem} .mode{padding:.2rem .6rem;border-radius:1rem;color:#fff
 .fixed{background:#2a7d2a} .naive{background:#b03a2e} table{border-collapse:collapse;width:100%}
 td,th{border-bottom:1px solid #ddd;padding:.3rem .5rem;text-align:left;font-size:.9rem}
 .panel{background:#f4f6f8;border-radius:.5rem;padding:.8rem 1rem;margin:1rem 0}
-.replica{color:#2a7d2a} .primary{color:#8a5a00} code{font-size:.95em}";
+.replica{color:#2a7d2a} .primary{color:#8a5a00} code{font-size:.95em}
+.stale{background:#fbe3e0;color:#8a1c10} .fresh{color:#2a7d2a}";
 
 /// The page frame: navigation, the mode toggle and `body`'s `data-status` for the browser test.
 pub fn frame(title: &str, mode: Mode, status: &str, content: &str) -> String {
@@ -92,8 +93,17 @@ pub fn item(
     served: &Served,
     token: Option<Token>,
     mode: Mode,
+    verdict: &Verdict,
 ) -> String {
-    let panel = served_panel(served, token);
+    let mut panel = served_panel(served, token);
+    if let Verdict::Stale { saved } = verdict {
+        let _ = write!(
+            panel,
+            "<div class=\"panel stale\" id=stale>STALE: the last save was <b>{}</b>; this replica \
+             has not replayed it yet</div>",
+            escape(saved)
+        );
+    }
     let Some(item) = item else {
         let content = format!(
             "{panel}<p>Item {id} was not found on <b>{}</b>: the read did not see the write that \
@@ -124,7 +134,7 @@ pub fn requests(entries: &[Entry], mode: Mode) -> String {
         let _ = write!(
             rows,
             "<tr><td>{at}</td><td>{what}</td><td><span class=\"mode {m}\">{m}</span></td>\
-             <td class={class}>{node}</td><td><code>{token}</code></td><td>{wait:.1} ms</td><td>{fallback}</td></tr>",
+             <td class={class}>{node}</td><td><code>{token}</code></td><td>{wait:.1} ms</td><td>{fallback}</td>{verdict}</tr>",
             at = clock(entry.at),
             what = escape(&entry.what),
             m = entry.mode,
@@ -132,14 +142,26 @@ pub fn requests(entries: &[Entry], mode: Mode) -> String {
             token = token_text(entry.token),
             wait = entry.served.wait.as_secs_f64() * 1000.0,
             fallback = escape(entry.served.fallback.as_deref().unwrap_or("")),
+            verdict = verdict_cell(entry.verdict.as_ref()),
         );
     }
     let content = format!(
         "<p>Every read, newest first: the node that served it, the token it carried and how long \
          it waited for a replica to replay that token.</p><table><tr><th>time (UTC)</th>\
-         <th>request</th><th>mode</th><th>served by</th><th>token</th><th>wait</th><th>fallback</th></tr>{rows}</table>"
+         <th>request</th><th>mode</th><th>served by</th><th>token</th><th>wait</th><th>fallback</th><th>page</th></tr>{rows}</table>"
     );
     frame("Requests", mode, "found", &content)
+}
+
+fn verdict_cell(verdict: Option<&Verdict>) -> String {
+    match verdict {
+        None => "<td></td>".to_owned(),
+        Some(Verdict::Fresh) => "<td class=fresh>fresh</td>".to_owned(),
+        Some(Verdict::Stale { saved }) => {
+            format!("<td class=stale>STALE (last save: {})</td>", escape(saved))
+        }
+        Some(Verdict::Missing) => "<td class=stale>NOT FOUND</td>".to_owned(),
+    }
 }
 
 pub fn jobs(jobs: &[JobRow], mode: Mode) -> String {
