@@ -91,4 +91,36 @@ mod tests {
         let line = insecure.set_cookie("0/10").unwrap();
         assert!(!line.to_str().unwrap().contains("Secure"));
     }
+
+    proptest::proptest! {
+        /// Whatever a browser sends, parsing never panics; whatever token we issue, the value
+        /// we set is the value we read back.
+        #[test]
+        fn issued_cookie_reads_back_and_junk_never_panics(
+            junk in ".{0,200}",
+            position: u64,
+            key in proptest::collection::vec(proptest::prelude::any::<u8>(), 1..32),
+        ) {
+            let mut headers = HeaderMap::new();
+            if let Ok(value) = HeaderValue::from_str(&junk) {
+                headers.append(COOKIE, value);
+            }
+            let _ = cookie_values(&headers, "lsn_token").count();
+
+            let codec = lsngate_core::TokenCodec::signed(key);
+            let token = lsngate_core::Token::new(lsngate_core::Lsn::new(position));
+            let text = codec.issue(&token, std::time::UNIX_EPOCH);
+            let attributes = CookieAttributes {
+                name: "lsn_token".into(),
+                path: "/".into(),
+                secure: true,
+                max_age: Duration::from_secs(30),
+            };
+            let line = attributes.set_cookie(&text).unwrap();
+            let pair = line.to_str().unwrap().split(';').next().unwrap().to_owned();
+            headers.append(COOKIE, HeaderValue::from_str(&pair).unwrap());
+            let read: Vec<_> = cookie_values(&headers, "lsn_token").collect();
+            proptest::prop_assert!(read.contains(&text.as_str()), "{:?} not in {:?}", text, read);
+        }
+    }
 }

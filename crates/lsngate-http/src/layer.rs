@@ -37,6 +37,7 @@ pub const DEFAULT_TTL: Duration = Duration::from_secs(30);
 /// Picks the user id a stored token is kept under (`None` for anonymous requests).
 pub type UserOf = Arc<dyn Fn(&Parts) -> Option<String> + Send + Sync>;
 
+#[derive(Clone)]
 struct Config {
     codec: TokenCodec,
     cookie: Option<CookieAttributes>,
@@ -86,7 +87,8 @@ impl TokenLayer {
     }
 
     fn edit(mut self, change: impl FnOnce(&mut Config)) -> TokenLayer {
-        change(Arc::get_mut(&mut self.config).expect("configured before use"));
+        // Copy-on-write: a layer already cloned into a router keeps its own configuration.
+        change(Arc::make_mut(&mut self.config));
         self
     }
 
@@ -227,11 +229,11 @@ impl Config {
             headers.insert(name.clone(), value);
         }
         metrics::counter!("lsngate_http_tokens_issued_total").increment(1);
-        if let (Some((store, _)), Some(user)) = (&self.store, user) {
-            if let Err(error) = store.save(user, token, self.ttl).await {
-                tracing::warn!(%error, user, "token store save failed; the cookie/header still carry the token");
-                count_invalid("store", "unavailable");
-            }
+        if let (Some((store, _)), Some(user)) = (&self.store, user)
+            && let Err(error) = store.save(user, token, self.ttl).await
+        {
+            tracing::warn!(%error, user, "token store save failed; the cookie/header still carry the token");
+            count_invalid("store", "unavailable");
         }
     }
 }

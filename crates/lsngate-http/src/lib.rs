@@ -21,6 +21,8 @@
 //! that produces an `lsngate_core::Token`); this crate carries the token, and [`JobContext`]
 //! makes a job's reads honour the token in its payload.
 
+#![warn(missing_docs)]
+
 mod context;
 mod cookie;
 pub mod job;

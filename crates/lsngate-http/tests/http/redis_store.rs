@@ -12,7 +12,7 @@ use lsngate_core::{Lsn, Token, TokenCodec};
 use lsngate_http::{RedisTokenStore, StoreError, TokenContext, TokenLayer, TokenStore};
 use tower::ServiceExt;
 
-use crate::support::RedisServer;
+use crate::support::{CountingRecorder, RedisServer, with_recorder};
 
 #[tokio::test]
 async fn redis_store_merges_by_max_expires_and_survives_a_layer_round_trip() {
@@ -138,5 +138,54 @@ async fn unreachable_redis_is_an_error_naming_the_fix() {
     assert!(
         error.to_string().contains("check that Redis runs"),
         "{error}"
+    );
+}
+
+/// Redis going away mid-run: requests are still served (with the cookie/header token only), and
+/// the outage is counted.
+#[test]
+fn store_outage_is_counted_and_never_fails_a_request() {
+    let recorder = CountingRecorder::default();
+    let (load_status, save_status, header_token) = with_recorder(&recorder, async {
+        let redis = RedisServer::start();
+        let store = Arc::new(RedisTokenStore::connect(&redis.url()).await.unwrap());
+        drop(redis);
+        let app = Router::new()
+            .route(
+                "/write",
+                post(|tokens: TokenContext| async move {
+                    tokens.record_commit(Token::new(Lsn::new(0x10)));
+                }),
+            )
+            .route("/read", get(|| async { "ok" }))
+            .layer(
+                TokenLayer::new(TokenCodec::signed(b"k".to_vec()))
+                    .store(store, |_| Some("ann".into())),
+            );
+        let request = |method: &str, uri: &str| {
+            Request::builder()
+                .method(method)
+                .uri(uri)
+                .body(Body::empty())
+                .unwrap()
+        };
+        let read = app.clone().oneshot(request("GET", "/read")).await.unwrap();
+        let write = app
+            .clone()
+            .oneshot(request("POST", "/write"))
+            .await
+            .unwrap();
+        let header = write.headers().get("lsn-token").is_some();
+        (read.status(), write.status(), header)
+    });
+    assert!(load_status.is_success() && save_status.is_success());
+    assert!(header_token, "the written token still reaches the client");
+    let outages = recorder.count(
+        "lsngate_http_tokens_invalid_total",
+        &[("source", "store"), ("reason", "unavailable")],
+    );
+    assert_eq!(
+        outages, 3,
+        "a failed load per request (2) plus the failed save (1)"
     );
 }

@@ -10,10 +10,13 @@ use metrics::{
     Counter, CounterFn, Gauge, Histogram, Key, KeyName, Metadata, Recorder, SharedString, Unit,
 };
 
+/// Every counter registered so far, by its full key (name plus labels).
+type Counters = Arc<Mutex<Vec<(Key, Arc<AtomicU64>)>>>;
+
 /// Counts every counter increment by its full key (name plus labels).
 #[derive(Default, Clone)]
 pub struct CountingRecorder {
-    counters: Arc<Mutex<Vec<(Key, Arc<AtomicU64>)>>>,
+    counters: Counters,
 }
 
 struct Cell(Arc<AtomicU64>);
