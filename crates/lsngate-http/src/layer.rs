@@ -48,6 +48,10 @@ struct Config {
 }
 
 /// The tower layer; see the module docs. Build with [`TokenLayer::new`] and the builder methods.
+///
+/// Works over any tower service of `http::Request<_>` → `http::Response<B>` where `B: From<String>`
+/// (axum's `Body`, `String`, `http_body_util::Full<Bytes>`): the body type is needed for the 400
+/// answer of [`TokenLayer::reject_invalid`].
 #[derive(Clone)]
 pub struct TokenLayer {
     config: Arc<Config>,

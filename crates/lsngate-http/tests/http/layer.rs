@@ -331,3 +331,27 @@ async fn extractor_without_the_layer_names_the_fix() {
     assert_eq!(response.status(), StatusCode::INTERNAL_SERVER_ERROR);
     assert!(body(response).await.contains("TokenLayer"));
 }
+
+/// Not only axum: a bare `tower::service_fn` over `http` types, with `String` bodies.
+#[tokio::test]
+async fn works_over_a_plain_tower_service() {
+    use tower::{Layer, service_fn};
+    let service =
+        TokenLayer::new(codec()).layer(service_fn(|request: Request<String>| async move {
+            let tokens = request.extensions().get::<TokenContext>().cloned().unwrap();
+            let seen = tokens.current().map(|t| t.lsn.to_string());
+            tokens.record_commit(Token::new(Lsn::new(0x99)));
+            Ok::<_, std::convert::Infallible>(Response::new(seen.unwrap_or_default()))
+        }));
+    let request = Request::builder()
+        .header("lsn-token", signed(0x42))
+        .body(String::new())
+        .unwrap();
+    let response = service.oneshot(request).await.unwrap();
+    assert_eq!(response.body(), "0/00000042");
+    let header = response.headers()["lsn-token"].to_str().unwrap();
+    assert_eq!(
+        codec().verify(header, SystemTime::now()).unwrap().lsn,
+        Lsn::new(0x99)
+    );
+}
