@@ -65,7 +65,7 @@ async fn drive(base: &str, mode: &str, cycles: usize, shots: Option<&Path>) -> D
 struct Running {
     base: String,
     stop: watch::Sender<bool>,
-    _cluster: Cluster,
+    cluster: Cluster,
 }
 
 async fn start_demo(delay: Duration) -> Running {
@@ -92,7 +92,7 @@ async fn start_demo(delay: Duration) -> Running {
     Running {
         base,
         stop,
-        _cluster: cluster,
+        cluster: cluster,
     }
 }
 
@@ -140,14 +140,9 @@ fn stale(seen: &[Seen]) -> Vec<&Seen> {
     seen.iter().filter(|s| !s.fresh).collect()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn browser_sees_every_write_with_the_token_and_stale_pages_without() {
-    let demo = start_demo(Duration::from_millis(200)).await;
-    let shots = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("lsngate-demo-shots");
-    std::fs::create_dir_all(&shots).unwrap();
-
-    let fixed = drive(&demo.base, "fixed", 50, Some(&shots)).await;
-    assert_eq!(fixed.edits.len(), 50);
+/// With the token: all 50 edits and all 10 creates show the new value.
+fn assert_every_page_fresh(fixed: &Drive) {
+    assert_eq!((fixed.edits.len(), fixed.creates.len()), (50, 10));
     assert_eq!(
         stale(&fixed.edits).len(),
         0,
@@ -172,12 +167,10 @@ async fn browser_sees_every_write_with_the_token_and_stale_pages_without() {
         waits.get(waits.len() / 2).unwrap_or(&f64::NAN),
         waits.last().unwrap_or(&f64::NAN)
     );
+}
 
-    // The same clicks without the token: the browser must see old values, or the test above
-    // proves nothing.
-    let naive_shots = shots.join("naive");
-    std::fs::create_dir_all(&naive_shots).unwrap();
-    let naive = drive(&demo.base, "naive", 20, Some(&naive_shots)).await;
+/// Without the token the browser must see old values, or the fixed run proves nothing.
+fn assert_some_pages_stale(naive: &Drive) {
     let stale_edits = stale(&naive.edits).len();
     let missing = naive
         .creates
@@ -190,8 +183,25 @@ async fn browser_sees_every_write_with_the_token_and_stale_pages_without() {
         "naive mode never showed a stale page: the browser test cannot fail"
     );
     assert!(naive.edits.iter().all(|s| s.served.starts_with("replica")));
+}
 
-    let primary = demo._cluster.primary_url();
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn browser_sees_every_write_with_the_token_and_stale_pages_without() {
+    let demo = start_demo(Duration::from_millis(200)).await;
+    let shots = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("lsngate-demo-shots");
+    std::fs::create_dir_all(&shots).unwrap();
+
+    let fixed = drive(&demo.base, "fixed", 50, Some(&shots)).await;
+    assert_every_page_fresh(&fixed);
+
+    // The same clicks without the token: the browser must see old values, or the test above
+    // proves nothing.
+    let naive_shots = shots.join("naive");
+    std::fs::create_dir_all(&naive_shots).unwrap();
+    let naive = drive(&demo.base, "naive", 20, Some(&naive_shots)).await;
+    assert_some_pages_stale(&naive);
+
+    let primary = demo.cluster.primary_url();
     let [(token_found, token_missed), (naive_found, naive_missed)] = job_results(&primary).await;
     eprintln!(
         "jobs with token: {token_found} found, {token_missed} missed; without: {naive_found} found, {naive_missed} missed"
