@@ -18,7 +18,7 @@ use futures_util::join;
 use lsngate_core::Lsn;
 use tokio::time::Instant;
 use tokio_postgres::types::ToSql;
-use tokio_postgres::{Client, Row, SimpleQueryMessage, error::SqlState};
+use tokio_postgres::{Client, Row, SimpleQueryMessage, Statement, error::SqlState};
 
 use crate::pool::Conn;
 
@@ -81,7 +81,9 @@ pub(crate) enum Verdict {
 /// A finished replica or primary read.
 #[derive(Debug)]
 pub(crate) struct Answer {
-    pub rows: Vec<Row>,
+    /// The rows; `None` when the read failed but the verdict made it irrelevant (a replica that
+    /// had not replayed a `CREATE TABLE` yet cannot even parse the read).
+    pub rows: Option<Vec<Row>>,
     /// Position bounding what the read saw (from the trailing statement), when known.
     pub seen: Option<Lsn>,
     /// Verdict of the wait/check that preceded the read (`Passed` when none was needed).
@@ -89,6 +91,8 @@ pub(crate) struct Answer {
 }
 
 /// Prepares `sql` on this connection unless it already is (a round trip only the first time).
+/// Only for the primary, which has every table: on a replica the statement is prepared after
+/// the wait, inside [`read_then_position`].
 pub(crate) async fn prepare(conn: &mut Conn, sql: &str) -> Result<(), tokio_postgres::Error> {
     if conn.cached(sql).is_none() {
         let statement = conn.client.prepare(sql).await?;
@@ -97,20 +101,40 @@ pub(crate) async fn prepare(conn: &mut Conn, sql: &str) -> Result<(), tokio_post
     Ok(())
 }
 
-async fn run(
-    conn: &Conn,
+/// What [`read_then_position`] returns: rows, trailing answer, a newly prepared statement.
+type ReadResult = (
+    Result<Vec<Row>, tokio_postgres::Error>,
+    Option<Vec<SimpleQueryMessage>>,
+    Option<Statement>,
+);
+
+/// The read and then `trailing`. With a cached statement both requests leave on the first poll
+/// (same flight as whatever was polled before); without, the Parse goes first and Bind/Execute
+/// plus `trailing` follow its reply, so `trailing` always runs after the read's snapshot.
+async fn read_then_position(
+    client: &Client,
+    cached: Option<Statement>,
     sql: &str,
     params: Params<'_>,
-) -> Result<Vec<Row>, tokio_postgres::Error> {
-    match conn.cached(sql) {
-        Some(statement) => conn.client.query(&statement, params).await,
-        None => conn.client.query(sql, params).await,
-    }
+    trailing: &str,
+) -> ReadResult {
+    let (statement, fresh) = match cached {
+        Some(statement) => (statement, false),
+        None => match client.prepare(sql).await {
+            Ok(statement) => (statement, true),
+            Err(error) => return (Err(error), None, None),
+        },
+    };
+    let (rows, position) = join!(
+        client.query(&statement, params),
+        client.simple_query(trailing)
+    );
+    (rows, position.ok(), fresh.then_some(statement))
 }
 
-/// Read + trailing position, one flight. `primary` picks which position statement trails.
+/// Read + trailing position. `primary` picks which position statement trails.
 pub(crate) async fn read(
-    conn: &Conn,
+    conn: &mut Conn,
     sql: &str,
     params: Params<'_>,
     primary: bool,
@@ -120,23 +144,52 @@ pub(crate) async fn read(
     } else {
         REPLICA_POSITION_SQL
     };
-    let (rows, position) = join!(run(conn, sql, params), conn.client.simple_query(trailing));
-    let seen = match position {
-        Ok(messages) if primary => first_row(&messages).and_then(|r| lsn_at(r, 0)),
-        Ok(messages) => replica_position(&messages).1,
-        Err(_) => None,
+    let cached = conn.cached(sql);
+    let (rows, position, fresh) =
+        read_then_position(&conn.client, cached, sql, params, trailing).await;
+    if let Some(statement) = fresh {
+        conn.remember(sql, statement);
+    }
+    let (in_recovery, seen) = match position {
+        Some(messages) if primary => (None, first_row(&messages).and_then(|r| lsn_at(r, 0))),
+        Some(messages) => replica_position(&messages),
+        None => (None, None),
+    };
+    // A "replica" that answers not in recovery was promoted: its answer is not used as one.
+    let verdict = match in_recovery {
+        Some(false) => Verdict::NotInRecovery,
+        _ => Verdict::Passed,
     };
     Ok(Answer {
-        rows: rows?,
+        rows: Some(rows?),
         seen,
-        verdict: Verdict::Passed,
+        verdict,
+    })
+}
+
+/// Keeps the rows when the verdict makes them matter; a failed read under `Passed` is the
+/// caller's error, under any other verdict it is just a missing stale answer.
+fn settle(
+    rows: Result<Vec<Row>, tokio_postgres::Error>,
+    seen: Option<Lsn>,
+    verdict: Verdict,
+) -> Result<Answer, tokio_postgres::Error> {
+    let rows = match (rows, verdict) {
+        (Ok(rows), _) => Some(rows),
+        (Err(error), Verdict::Passed) => return Err(error),
+        (Err(_), _) => None,
+    };
+    Ok(Answer {
+        rows,
+        seen,
+        verdict,
     })
 }
 
 /// PostgreSQL ≥ 19: `WAIT FOR LSN` + read + position in one flight. The read's rows are only
 /// fresh when the wait said `success`; otherwise they are returned for the stale policy.
 pub(crate) async fn wait_for_then_read(
-    conn: &Conn,
+    conn: &mut Conn,
     floor: Lsn,
     timeout: Duration,
     sql: &str,
@@ -147,11 +200,15 @@ pub(crate) async fn wait_for_then_read(
     let wait = format!(
         "WAIT FOR LSN '{floor}' WITH (MODE 'standby_replay', TIMEOUT '{millis}ms', NO_THROW)"
     );
-    let (status, rows, position) = join!(
-        conn.client.simple_query(&wait),
-        run(conn, sql, params),
-        conn.client.simple_query(REPLICA_POSITION_SQL)
+    let cached = conn.cached(sql);
+    let client = &conn.client;
+    let (status, (rows, position, fresh)) = join!(
+        client.simple_query(&wait),
+        read_then_position(client, cached, sql, params, REPLICA_POSITION_SQL)
     );
+    if let Some(statement) = fresh {
+        conn.remember(sql, statement);
+    }
     let (_, seen) = position
         .as_deref()
         .map(replica_position)
@@ -162,74 +219,50 @@ pub(crate) async fn wait_for_then_read(
         Some(s) if s == "not in recovery" => Verdict::NotInRecovery,
         _ => Verdict::NotYet { replayed: seen },
     };
-    Ok(Answer {
-        rows: rows?,
-        seen,
-        verdict,
-    })
+    settle(rows, seen, verdict)
 }
 
 /// PostgreSQL ≤ 18: check replay + read + position in one flight; if the check fails, poll
 /// with backoff until `deadline`, then read again (replay only moves forward on a running
 /// server, so a true check stays true for the following statement).
 pub(crate) async fn poll_then_read(
-    conn: &Conn,
+    conn: &mut Conn,
     floor: Lsn,
     deadline: Instant,
     sql: &str,
     params: Params<'_>,
-) -> Result<(Answer, bool), tokio_postgres::Error> {
-    let (check, rows, position) = join!(
-        conn.client.simple_query(REPLICA_POSITION_SQL),
-        run(conn, sql, params),
-        conn.client.simple_query(REPLICA_POSITION_SQL)
+) -> Result<Answer, tokio_postgres::Error> {
+    let cached = conn.cached(sql);
+    let client = &conn.client;
+    let (check, (rows, position, fresh)) = join!(
+        client.simple_query(REPLICA_POSITION_SQL),
+        read_then_position(client, cached, sql, params, REPLICA_POSITION_SQL)
     );
+    if let Some(statement) = fresh {
+        conn.remember(sql, statement);
+    }
     let (in_recovery, replayed) = replica_position(&check?);
     let (_, seen) = position
         .as_deref()
         .map(replica_position)
         .unwrap_or_default();
-    let rows = rows?;
     let first = verdict(in_recovery, replayed, floor);
     if first != (Verdict::NotYet { replayed }) {
-        return Ok((
-            Answer {
-                rows,
-                seen,
-                verdict: first,
-            },
-            false,
-        ));
+        return settle(rows, seen, first);
     }
     let mut pause = Duration::from_millis(1);
     loop {
         let now = Instant::now();
         if now >= deadline {
-            return Ok((
-                Answer {
-                    rows,
-                    seen,
-                    verdict: Verdict::NotYet { replayed },
-                },
-                true,
-            ));
+            return settle(rows, seen, Verdict::NotYet { replayed });
         }
         tokio::time::sleep(pause.min(deadline - now)).await;
         pause = (pause * 2).min(Duration::from_millis(25));
         let (in_recovery, replayed) =
             replica_position(&conn.client.simple_query(REPLICA_POSITION_SQL).await?);
         match verdict(in_recovery, replayed, floor) {
-            Verdict::Passed => return Ok((read(conn, sql, params, false).await?, true)),
-            Verdict::NotInRecovery => {
-                return Ok((
-                    Answer {
-                        rows,
-                        seen,
-                        verdict: Verdict::NotInRecovery,
-                    },
-                    true,
-                ));
-            }
+            Verdict::Passed => return read(conn, sql, params, false).await,
+            Verdict::NotInRecovery => return settle(rows, seen, Verdict::NotInRecovery),
             Verdict::NotYet { .. } => {}
         }
     }

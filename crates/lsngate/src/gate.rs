@@ -221,11 +221,7 @@ impl Inner {
     /// A read on the primary with its trailing insert position.
     pub async fn read_primary(&self, sql: &str, params: Params<'_>) -> Result<Answer, Error> {
         let mut conn = self.checkout_primary().await?;
-        let result = async {
-            flight::prepare(&mut conn, sql).await?;
-            flight::read(&conn, sql, params, true).await
-        }
-        .await;
+        let result = flight::read(&mut conn, sql, params, true).await;
         match result {
             Ok(answer) => Ok(answer),
             Err(error) => match flight::classify(error) {

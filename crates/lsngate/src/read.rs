@@ -223,7 +223,7 @@ fn replica_read(
     wait_time: Duration,
 ) -> Read {
     Read {
-        rows: answer.rows,
+        rows: answer.rows.unwrap_or_default(),
         served: Served {
             by: ServedBy::Replica(index),
             node: inner.replicas[index].name.clone(),
@@ -283,7 +283,6 @@ async fn on_connection(
     sql: &str,
     params: Params<'_>,
 ) -> Result<Attempt, FlightError> {
-    flight::prepare(conn, sql).await.map_err(flight::classify)?;
     let server = conn.server.clone();
     let known = inner.watcher.replayed(&server);
     let started = Instant::now();
@@ -292,6 +291,9 @@ async fn on_connection(
         let answer = flight::read(conn, sql, params, false)
             .await
             .map_err(flight::classify)?;
+        if answer.verdict == Verdict::NotInRecovery {
+            return Ok(Attempt::Promoted);
+        }
         if let Some(seen) = answer.seen {
             inner.watcher.observe_replayed(index, &server, seen);
         }
@@ -312,9 +314,7 @@ async fn on_connection(
             let left = deadline.saturating_duration_since(Instant::now());
             flight::wait_for_then_read(conn, floor, left, sql, params).await
         } else {
-            flight::poll_then_read(conn, floor, deadline, sql, params)
-                .await
-                .map(|(answer, _)| answer)
+            flight::poll_then_read(conn, floor, deadline, sql, params).await
         }
     }
     .instrument(span)
@@ -362,7 +362,7 @@ async fn fall_back(
                 replicas: inner.watcher.positions(&inner.names),
             });
         }
-        Fallback::Stale if stale.is_some() => {
+        Fallback::Stale if stale.as_ref().is_some_and(|(_, a)| a.rows.is_some()) => {
             return Ok(stale_read(inner, stale, reason, wait_time).expect("checked"));
         }
         _ => {}
@@ -384,7 +384,7 @@ async fn fall_back(
     drop(permit);
     let answer = answer?;
     Ok(Read {
-        rows: answer.rows,
+        rows: answer.rows.unwrap_or_default(),
         served: Served {
             by: ServedBy::Primary,
             node: inner.primary.name.clone(),
@@ -405,7 +405,7 @@ fn stale_read(
 ) -> Option<Read> {
     let (index, answer) = stale?;
     Some(Read {
-        rows: answer.rows,
+        rows: answer.rows?,
         served: Served {
             by: ServedBy::Replica(index),
             node: inner.replicas[index].name.clone(),

@@ -216,15 +216,23 @@ impl Watcher {
             .iter()
             .zip(states)
             .enumerate()
-            .map(|(i, ((name, address), state))| ReplicaStatus {
-                name: name.clone(),
-                address: address.clone(),
-                healthy: state.healthy,
-                role: lock(&self.slots[i]).role,
-                replayed: state.replayed,
-                lag_bytes: state.lag_bytes,
-                lag: state.lag,
-                servers_seen: lock(&self.slots[i]).servers.len(),
+            .map(|(i, ((name, address), state))| {
+                // One guard, dropped before the next slot: a second `lock()` in the same
+                // expression would deadlock on this non-reentrant mutex.
+                let (role, servers_seen) = {
+                    let slot = lock(&self.slots[i]);
+                    (slot.role, slot.servers.len())
+                };
+                ReplicaStatus {
+                    name: name.clone(),
+                    address: address.clone(),
+                    healthy: state.healthy,
+                    role,
+                    replayed: state.replayed,
+                    lag_bytes: state.lag_bytes,
+                    lag: state.lag,
+                    servers_seen,
+                }
             })
             .collect()
     }

@@ -1,0 +1,293 @@
+//! Tests on the shared cluster (nothing here pauses, kills or promotes a node).
+
+use std::time::{Duration, SystemTime};
+
+use lsngate::{Error, Fallback, FallbackReason, Lsn, ServedBy, Token, TokenCodec, TokenError};
+use lsngate_testkit::shared_cluster;
+
+use crate::support::{self, Forwarder};
+
+/// The headline: 8 tasks × 1000 insert-then-read, no injected delay: 0 stale, ≥ 99 % replica.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn eight_tasks_insert_then_read_never_stale_and_stay_on_replicas() {
+    let cluster = shared_cluster();
+    support::table(cluster, "rw_headline");
+    let gate = support::gate(cluster, |c| c).await;
+    let tally = support::concurrent(&gate, "rw_headline", 8, 1000).await;
+    println!("headline: {tally:?}");
+    assert!(
+        tally.errors.is_empty(),
+        "{:?}",
+        &tally.errors[..tally.errors.len().min(5)]
+    );
+    assert_eq!(tally.ops, 8000);
+    assert_eq!(tally.stale, 0, "stale reads: {tally:?}");
+    assert!(
+        tally.replica * 100 >= tally.ops * 99,
+        "only {} of {} reads on a replica: {tally:?}",
+        tally.replica,
+        tally.ops
+    );
+}
+
+/// Tokens from clients: each refusal has its own typed error, and a bogus position far ahead of
+/// the primary costs the budget, never a hang.
+#[tokio::test]
+async fn tampered_expired_and_malformed_tokens_get_their_errors() {
+    let cluster = shared_cluster();
+    let codec = TokenCodec::signed(b"test key".to_vec()).with_ttl(Duration::from_secs(30));
+    let gate = support::gate(cluster, |c| c.token_codec(codec.clone())).await;
+    let token = gate.primary_position().await.unwrap();
+    assert!(
+        token.timeline.is_some(),
+        "the token carries the primary's timeline"
+    );
+    let text = gate.issue(&token);
+    assert_eq!(gate.verify(&text).unwrap().lsn, token.lsn);
+
+    let ahead = Token::new(Lsn::new(token.lsn.as_u64() + 0x1_0000_0000));
+    let forged = codec.issue(&ahead, SystemTime::now());
+    let signature = &text[text.find(".s").unwrap()..];
+    let tampered = format!("{}{signature}", &forged[..forged.find(".s").unwrap()]);
+    assert!(matches!(
+        gate.verify(&tampered),
+        Err(Error::Token(TokenError::BadSignature))
+    ));
+
+    let old = codec.issue(&token, SystemTime::now() - Duration::from_secs(120));
+    assert!(matches!(
+        gate.verify(&old),
+        Err(Error::Token(TokenError::Expired { .. }))
+    ));
+
+    let malformed = gate.verify("0/XYZ' OR 1=1 --").unwrap_err();
+    assert!(
+        matches!(malformed, Error::Token(TokenError::Lsn(_))),
+        "{malformed}"
+    );
+    assert!(
+        malformed.to_string().contains("like 0/3F8A120"),
+        "{malformed}"
+    );
+    assert!(matches!(
+        gate.verify(""),
+        Err(Error::Token(TokenError::Empty))
+    ));
+    assert!(matches!(
+        gate.verify("0/42"),
+        Err(Error::Token(TokenError::Unsigned))
+    ));
+
+    // A token the primary never reached: the budget is spent, the read falls back.
+    let budget = Duration::from_millis(150);
+    let read = gate
+        .read()
+        .after(ahead)
+        .budget(budget)
+        .query("SELECT 1", &[])
+        .await
+        .unwrap();
+    assert_eq!(read.served.by, ServedBy::Primary);
+    assert_eq!(read.served.fallback, Some(FallbackReason::BudgetSpent));
+    assert!(
+        read.served.wait_time < budget + Duration::from_secs(5),
+        "hang detector"
+    );
+    let refused = gate
+        .read()
+        .after(ahead)
+        .budget(budget)
+        .fallback(Fallback::Error)
+        .query("SELECT 1", &[])
+        .await
+        .unwrap_err();
+    match &refused {
+        Error::NotReplayed {
+            token,
+            reason,
+            replicas,
+        } => {
+            assert_eq!(*token, Some(ahead.lsn));
+            assert_eq!(*reason, FallbackReason::BudgetSpent);
+            assert_eq!(replicas.len(), 2);
+        }
+        other => panic!("{other}"),
+    }
+    assert!(
+        refused.to_string().contains("raise the budget"),
+        "{refused}"
+    );
+}
+
+/// A token from another timeline (a failover since) is only trusted to the primary.
+#[tokio::test]
+async fn token_from_another_timeline_reads_the_primary() {
+    let cluster = shared_cluster();
+    let gate = support::gate(cluster, |c| c).await;
+    let token = gate.primary_position().await.unwrap();
+    let other = Token {
+        timeline: token.timeline.map(|t| t + 1),
+        ..token
+    };
+    let read = gate.query_after(&other, "SELECT 1", &[]).await.unwrap();
+    assert_eq!(read.served.by, ServedBy::Primary);
+    assert_eq!(read.served.fallback, Some(FallbackReason::TimelineChanged));
+    let read = gate.query_after(&token, "SELECT 1", &[]).await.unwrap();
+    assert!(matches!(read.served.by, ServedBy::Replica(_)));
+}
+
+/// Transactions, own-commit tokens, statement errors, and token-less reads.
+#[tokio::test]
+async fn transaction_helper_and_token_less_reads() {
+    let cluster = shared_cluster();
+    support::table(cluster, "rw_tx");
+    let gate = support::gate(cluster, |c| c).await;
+    let (id, token) = gate
+        .transaction(|tx| {
+            Box::pin(async move {
+                tx.execute("INSERT INTO rw_tx VALUES (1, 'one')", &[])
+                    .await?;
+                let row = tx
+                    .query_one("INSERT INTO rw_tx VALUES (2, 'two') RETURNING id", &[])
+                    .await?;
+                Ok(row.get::<_, i64>(0))
+            })
+        })
+        .await
+        .unwrap();
+    assert_eq!(id, 2);
+    let read = gate
+        .query_after(&token, "SELECT count(*) FROM rw_tx", &[])
+        .await
+        .unwrap();
+    assert_eq!(read.rows[0].get::<_, i64>(0), 2);
+    assert!(matches!(read.served.by, ServedBy::Replica(_)));
+
+    // A failing transaction is rolled back and its error returned, not retried.
+    let failed = gate
+        .transaction(|tx| {
+            Box::pin(async move { tx.execute("INSERT INTO rw_tx VALUES (1, 'dup')", &[]).await })
+        })
+        .await
+        .unwrap_err();
+    assert!(matches!(failed, Error::Query { .. }), "{failed}");
+
+    // A commit the caller made on its own connection.
+    let client = cluster.primary().connect().await.unwrap();
+    client
+        .batch_execute("INSERT INTO rw_tx VALUES (3, 'three')")
+        .await
+        .unwrap();
+    let own = lsngate::commit_token(&client).await.unwrap();
+    assert!(own.lsn > token.lsn);
+    let read = gate
+        .query_after(&own, "SELECT note FROM rw_tx WHERE id = 3", &[])
+        .await
+        .unwrap();
+    assert_eq!(read.rows[0].get::<_, String>(0), "three");
+
+    // A statement error on a replica is the caller's error, never re-run on the primary.
+    let bad = gate
+        .query_after(&own, "SELECT no_such_column FROM rw_tx", &[])
+        .await
+        .unwrap_err();
+    assert!(matches!(bad, Error::Query { .. }), "{bad}");
+
+    // Token-less reads spread over both replicas.
+    let mut nodes = std::collections::BTreeSet::new();
+    for _ in 0..20 {
+        let read = gate.query("SELECT 1", &[]).await.unwrap();
+        assert_eq!(read.served.fallback, None);
+        nodes.insert(read.served.node);
+    }
+    assert_eq!(nodes.len(), 2, "{nodes:?}");
+
+    // An open transaction dropped without commit is rolled back.
+    {
+        let tx = gate.begin().await.unwrap();
+        tx.execute("INSERT INTO rw_tx VALUES (4, 'never')", &[])
+            .await
+            .unwrap();
+    }
+    let after = gate.primary_position().await.unwrap();
+    let read = gate
+        .query_after(&after, "SELECT count(*) FROM rw_tx WHERE id = 4", &[])
+        .await
+        .unwrap();
+    assert_eq!(read.rows[0].get::<_, i64>(0), 0);
+}
+
+/// The commit and its token leave in one flight; so does a read whose wait is needed
+/// (PostgreSQL 19) and a read already known covered (any version).
+#[tokio::test]
+async fn commit_token_and_wait_plus_read_are_one_flight_each() {
+    let cluster = shared_cluster();
+    support::table(cluster, "rw_flight");
+    let primary = Forwarder::start(vec![cluster.primary().port()]).await;
+    let replica = Forwarder::start(vec![cluster.replica(0).port()]).await;
+    let gate = lsngate::Gate::connect(
+        lsngate::Config::new(primary.url())
+            .replica(replica.url())
+            .pool_size(1)
+            // The monitor polls once at start, then stays out of the flight counts.
+            .poll_interval(Duration::from_secs(3600)),
+    )
+    .await
+    .unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let insert = "INSERT INTO rw_flight VALUES ($1, 'x')";
+    let select = "SELECT note FROM rw_flight WHERE id = $1";
+    // Warm up: prepares both statements on their single connections.
+    let warm = gate.write(insert, &[&0i64]).await.unwrap();
+    gate.query_after(&warm.token, select, &[&0i64])
+        .await
+        .unwrap();
+
+    let tx = gate.begin().await.unwrap();
+    tx.execute("INSERT INTO rw_flight VALUES (1, 'tx')", &[])
+        .await
+        .unwrap();
+    let before = primary.flights();
+    let token = tx.commit().await.unwrap();
+    assert_eq!(
+        primary.flights() - before,
+        1,
+        "COMMIT + position in one flight"
+    );
+
+    let before = primary.flights();
+    let written = gate.write(insert, &[&2i64]).await.unwrap();
+    assert_eq!(
+        primary.flights() - before,
+        1,
+        "statement + position in one flight"
+    );
+    assert!(written.token.lsn > token.lsn);
+
+    let before = replica.flights();
+    let read = gate
+        .query_after(&written.token, select, &[&2i64])
+        .await
+        .unwrap();
+    assert_eq!(read.served.by, ServedBy::Replica(0));
+    assert_eq!(read.rows.len(), 1);
+    if cluster.pg_bin().has_wait_for() {
+        assert!(read.served.waited, "the watcher cannot know this token yet");
+        assert_eq!(
+            replica.flights() - before,
+            1,
+            "WAIT FOR + read in one flight"
+        );
+    }
+    let before = replica.flights();
+    let again = gate
+        .query_after(&written.token, select, &[&2i64])
+        .await
+        .unwrap();
+    assert!(!again.served.waited, "known covered: no wait");
+    assert_eq!(
+        replica.flights() - before,
+        1,
+        "a covered read is the read alone"
+    );
+}

@@ -1,0 +1,419 @@
+//! Tests on their own clusters: apply delay, paused replay, frozen / killed / promoted
+//! replicas, sessions across replicas with different delays, a load-balanced replica URL.
+
+use std::sync::Arc;
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use lsngate::{Fallback, FallbackReason, GuardConfig, Role, ServedBy, WhenGuarded};
+use lsngate_testkit::{Cluster, ClusterConfig};
+
+use crate::support::{self, Forwarder};
+
+/// Generous bound used only to detect hangs, never as a performance claim.
+const HANG: Duration = Duration::from_secs(5);
+
+/// One replica held 50 ms behind (`recovery_min_apply_delay`), shared by the two budget tests.
+fn delayed() -> &'static Cluster {
+    static CLUSTER: OnceLock<&'static Cluster> = OnceLock::new();
+    CLUSTER.get_or_init(|| {
+        let cluster = Cluster::start(
+            &ClusterConfig::default()
+                .replicas(1)
+                .apply_delay(Duration::from_millis(50)),
+        )
+        .expect("delayed cluster")
+        .leak_until_exit();
+        support::table(cluster, "rw_delay");
+        cluster
+    })
+}
+
+/// Two replicas, replay paused on replica 0; shared by the paused and load-balancer tests.
+fn paused() -> &'static Cluster {
+    static CLUSTER: OnceLock<&'static Cluster> = OnceLock::new();
+    CLUSTER.get_or_init(|| {
+        let cluster = Cluster::start(&ClusterConfig::default().replicas(2))
+            .expect("cluster")
+            .leak_until_exit();
+        support::table(cluster, "rw_paused");
+        support::table(cluster, "rw_balanced");
+        let position = cluster.primary().position().unwrap();
+        for replica in cluster.replicas() {
+            replica
+                .wait_replayed(&position, Duration::from_secs(30))
+                .unwrap();
+        }
+        cluster.replica(0).pause_replay().unwrap();
+        cluster
+    })
+}
+
+#[tokio::test]
+async fn apply_delay_50ms_with_budget_500ms_every_read_on_the_replica() {
+    let cluster = delayed();
+    let gate = support::gate(cluster, |c| c.budget(Duration::from_millis(500))).await;
+    let tally = support::insert_then_read(&gate, "rw_delay", 1, 100).await;
+    println!("budget 500ms: {tally:?}");
+    assert!(tally.errors.is_empty(), "{:?}", tally.errors);
+    assert_eq!(tally.stale, 0);
+    assert_eq!(tally.replica, 100, "{tally:?}");
+    assert_eq!(tally.waited, 100, "every token needed the wait: {tally:?}");
+}
+
+#[tokio::test]
+async fn apply_delay_50ms_with_budget_20ms_every_read_falls_back() {
+    let cluster = delayed();
+    // The breaker would (rightly) trip after 50 reads at a 100 % fallback rate; this test is
+    // about the fallback itself, so the guard gets out of the way.
+    let guard = GuardConfig {
+        max_fallback_ratio: 1.0,
+        ..GuardConfig::default()
+    };
+    let gate = support::gate(cluster, |c| {
+        c.budget(Duration::from_millis(20)).guard(guard)
+    })
+    .await;
+    let tally = support::insert_then_read(&gate, "rw_delay", 1_000_000, 100).await;
+    println!("budget 20ms: {tally:?}");
+    assert!(tally.errors.is_empty(), "{:?}", tally.errors);
+    assert_eq!(tally.stale, 0);
+    assert_eq!(tally.primary, 100, "{tally:?}");
+    assert_eq!(tally.fallbacks.get("budget spent"), Some(&100), "{tally:?}");
+}
+
+/// Fallback::Stale returns the replica's answer flagged; the breaker trips on a high fallback
+/// rate and then, as configured, serves stale (flagged) or fails fast instead of loading the
+/// primary.
+#[tokio::test]
+async fn stale_policy_and_primary_guard_behaviours() {
+    let cluster = delayed();
+    let insert = "INSERT INTO rw_delay (id, note) VALUES ($1, 'x')";
+    let select = "SELECT note FROM rw_delay WHERE id = $1";
+    let budget = Duration::from_millis(5);
+    let gate = support::gate(cluster, |c| c.budget(budget)).await;
+    let written = gate.write(insert, &[&2_000_000i64]).await.unwrap();
+    let read = gate
+        .read()
+        .after(written.token)
+        .fallback(Fallback::Stale)
+        .query(select, &[&2_000_000i64])
+        .await
+        .unwrap();
+    assert!(read.served.stale, "{:?}", read.served);
+    assert_eq!(read.served.fallback, Some(FallbackReason::BudgetSpent));
+    assert!(
+        read.rows.is_empty(),
+        "the delayed replica has not applied the row yet"
+    );
+
+    let guard = GuardConfig {
+        max_concurrent: 4,
+        window: Duration::from_secs(60),
+        min_reads: 10,
+        max_fallback_ratio: 0.5,
+        open_for: Duration::from_secs(60),
+    };
+    let gate = support::gate(cluster, |c| {
+        c.budget(budget)
+            .guard(guard)
+            .when_guarded(WhenGuarded::ServeStale)
+    })
+    .await;
+    let (mut primary, mut flagged) = (0, 0);
+    for id in 2_000_001..2_000_031i64 {
+        let token = gate.write(insert, &[&id]).await.unwrap().token;
+        let read = gate.query_after(&token, select, &[&id]).await.unwrap();
+        if read.served.stale {
+            flagged += 1;
+        } else {
+            assert_eq!(
+                read.rows.len(),
+                1,
+                "an unflagged read is fresh: {:?}",
+                read.served
+            );
+            primary += usize::from(read.served.by == ServedBy::Primary);
+        }
+    }
+    assert!(gate.breaker_open());
+    assert_eq!(primary, 10, "the breaker opened after min_reads fallbacks");
+    assert_eq!(flagged, 20);
+    let gate = support::gate(cluster, |c| {
+        c.budget(budget)
+            .guard(guard)
+            .when_guarded(WhenGuarded::FailFast)
+    })
+    .await;
+    let mut refused = 0;
+    for id in 2_000_031..2_000_051i64 {
+        let token = gate.write(insert, &[&id]).await.unwrap().token;
+        match gate.query_after(&token, select, &[&id]).await {
+            Ok(read) => assert_eq!(read.rows.len(), 1),
+            Err(lsngate::Error::PrimaryGuarded { .. }) => refused += 1,
+            Err(other) => panic!("{other}"),
+        }
+    }
+    assert_eq!(refused, 10);
+}
+
+#[tokio::test]
+async fn replay_paused_on_one_of_two_the_other_serves() {
+    let cluster = paused();
+    let gate = support::gate(cluster, |c| c.budget(Duration::from_millis(200))).await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let tally = support::insert_then_read(&gate, "rw_paused", 1, 200).await;
+    println!("paused: {tally:?}");
+    assert!(tally.errors.is_empty(), "{:?}", tally.errors);
+    assert_eq!(tally.stale, 0);
+    assert_eq!(
+        tally.by_node.get("replica0"),
+        None,
+        "the paused replica never serves: {tally:?}"
+    );
+    assert!(
+        tally.by_node.get("replica1").copied().unwrap_or(0) >= 190,
+        "{tally:?}"
+    );
+}
+
+/// A replica URL that is a round-robin balancer over the paused replica and the live one: what
+/// one server replayed must never let a read on the other skip its wait.
+#[tokio::test]
+async fn load_balanced_replica_url_never_turns_the_shortcut_stale() {
+    let cluster = paused();
+    let balancer =
+        Forwarder::start(vec![cluster.replica(0).port(), cluster.replica(1).port()]).await;
+    let gate = lsngate::Gate::connect(
+        lsngate::Config::new(cluster.primary_url())
+            .replica(balancer.url())
+            .pool_size(4)
+            .budget(Duration::from_millis(100))
+            .poll_interval(Duration::from_millis(10)),
+    )
+    .await
+    .unwrap();
+    // Four concurrent loops so the pool opens several connections, on both servers.
+    let mut handles = Vec::new();
+    for task in 0..4i64 {
+        let gate = gate.clone();
+        handles.push(tokio::spawn(async move {
+            support::insert_then_read(&gate, "rw_balanced", 1 + task * 1000, 60).await
+        }));
+    }
+    let mut tally = support::Tally::default();
+    for handle in handles {
+        tally.add(&handle.await.unwrap());
+    }
+    println!("balanced: {tally:?} {:?}", gate.replicas());
+    assert!(tally.errors.is_empty(), "{:?}", tally.errors);
+    assert_eq!(tally.stale, 0, "{tally:?}");
+    assert_eq!(
+        gate.replicas()[0].servers_seen,
+        2,
+        "both servers reached through one URL"
+    );
+    assert!(tally.replica > 0, "the live server still serves: {tally:?}");
+    assert!(
+        tally.primary > 0,
+        "reads that landed on the paused server fell back: {tally:?}"
+    );
+}
+
+/// Loops of insert-then-read while `fault` hits replica 0 halfway; no stale read, no call
+/// longer than the budget plus the hang margin.
+async fn run_through_fault(cluster: &Cluster, table: &str, fault: impl FnOnce()) -> support::Tally {
+    support::table(cluster, table);
+    let budget = Duration::from_millis(300);
+    let gate = support::gate(cluster, |c| {
+        c.budget(budget)
+            .io_grace(Duration::from_millis(500))
+            .connect_timeout(Duration::from_millis(500))
+    })
+    .await;
+    let done = Arc::new(AtomicBool::new(false));
+    let mut handles = Vec::new();
+    for task in 0..4i64 {
+        let (gate, table, done) = (gate.clone(), table.to_string(), done.clone());
+        handles.push(tokio::spawn(async move {
+            let mut tally = support::Tally::default();
+            let mut id = 1 + task * 1_000_000;
+            while !done.load(Ordering::Relaxed) {
+                tally.add(&support::insert_then_read(&gate, &table, id, 10).await);
+                id += 10;
+            }
+            tally
+        }));
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    fault();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    done.store(true, Ordering::Relaxed);
+    let mut tally = support::Tally::default();
+    for handle in handles {
+        tally.add(&handle.await.unwrap());
+    }
+    println!("{table}: {tally:?} {:?}", gate.replicas());
+    assert!(tally.errors.is_empty(), "{:?}", tally.errors);
+    assert_eq!(tally.stale, 0, "{tally:?}");
+    assert!(tally.longest < budget + HANG, "hang detector: {tally:?}");
+    assert!(
+        !gate.replicas()[0].healthy,
+        "replica0 seen down: {:?}",
+        gate.replicas()
+    );
+    assert!(
+        tally.by_node.get("replica1").copied().unwrap_or(0) > 0,
+        "{tally:?}"
+    );
+    tally
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replica_frozen_mid_run_no_stale_no_hang() {
+    let cluster = Cluster::start(&ClusterConfig::default().replicas(2)).unwrap();
+    run_through_fault(&cluster, "rw_frozen", || cluster.replica(0).freeze()).await;
+    cluster.replica(0).thaw();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replica_killed_mid_run_no_stale_no_hang() {
+    let cluster = Cluster::start(&ClusterConfig::default().replicas(2)).unwrap();
+    run_through_fault(&cluster, "rw_killed", || cluster.replica(0).kill().unwrap()).await;
+}
+
+/// A promoted replica is detected by the reads that reach it (the monitor is slowed down so
+/// it cannot be the one) and leaves the rotation; no read is stale meanwhile.
+#[tokio::test]
+async fn promoted_replica_is_detected_and_routing_adapts() {
+    let cluster = Cluster::start(&ClusterConfig::default().replicas(2)).unwrap();
+    support::table(&cluster, "rw_promote");
+    let gate = support::gate(&cluster, |c| c.poll_interval(Duration::from_secs(3600))).await;
+    let warm = support::insert_then_read(&gate, "rw_promote", 1, 20).await;
+    assert_eq!(warm.stale, 0);
+    assert_eq!(warm.replica, 20, "{warm:?}");
+    assert_eq!(gate.replicas()[1].role, Role::Standby);
+    cluster.replica(1).promote().unwrap();
+    // Token-less reads rotate over both replicas: the one reaching replica1 learns it was
+    // promoted and is served by replica0 instead.
+    let mut nodes = std::collections::BTreeMap::new();
+    for _ in 0..10 {
+        let read = gate.query("SELECT pg_is_in_recovery()", &[]).await.unwrap();
+        assert!(
+            read.rows[0].get::<_, bool>(0),
+            "served by a standby: {:?}",
+            read.served
+        );
+        *nodes.entry(read.served.node).or_insert(0) += 1;
+    }
+    assert_eq!(nodes.get("replica0"), Some(&10), "{nodes:?}");
+    assert_eq!(
+        gate.replicas()[1].role,
+        Role::Primary,
+        "{:?}",
+        gate.replicas()
+    );
+    assert_eq!(gate.replicas()[0].role, Role::Standby);
+    let after = support::insert_then_read(&gate, "rw_promote", 5000, 50).await;
+    println!("promotion: {after:?} {:?}", gate.replicas());
+    assert!(after.errors.is_empty(), "{:?}", after.errors);
+    assert_eq!(after.stale, 0);
+    assert_eq!(after.by_node.get("replica1"), None, "{after:?}");
+    assert_eq!(after.by_node.get("replica0"), Some(&50), "{after:?}");
+    let reasons: Vec<_> = after.fallbacks.keys().cloned().collect();
+    assert!(
+        !reasons.contains(&FallbackReason::NoReplica.to_string()),
+        "{reasons:?}"
+    );
+}
+
+/// Two replicas with different apply delays and a bursty writer bumping a counter: plain
+/// reads rotating over both go back in time (the control); a session's reads, on whichever
+/// replica, never do.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn session_reads_never_go_backwards_across_replicas_with_different_delays() {
+    let cluster = Cluster::start(&ClusterConfig::default().replicas(2)).unwrap();
+    cluster
+        .primary()
+        .sql("CREATE TABLE counter (id int PRIMARY KEY, n bigint); INSERT INTO counter VALUES (1, 0)")
+        .unwrap();
+    let position = cluster.primary().position().unwrap();
+    for replica in cluster.replicas() {
+        replica
+            .wait_replayed(&position, Duration::from_secs(30))
+            .unwrap();
+    }
+    cluster
+        .replica(0)
+        .set_apply_delay(Duration::from_millis(5))
+        .unwrap();
+    cluster
+        .replica(1)
+        .set_apply_delay(Duration::from_millis(150))
+        .unwrap();
+    let gate = support::gate(&cluster, |c| c.budget(Duration::from_secs(2))).await;
+    let done = Arc::new(AtomicBool::new(false));
+    let writer = {
+        let (gate, done) = (gate.clone(), done.clone());
+        tokio::spawn(async move {
+            while !done.load(Ordering::Relaxed) {
+                // Bursts of writes, then a pause long enough for the slow replica to catch up.
+                for _ in 0..30 {
+                    gate.write("UPDATE counter SET n = n + 1 WHERE id = 1", &[])
+                        .await
+                        .unwrap();
+                    tokio::time::sleep(Duration::from_millis(3)).await;
+                }
+                tokio::time::sleep(Duration::from_millis(250)).await;
+            }
+        })
+    };
+    let sql = "SELECT n FROM counter WHERE id = 1";
+    let read_for = |reads: usize, session: Option<lsngate::Session>| {
+        let gate = gate.clone();
+        async move {
+            let (mut last, mut backwards, mut nodes) =
+                (-1i64, 0, std::collections::BTreeSet::new());
+            for _ in 0..reads {
+                let read = match &session {
+                    Some(session) => session.query(sql, &[]).await.unwrap(),
+                    None => gate.query(sql, &[]).await.unwrap(),
+                };
+                let n: i64 = read.rows[0].get(0);
+                if n < last {
+                    backwards += 1;
+                }
+                last = last.max(n);
+                nodes.insert(read.served.node.clone());
+                tokio::time::sleep(Duration::from_millis(2)).await;
+            }
+            (backwards, nodes)
+        }
+    };
+    let (control_backwards, control_nodes) = read_for(300, None).await;
+    println!("control: {control_backwards} backwards over {control_nodes:?}");
+    assert!(
+        control_backwards > 0,
+        "the setup must be able to show a regression"
+    );
+    let session = gate.session();
+    let (backwards, nodes) = read_for(300, Some(gate.session())).await;
+    println!("session: {backwards} backwards over {nodes:?}");
+    assert_eq!(backwards, 0, "a session read went back in time");
+    assert_eq!(
+        nodes.len(),
+        2,
+        "session reads used both replicas: {nodes:?}"
+    );
+    // The session's own write is visible to its next read.
+    let written = session
+        .write("UPDATE counter SET n = n + 1000000 WHERE id = 1", &[])
+        .await
+        .unwrap();
+    assert!(session.floor().unwrap().lsn >= written.token.lsn);
+    let read = session.query(sql, &[]).await.unwrap();
+    assert!(read.rows[0].get::<_, i64>(0) >= 1_000_000);
+    done.store(true, Ordering::Relaxed);
+    writer.await.unwrap();
+}
