@@ -6,8 +6,10 @@ pub mod guard;
 pub mod lsn;
 pub mod route;
 pub mod token;
+pub mod wal;
 
 pub use guard::{BreakerState, Fallback, GuardConfig, PrimaryGuard, Refusal, WhenGuarded};
 pub use lsn::{Lsn, LsnParseError};
 pub use route::{Decision, LagBound, PrimaryReason, ReadRequest, ReplicaState, Role, route};
 pub use token::{MAX_TOKEN_LEN, Token, TokenCodec, TokenError};
+pub use wal::reachable_insert_position;
