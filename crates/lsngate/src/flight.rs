@@ -28,8 +28,6 @@ pub type Params<'a> = &'a [&'a (dyn ToSql + Sync)];
 /// On a replica: still in recovery, and how far replay got.
 pub(crate) const REPLICA_POSITION_SQL: &str =
     "SELECT pg_is_in_recovery()::text, pg_last_wal_replay_lsn()::text";
-/// On the primary: its insert position, at or past the end of every committed record.
-pub(crate) const PRIMARY_POSITION_SQL: &str = "SELECT pg_current_wal_insert_lsn()::text";
 
 /// How a replica flight failed, classified for the fallback decision.
 #[derive(Debug)]
@@ -140,7 +138,7 @@ pub(crate) async fn read(
     primary: bool,
 ) -> Result<Answer, tokio_postgres::Error> {
     let trailing = if primary {
-        PRIMARY_POSITION_SQL
+        COMMIT_POSITION_SQL
     } else {
         REPLICA_POSITION_SQL
     };
@@ -151,7 +149,7 @@ pub(crate) async fn read(
         conn.remember(sql, statement);
     }
     let (in_recovery, seen) = match position {
-        Some(messages) if primary => (None, first_row(&messages).and_then(|r| lsn_at(r, 0))),
+        Some(messages) if primary => (None, commit_position(&messages).map(|(lsn, _)| lsn)),
         Some(messages) => replica_position(&messages),
         None => (None, None),
     };
@@ -295,16 +293,21 @@ pub(crate) fn replica_position(messages: &[SimpleQueryMessage]) -> (Option<bool>
     }
 }
 
-/// Token position and timeline on the primary, read after a commit. The first 8 hex digits of
-/// a WAL file name are the timeline that file belongs to.
-pub(crate) const COMMIT_POSITION_SQL: &str = "SELECT l::text, substr(pg_walfile_name(l), 1, 8) \
+/// Token position and timeline on the primary, read after a commit: the insert position (at
+/// or past the end of every committed record), the timeline (the first 8 hex digits of a WAL
+/// file name), and the WAL page and segment sizes to map a page-start position back to the
+/// boundary a replica can reach ([`lsngate_core::reachable_insert_position`]).
+pub(crate) const COMMIT_POSITION_SQL: &str = "SELECT l::text, substr(pg_walfile_name(l), 1, 8), \
+     current_setting('wal_block_size'), pg_size_bytes(current_setting('wal_segment_size'))::text \
      FROM pg_current_wal_insert_lsn() AS l";
 
 /// Parses [`COMMIT_POSITION_SQL`]'s answer.
 pub(crate) fn commit_position(messages: &[SimpleQueryMessage]) -> Option<(Lsn, Option<u32>)> {
     let row = first_row(messages)?;
-    let lsn = lsn_at(row, 0)?;
+    let insert = lsn_at(row, 0)?;
     let timeline = row.get(1).and_then(|t| u32::from_str_radix(t, 16).ok());
+    let size = |i: usize| row.get(i).and_then(|t| t.parse::<u64>().ok()).unwrap_or(0);
+    let lsn = lsngate_core::reachable_insert_position(insert, size(2), size(3));
     Some((lsn, timeline))
 }
 
