@@ -27,6 +27,8 @@
 //! What it is not: a failover manager (the primary URL is fixed), a query router for writes
 //! (reads go where you send them with [`Gate::read`]), or TLS-capable (plain TCP only for now).
 
+#![warn(missing_docs)]
+
 mod config;
 mod error;
 mod flight;

@@ -291,3 +291,57 @@ async fn commit_token_and_wait_plus_read_are_one_flight_each() {
         "a covered read is the read alone"
     );
 }
+
+/// Reads by outcome, wait time, per-replica position and lag reach the `metrics` facade.
+#[tokio::test]
+async fn metrics_report_outcomes_waits_and_replica_positions() {
+    use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+    static SNAPSHOTTER: std::sync::OnceLock<metrics_util::debugging::Snapshotter> =
+        std::sync::OnceLock::new();
+    let snapshotter = SNAPSHOTTER.get_or_init(|| {
+        let recorder = DebuggingRecorder::new();
+        let snapshotter = recorder.snapshotter();
+        recorder.install().expect("first recorder in this binary");
+        snapshotter
+    });
+    let cluster = shared_cluster();
+    support::table(cluster, "rw_metrics");
+    let gate = support::gate(cluster, |c| c).await;
+    let tally = support::insert_then_read(&gate, "rw_metrics", 1, 20).await;
+    assert_eq!(tally.stale, 0);
+    let far = Token::new(Lsn::new(u64::MAX >> 8));
+    gate.read()
+        .after(far)
+        .budget(Duration::from_millis(20))
+        .query("SELECT 1", &[])
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let snapshot = snapshotter.snapshot().into_vec();
+    let find = |name: &str, label: Option<(&str, &str)>| {
+        snapshot.iter().find(|(key, _, _, _)| {
+            let key = key.key();
+            key.name() == name
+                && label.is_none_or(|(k, v)| key.labels().any(|l| l.key() == k && l.value() == v))
+        })
+    };
+    let counter = |name, label| match find(name, Some(label)) {
+        Some((_, _, _, DebugValue::Counter(n))) => *n,
+        other => panic!("{name} {label:?}: {other:?}"),
+    };
+    assert!(counter(lsngate::metrics::READS, ("outcome", "replica_after_wait")) > 0);
+    assert!(counter(lsngate::metrics::READS, ("outcome", "primary_fallback")) > 0);
+    assert!(counter(lsngate::metrics::FALLBACKS, ("reason", "budget spent")) > 0);
+    assert!(
+        matches!(find(lsngate::metrics::WAIT_SECONDS, None), Some((_, _, _, DebugValue::Histogram(v))) if !v.is_empty())
+    );
+    for replica in ["replica0", "replica1"] {
+        assert!(
+            matches!(find(lsngate::metrics::REPLAYED_LSN, Some(("replica", replica))), Some((_, _, _, DebugValue::Gauge(v))) if v.0 > 0.0)
+        );
+        assert!(find(lsngate::metrics::LAG_BYTES, Some(("replica", replica))).is_some());
+        assert!(find(lsngate::metrics::LAG_SECONDS, Some(("replica", replica))).is_some());
+    }
+    assert!(find(lsngate::metrics::FALLBACK_RATE, None).is_some());
+    assert!(find(lsngate::metrics::BREAKER_OPEN, None).is_some());
+}

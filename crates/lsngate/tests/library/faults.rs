@@ -274,6 +274,38 @@ async fn run_through_fault(cluster: &Cluster, table: &str, fault: impl FnOnce())
 async fn replica_frozen_mid_run_no_stale_no_hang() {
     let cluster = Cluster::start(&ClusterConfig::default().replicas(2)).unwrap();
     run_through_fault(&cluster, "rw_frozen", || cluster.replica(0).freeze()).await;
+    // The frozen server as the only replica: it accepts TCP and never answers. Every read
+    // must still finish (budget + I/O grace at most on the replica), served by the primary.
+    let budget = Duration::from_millis(300);
+    let lonely = lsngate::Gate::connect(
+        lsngate::Config::new(cluster.primary_url())
+            .replica(cluster.replica(0).url())
+            .budget(budget)
+            .io_grace(Duration::from_millis(500))
+            .connect_timeout(Duration::from_millis(500)),
+    )
+    .await
+    .unwrap();
+    let token = lonely.primary_position().await.unwrap();
+    for _ in 0..3 {
+        let began = tokio::time::Instant::now();
+        let read = lonely.query_after(&token, "SELECT 1", &[]).await.unwrap();
+        assert!(
+            began.elapsed() < budget + HANG,
+            "hang detector: {:?}",
+            began.elapsed()
+        );
+        assert_eq!(read.served.by, ServedBy::Primary);
+        assert!(
+            matches!(
+                read.served.fallback,
+                Some(FallbackReason::Unreachable | FallbackReason::NoReplica)
+            ),
+            "{:?}",
+            read.served
+        );
+    }
+    assert!(!lonely.replicas()[0].healthy);
     cluster.replica(0).thaw();
 }
 
