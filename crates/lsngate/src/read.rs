@@ -142,76 +142,87 @@ async fn execute(inner: &Inner, plan: &Plan, sql: &str, params: Params<'_>) -> R
     if let (Some(token), Some(primary)) = (token_timeline, inner.watcher.primary_timeline())
         && token != primary
     {
-        return fall_back(
-            inner,
-            plan,
-            FallbackReason::TimelineChanged,
-            None,
-            start,
-            sql,
-            params,
-        )
-        .await;
+        let why = FallbackReason::TimelineChanged;
+        return fall_back(inner, plan, why, None, start, sql, params).await;
     }
     let mut excluded = vec![false; inner.replicas.len()];
     let mut reason = None;
     let mut stale = None;
     loop {
-        let mut states = inner.watcher.states(token_timeline);
-        for (state, out) in states.iter_mut().zip(&excluded) {
-            state.healthy &= !out;
-        }
-        let request = ReadRequest {
-            floor,
-            may_wait: Instant::now() < deadline,
-            lag_bound: inner.config.lag_bound,
-            spin: inner.next_spin(),
-        };
-        let index = match route(&request, &states) {
-            Decision::Replica { index, .. } => index,
-            Decision::Primary(why) => {
-                let why = reason.unwrap_or(match why {
-                    PrimaryReason::NoReplica => FallbackReason::NoReplica,
-                    PrimaryReason::NotCaughtUp => FallbackReason::BudgetSpent,
-                    PrimaryReason::AllLagging => FallbackReason::AllLagging,
-                });
+        let index = match next_replica(inner, plan, &excluded, deadline) {
+            Ok(index) => index,
+            Err(why) => {
+                let why = reason.unwrap_or(why);
                 return fall_back(inner, plan, why, stale, start, sql, params).await;
             }
         };
         excluded[index] = true;
-        match attempt(inner, index, floor, deadline, hard, sql, params).await {
+        let failure = match attempt(inner, index, floor, deadline, hard, sql, params).await {
             Ok(Attempt::Fresh {
                 answer,
                 waited,
                 wait_time,
             }) => return Ok(replica_read(inner, index, answer, waited, wait_time)),
             Ok(Attempt::NotYet(answer)) => {
-                reason = Some(FallbackReason::BudgetSpent);
                 stale = Some((index, answer));
+                FallbackReason::BudgetSpent
             }
             Ok(Attempt::Promoted) => {
                 inner.watcher.observe_role(index, Role::Primary, None);
-                reason = Some(FallbackReason::Promoted);
+                FallbackReason::Promoted
             }
-            Err(FlightError::Unreachable(cause)) => {
-                inner.watcher.mark_unreachable(index, &cause);
-                reason = Some(FallbackReason::Unreachable);
-            }
-            Err(FlightError::Conflict(cause)) => {
-                tracing::info!(
-                    replica = index,
-                    cause,
-                    "read cancelled by a recovery conflict"
-                );
-                reason = Some(FallbackReason::RecoveryConflict);
-            }
-            Err(FlightError::Query(source)) => {
-                return Err(Error::Query {
-                    node: inner.replicas[index].name.clone(),
-                    source,
-                });
-            }
+            Err(error) => absorb(inner, index, error)?,
+        };
+        reason = Some(failure);
+    }
+}
+
+/// The next replica to try, skipping `excluded` ones; once the budget is spent only replicas
+/// already known to have the token qualify.
+fn next_replica(
+    inner: &Inner,
+    plan: &Plan,
+    excluded: &[bool],
+    deadline: Instant,
+) -> Result<usize, FallbackReason> {
+    let mut states = inner.watcher.states(plan.token.and_then(|t| t.timeline));
+    for (state, out) in states.iter_mut().zip(excluded) {
+        state.healthy &= !out;
+    }
+    let request = ReadRequest {
+        floor: plan.token.map(|t| t.lsn),
+        may_wait: Instant::now() < deadline,
+        lag_bound: inner.config.lag_bound,
+        spin: inner.next_spin(),
+    };
+    match route(&request, &states) {
+        Decision::Replica { index, .. } => Ok(index),
+        Decision::Primary(PrimaryReason::NoReplica) => Err(FallbackReason::NoReplica),
+        Decision::Primary(PrimaryReason::NotCaughtUp) => Err(FallbackReason::BudgetSpent),
+        Decision::Primary(PrimaryReason::AllLagging) => Err(FallbackReason::AllLagging),
+    }
+}
+
+/// Records a failed replica attempt; a statement error ends the read, anything else makes it
+/// try elsewhere.
+fn absorb(inner: &Inner, index: usize, error: FlightError) -> Result<FallbackReason, Error> {
+    match error {
+        FlightError::Unreachable(cause) => {
+            inner.watcher.mark_unreachable(index, &cause);
+            Ok(FallbackReason::Unreachable)
         }
+        FlightError::Conflict(cause) => {
+            tracing::info!(
+                replica = index,
+                cause,
+                "read cancelled by a recovery conflict"
+            );
+            Ok(FallbackReason::RecoveryConflict)
+        }
+        FlightError::Query(source) => Err(Error::Query {
+            node: inner.replicas[index].name.clone(),
+            source,
+        }),
     }
 }
 

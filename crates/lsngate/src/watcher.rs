@@ -125,6 +125,8 @@ impl Watcher {
             );
         }
         state.healthy = false;
+        // A lag measured before it went silent would only mislead a dashboard.
+        state.lag = None;
     }
 
     /// Records a time lag measured for `slot`.
