@@ -449,3 +449,77 @@ async fn session_reads_never_go_backwards_across_replicas_with_different_delays(
     done.store(true, Ordering::Relaxed);
     writer.await.unwrap();
 }
+
+/// A replica read cancelled by a recovery conflict (an ACCESS EXCLUSIVE lock replayed while the
+/// read holds the table) is served by the primary instead, flagged with the reason.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn read_cancelled_by_a_recovery_conflict_falls_back() {
+    let cluster = Cluster::start(
+        &ClusterConfig::default()
+            .replicas(1)
+            .setting("max_standby_streaming_delay", "100ms"),
+    )
+    .unwrap();
+    support::table(&cluster, "rw_conflict");
+    let gate = support::gate(&cluster, |c| c.budget(Duration::from_secs(2))).await;
+    let token = gate
+        .write("INSERT INTO rw_conflict VALUES (1, 'x')", &[])
+        .await
+        .unwrap()
+        .token;
+    let primary = cluster.primary().clone();
+    let locker = tokio::task::spawn_blocking(move || {
+        std::thread::sleep(Duration::from_millis(300));
+        primary
+            .sql("BEGIN; LOCK TABLE rw_conflict IN ACCESS EXCLUSIVE MODE; COMMIT")
+            .unwrap();
+    });
+    let read = gate
+        .query_after(
+            &token,
+            "SELECT count(*) FROM rw_conflict, pg_sleep(1.5)",
+            &[],
+        )
+        .await
+        .unwrap();
+    locker.await.unwrap();
+    assert_eq!(read.rows[0].get::<_, i64>(0), 1);
+    assert_eq!(read.served.by, ServedBy::Primary, "{:?}", read.served);
+    assert_eq!(read.served.fallback, Some(FallbackReason::RecoveryConflict));
+}
+
+/// Token-less reads skip a replica over the lag bound; with every replica over it they go to
+/// the primary, saying why.
+#[tokio::test]
+async fn token_less_reads_respect_the_lag_bound() {
+    let cluster = paused();
+    // Make the paused replica clearly behind: ~2 MB of WAL it cannot replay.
+    cluster
+        .primary()
+        .sql("CREATE TABLE IF NOT EXISTS rw_bulk AS SELECT g, repeat('x', 100) AS pad FROM generate_series(1, 20000) g")
+        .unwrap();
+    let bound = lsngate::LagBound {
+        max_bytes: Some(1 << 20),
+        max_lag: Some(Duration::from_secs(30)),
+    };
+    let gate = support::gate(cluster, |c| c.lag_bound(bound)).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let status = gate.replicas();
+    assert!(status[0].lag_bytes.unwrap_or(0) > 1 << 20, "{status:?}");
+    for _ in 0..10 {
+        let read = gate.query("SELECT 1", &[]).await.unwrap();
+        assert_eq!(read.served.node, "replica1", "{:?}", read.served);
+    }
+    let only_paused = lsngate::Gate::connect(
+        lsngate::Config::new(cluster.primary_url())
+            .replica(cluster.replica(0).url())
+            .lag_bound(bound)
+            .poll_interval(Duration::from_millis(20)),
+    )
+    .await
+    .unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let read = only_paused.query("SELECT 1", &[]).await.unwrap();
+    assert_eq!(read.served.by, ServedBy::Primary);
+    assert_eq!(read.served.fallback, Some(FallbackReason::AllLagging));
+}
