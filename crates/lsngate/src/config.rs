@@ -6,6 +6,10 @@
 use std::time::Duration;
 
 use lsngate_core::{Fallback, GuardConfig, LagBound, TokenCodec, WhenGuarded};
+use tokio_postgres::Socket;
+use tokio_postgres::tls::{MakeTlsConnect, TlsConnect};
+
+use crate::pool::Connector;
 
 /// How a replica is made to wait for a token.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -44,13 +48,15 @@ pub struct Config {
     pub(crate) io_grace: Duration,
     pub(crate) poll_interval: Duration,
     pub(crate) token_codec: TokenCodec,
+    pub(crate) connector: Connector,
 }
 
 impl Config {
     /// A gate on `primary_url` (libpq URL, `postgres://user:password@host:port/db`) with no
     /// replicas yet and these defaults: budget 500 ms, fallback to the primary, at most 32
     /// concurrent fallbacks, lag bound 16 MiB / 5 s for token-less reads, 16 connections per
-    /// node, connect timeout 2 s, I/O grace 1 s, replica polling every 50 ms, unsigned tokens.
+    /// node, connect timeout 2 s, I/O grace 1 s, replica polling every 50 ms, unsigned tokens,
+    /// plain TCP.
     pub fn new(primary_url: impl Into<String>) -> Config {
         Config {
             primary_url: primary_url.into(),
@@ -70,6 +76,7 @@ impl Config {
             io_grace: Duration::from_secs(1),
             poll_interval: Duration::from_millis(50),
             token_codec: TokenCodec::unsigned(),
+            connector: Connector::plain(),
         }
     }
 
@@ -161,6 +168,20 @@ impl Config {
     /// (signing key, TTL).
     pub fn token_codec(mut self, codec: TokenCodec) -> Config {
         self.token_codec = codec;
+        self
+    }
+
+    /// Connects through `tls`, any tokio-postgres TLS connector (for example from
+    /// `postgres-native-tls` or `tokio-postgres-rustls`); each URL's `sslmode` then applies
+    /// (`prefer` by default, `require` to insist). Without this, connections are plain TCP.
+    pub fn tls<T>(mut self, tls: T) -> Config
+    where
+        T: MakeTlsConnect<Socket> + Clone + Send + Sync + 'static,
+        T::Stream: Send + 'static,
+        T::TlsConnect: Send,
+        <T::TlsConnect as TlsConnect<Socket>>::Future: Send,
+    {
+        self.connector = Connector::new(tls);
         self
     }
 }

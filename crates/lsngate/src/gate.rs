@@ -65,13 +65,19 @@ impl Gate {
     pub async fn connect(config: Config) -> Result<Gate, Error> {
         crate::metrics::describe();
         let make = |name: String, url: &str| {
-            NodePool::new(name.clone(), url, config.pool_size, config.connect_timeout).map_err(
-                |e| {
-                    Error::Config(format!(
-                        "{name} URL: {e}; expected postgres://user@host:port/db"
-                    ))
-                },
+            let connector = config.connector.clone();
+            NodePool::new(
+                name.clone(),
+                url,
+                config.pool_size,
+                config.connect_timeout,
+                connector,
             )
+            .map_err(|e| {
+                Error::Config(format!(
+                    "{name} URL: {e}; expected postgres://user@host:port/db"
+                ))
+            })
         };
         let primary = make("primary".into(), &config.primary_url)?;
         let replicas = config

@@ -24,8 +24,10 @@
 //! # Ok(()) }
 //! ```
 //!
-//! What it is not: a failover manager (the primary URL is fixed), a query router for writes
-//! (reads go where you send them with [`Gate::read`]), or TLS-capable (plain TCP only for now).
+//! What it is not: a failover manager (the primary URL is fixed), or a query router that
+//! classifies SQL (reads go where you send them with [`Gate::read`], writes with
+//! [`Gate::write`] / [`Gate::begin`]). TLS is whatever tokio-postgres connector you pass to
+//! [`Config::tls`]; plain TCP otherwise.
 
 #![warn(missing_docs)]
 

@@ -5,7 +5,8 @@
 //! [`ServerId`] — learned once per connection, when it is opened — never by the URL, so
 //! "replica 1 has replayed X" is only ever applied to the server that said so.
 //!
-//! This is a thin [`deadpool`] manager over plain `tokio_postgres` connections (no TLS), with
+//! This is a thin [`deadpool`] manager over `tokio_postgres` connections (plain or the caller's
+//! TLS connector), with
 //! a per-connection prepared-statement cache so a read sent after a wait costs no prepare round
 //! trip. It is not a general pool: checkout and connect are always bounded by a timeout, because a
 //! frozen server accepts TCP and then never answers.
@@ -16,8 +17,54 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use deadpool::managed::{self, Metrics, RecycleError, RecycleResult};
+use futures_util::future::BoxFuture;
 use tokio::time::Instant;
-use tokio_postgres::{Client, NoTls, SimpleQueryMessage, Statement};
+use tokio_postgres::tls::{MakeTlsConnect, TlsConnect};
+use tokio_postgres::{Client, NoTls, SimpleQueryMessage, Socket, Statement};
+
+/// Opens one driver connection (spawning its connection task): plain TCP or the caller's TLS.
+#[derive(Clone)]
+pub(crate) struct Connector(
+    Arc<
+        dyn Fn(tokio_postgres::Config) -> BoxFuture<'static, Result<Client, tokio_postgres::Error>>
+            + Send
+            + Sync,
+    >,
+);
+
+impl Connector {
+    /// Connections through `tls` (any tokio-postgres TLS connector, e.g. postgres-native-tls
+    /// or tokio-postgres-rustls), which then follow each URL's `sslmode`.
+    pub fn new<T>(tls: T) -> Connector
+    where
+        T: MakeTlsConnect<Socket> + Clone + Send + Sync + 'static,
+        T::Stream: Send + 'static,
+        T::TlsConnect: Send,
+        <T::TlsConnect as TlsConnect<Socket>>::Future: Send,
+    {
+        Connector(Arc::new(move |config: tokio_postgres::Config| {
+            let tls = tls.clone();
+            Box::pin(async move {
+                let (client, connection) = config.connect(tls).await?;
+                tokio::spawn(async move {
+                    let _ = connection.await;
+                });
+                Ok(client)
+            })
+        }))
+    }
+
+    /// Plain TCP.
+    pub fn plain() -> Connector {
+        Connector::new(NoTls)
+    }
+}
+
+impl fmt::Debug for Connector {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Connector")
+    }
+}
 
 /// Who a connection really reached: replicas of one primary share `system_identifier`, so the
 /// address, port and postmaster start time tell them (and a restarted server) apart.
@@ -83,6 +130,7 @@ const IDENTITY_SQL: &str = "SELECT system_identifier::text, \
 pub(crate) struct NodeManager {
     config: tokio_postgres::Config,
     connect_timeout: Duration,
+    connector: Connector,
 }
 
 impl managed::Manager for NodeManager {
@@ -91,14 +139,9 @@ impl managed::Manager for NodeManager {
 
     async fn create(&self) -> Result<Conn, ConnectError> {
         let open = async {
-            let (client, connection) = self
-                .config
-                .connect(NoTls)
+            let client = (self.connector.0)(self.config.clone())
                 .await
                 .map_err(|e| ConnectError(e.to_string()))?;
-            tokio::spawn(async move {
-                let _ = connection.await;
-            });
             let rows = client
                 .simple_query(IDENTITY_SQL)
                 .await
@@ -184,6 +227,7 @@ impl NodePool {
         url: &str,
         size: usize,
         connect_timeout: Duration,
+        connector: Connector,
     ) -> Result<NodePool, String> {
         let mut config: tokio_postgres::Config = url.parse().map_err(|e| format!("{e}"))?;
         config.connect_timeout(connect_timeout);
@@ -194,6 +238,7 @@ impl NodePool {
         let manager = NodeManager {
             config,
             connect_timeout,
+            connector,
         };
         let pool = managed::Pool::builder(manager)
             .max_size(size.max(1))

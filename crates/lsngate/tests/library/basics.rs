@@ -347,3 +347,22 @@ async fn metrics_report_outcomes_waits_and_replica_positions() {
     assert!(find(lsngate::metrics::FALLBACK_RATE, None).is_some());
     assert!(find(lsngate::metrics::BREAKER_OPEN, None).is_some());
 }
+
+/// Connections go through the configured TLS connector, which follows each URL's `sslmode`
+/// (only the plumbing is tested here: the test servers do not serve TLS).
+#[tokio::test]
+async fn tls_connector_is_used_for_every_connection() {
+    let cluster = shared_cluster();
+    let config = lsngate::Config::new(cluster.primary_url())
+        .replicas(cluster.replica_urls())
+        .tls(tokio_postgres::NoTls);
+    let gate = lsngate::Gate::connect(config).await.unwrap();
+    let token = gate.primary_position().await.unwrap();
+    gate.query_after(&token, "SELECT 1", &[]).await.unwrap();
+    let strict = lsngate::Config::new(format!("{}?sslmode=require", cluster.primary_url()))
+        .tls(tokio_postgres::NoTls);
+    let strict = lsngate::Gate::connect(strict).await.unwrap();
+    let error = strict.primary_position().await.unwrap_err();
+    assert!(matches!(error, Error::PrimaryUnavailable { .. }), "{error}");
+    assert!(error.to_string().contains("check that it is up"), "{error}");
+}
