@@ -76,6 +76,19 @@ pub(crate) struct ServerId {
     started: String,
 }
 
+impl ServerId {
+    /// A made-up identity for unit tests.
+    #[cfg(test)]
+    pub(crate) fn test(port: &str) -> ServerId {
+        ServerId {
+            system_identifier: "7".into(),
+            address: "127.0.0.1".into(),
+            port: port.into(),
+            started: "today".into(),
+        }
+    }
+}
+
 impl fmt::Display for ServerId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(

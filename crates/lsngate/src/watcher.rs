@@ -258,3 +258,70 @@ fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
         .lock()
         .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn lsn(n: u64) -> Lsn {
+        Lsn::new(n)
+    }
+
+    #[test]
+    fn replay_positions_only_rise_and_stay_with_their_server() {
+        let watcher = Watcher::new(1);
+        let (a, b) = (Arc::new(ServerId::test("1")), Arc::new(ServerId::test("2")));
+        watcher.observe_replayed(0, &a, lsn(100));
+        watcher.observe_replayed(0, &a, lsn(50));
+        assert_eq!(watcher.replayed(&a), Some(lsn(100)));
+        assert_eq!(
+            watcher.replayed(&b),
+            None,
+            "what A replayed says nothing about B"
+        );
+        // One URL reaching two servers: routing sees the lower one.
+        watcher.observe_replayed(0, &b, lsn(70));
+        assert_eq!(watcher.states(None)[0].replayed, Some(lsn(70)));
+        assert_eq!(
+            watcher.status(&[("replica0".into(), "x".into())])[0].servers_seen,
+            2
+        );
+    }
+
+    #[test]
+    fn lag_comes_from_the_primary_wal_clock() {
+        let watcher = Watcher::new(0);
+        let start = Instant::now();
+        assert_eq!(watcher.lag_behind(lsn(10), start), None, "no clock yet");
+        watcher.observe_primary(start, lsn(100), Some(1));
+        watcher.observe_primary(start + Duration::from_secs(1), lsn(200), Some(1));
+        watcher.observe_primary(start + Duration::from_secs(2), lsn(300), Some(1));
+        let now = start + Duration::from_secs(3);
+        assert_eq!(watcher.lag_behind(lsn(300), now), Some(Duration::ZERO));
+        assert_eq!(
+            watcher.lag_behind(lsn(150), now),
+            Some(Duration::from_secs(2))
+        );
+        assert_eq!(
+            watcher.lag_behind(lsn(50), now),
+            Some(Duration::from_secs(3))
+        );
+        assert_eq!(watcher.primary_timeline(), Some(1));
+    }
+
+    #[test]
+    fn unreachable_promoted_and_other_timeline_replicas_do_not_serve() {
+        let watcher = Watcher::new(3);
+        watcher.mark_unreachable(0, "test");
+        watcher.observe_role(1, Role::Primary, None);
+        watcher.observe_role(2, Role::Standby, Some(2));
+        let states = watcher.states(Some(1));
+        assert!(!states[0].is_serving());
+        assert!(!states[1].is_serving());
+        assert!(
+            !states[2].is_serving(),
+            "token from timeline 1, replica on 2"
+        );
+        assert!(watcher.states(Some(2))[2].is_serving());
+    }
+}
