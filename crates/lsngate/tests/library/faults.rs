@@ -26,6 +26,8 @@ fn delayed() -> &'static Cluster {
         .expect("delayed cluster")
         .leak_until_exit();
         support::table(cluster, "rw_delay");
+        let position = cluster.primary().position().unwrap();
+        cluster.replica(0).wait_replayed(&position, Duration::from_secs(30)).unwrap();
         cluster
     })
 }
