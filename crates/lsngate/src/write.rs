@@ -12,7 +12,7 @@ use std::ops::Deref;
 use futures_util::future::BoxFuture;
 use futures_util::join;
 use lsngate_core::Token;
-use tokio_postgres::Client;
+use tokio_postgres::{Client, Row};
 
 use crate::error::Error;
 use crate::flight::{self, COMMIT_POSITION_SQL, Params};
@@ -111,6 +111,18 @@ pub async fn commit_token(client: &Client) -> Result<Token, Error> {
     })
 }
 
+/// What an autocommit write should return.
+#[derive(Clone, Copy)]
+enum Returning {
+    Count,
+    Rows,
+}
+
+enum Outcome {
+    Count(u64),
+    Rows(Vec<Row>),
+}
+
 /// Rows written by [`Gate::write`] and the token that makes them visible.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Written {
@@ -170,6 +182,45 @@ impl Gate {
     /// token; statement and token query leave in one flight (after the first use of `sql` on a
     /// connection, which prepares it).
     pub async fn write(&self, sql: &str, params: Params<'_>) -> Result<Written, Error> {
+        let (outcome, token) = self.autocommit(sql, params, Returning::Count).await?;
+        let rows = match outcome {
+            Outcome::Count(rows) => rows,
+            Outcome::Rows(rows) => rows.len() as u64,
+        };
+        Ok(Written { rows, token })
+    }
+
+    /// Like [`Gate::write`], for a statement that returns rows (`INSERT ... RETURNING id`):
+    /// the rows and the commit token, in one flight.
+    ///
+    /// ```no_run
+    /// # async fn f(gate: lsngate::Gate) -> Result<(), lsngate::Error> {
+    /// let (rows, token) = gate
+    ///     .write_returning("INSERT INTO orders (item) VALUES ($1) RETURNING id", &[&"book"])
+    ///     .await?;
+    /// let id: i64 = rows[0].get(0);
+    /// # Ok(()) }
+    /// ```
+    pub async fn write_returning(
+        &self,
+        sql: &str,
+        params: Params<'_>,
+    ) -> Result<(Vec<Row>, Token), Error> {
+        let (outcome, token) = self.autocommit(sql, params, Returning::Rows).await?;
+        let rows = match outcome {
+            Outcome::Rows(rows) => rows,
+            Outcome::Count(_) => Vec::new(),
+        };
+        Ok((rows, token))
+    }
+
+    /// One autocommit statement and the commit position query, pipelined in one flight.
+    async fn autocommit(
+        &self,
+        sql: &str,
+        params: Params<'_>,
+        returning: Returning,
+    ) -> Result<(Outcome, Token), Error> {
         let inner = self.inner();
         let mut conn = inner.checkout_primary().await?;
         if let Err(source) = flight::prepare(&mut conn, sql).await {
@@ -181,22 +232,30 @@ impl Gate {
             return Err(self.primary_error(conn, source));
         }
         let statement = conn.cached(sql).expect("prepared above");
-        let (executed, position) = join!(
-            conn.client.execute(&statement, params),
-            conn.client.simple_query(COMMIT_POSITION_SQL)
-        );
-        let rows = match executed {
-            Ok(rows) => rows,
+        let run = async {
+            match returning {
+                Returning::Count => conn
+                    .client
+                    .execute(&statement, params)
+                    .await
+                    .map(Outcome::Count),
+                Returning::Rows => conn
+                    .client
+                    .query(&statement, params)
+                    .await
+                    .map(Outcome::Rows),
+            }
+        };
+        let (executed, position) = join!(run, conn.client.simple_query(COMMIT_POSITION_SQL));
+        let outcome = match executed {
+            Ok(outcome) => outcome,
             Err(source) => return Err(self.primary_error(conn, source)),
         };
         let parsed = position
             .map_err(|e| e.to_string())
             .and_then(|m| flight::commit_position(&m).ok_or_else(|| "no position".into()));
         match parsed {
-            Ok((lsn, timeline)) => Ok(Written {
-                rows,
-                token: inner.token_from(lsn, timeline),
-            }),
+            Ok((lsn, timeline)) => Ok((outcome, inner.token_from(lsn, timeline))),
             Err(cause) => {
                 discard(conn);
                 Err(Error::TokenUnavailable { cause })

@@ -165,6 +165,29 @@ async fn transaction_helper_and_token_less_reads() {
     assert_eq!(read.rows[0].get::<_, i64>(0), 2);
     assert!(matches!(read.served.by, ServedBy::Replica(_)));
 
+    // An autocommit write that returns rows: the rows and the token from one flight.
+    let (rows, returned) = gate
+        .write_returning(
+            "INSERT INTO rw_tx VALUES (40, 'forty') RETURNING id, note",
+            &[],
+        )
+        .await
+        .unwrap();
+    assert_eq!(rows.len(), 1);
+    assert_eq!(rows[0].get::<_, i64>(0), 40);
+    assert_eq!(rows[0].get::<_, String>(1), "forty");
+    assert!(returned.lsn > token.lsn, "a later commit has a later token");
+    let read = gate
+        .query_after(&returned, "SELECT note FROM rw_tx WHERE id = 40", &[])
+        .await
+        .unwrap();
+    assert_eq!(read.rows[0].get::<_, String>(0), "forty");
+    let (none, _) = gate
+        .write_returning("UPDATE rw_tx SET note = 'FORTY' WHERE id = 40", &[])
+        .await
+        .unwrap();
+    assert!(none.is_empty(), "no RETURNING, no rows");
+
     // A failing transaction is rolled back and its error returned, not retried.
     let failed = gate
         .transaction(|tx| {

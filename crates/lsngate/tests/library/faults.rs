@@ -27,7 +27,10 @@ fn delayed() -> &'static Cluster {
         .leak_until_exit();
         support::table(cluster, "rw_delay");
         let position = cluster.primary().position().unwrap();
-        cluster.replica(0).wait_replayed(&position, Duration::from_secs(30)).unwrap();
+        cluster
+            .replica(0)
+            .wait_replayed(&position, Duration::from_secs(30))
+            .unwrap();
         cluster
     })
 }
