@@ -43,10 +43,10 @@ pub struct BenchArgs {
     #[arg(long, default_value_t = 8)]
     workers: usize,
     /// Strategies to run, comma-separated [default: every one the server supports]: primary,
-    /// replica, sleep:<ms>, sync-on, remote-apply, waitfor, poll.
+    /// replica, sleep:<ms>, sync-on, remote-apply, waitfor, poll, lsngate.
     #[arg(long, value_delimiter = ',')]
     strategies: Vec<Strategy>,
-    /// Wait budget per read for waitfor and poll in the main table (e.g. 1s, 500ms).
+    /// Wait budget per read for waitfor, poll and lsngate in the main table (e.g. 1s, 500ms).
     #[arg(long, value_parser = duration::parse, default_value = "1s")]
     timeout: Duration,
     /// recovery_min_apply_delay on the local cluster's replicas for the main table and the sweep.
@@ -103,7 +103,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
     report::print_environment(&environment);
 
     target.prepare_schema().await?;
-    let sessions = target.sessions(args.workers).await?;
+    let sessions = target.sessions(args.workers, args.timeout).await?;
     let mut results = Vec::new();
     let mut chart_series = Vec::new();
     let plan = Plan {
@@ -153,6 +153,8 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
     };
 
     target.drop_schema().await?;
+    // The gate's monitor stops with the last session, before the cluster goes away.
+    drop(sessions);
     let document = Document {
         environment,
         results,
@@ -185,6 +187,7 @@ fn default_strategies() -> Vec<Strategy> {
         Strategy::RemoteApply,
         Strategy::WaitFor,
         Strategy::Poll,
+        Strategy::Lsngate,
     ]
 }
 

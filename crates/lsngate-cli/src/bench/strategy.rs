@@ -28,6 +28,9 @@ pub enum Strategy {
     WaitFor,
     /// LSN query after commit, then poll `pg_last_wal_replay_lsn()` on the replica, then read.
     Poll,
+    /// The lsngate library: the token comes back with the write (same flight), the read goes
+    /// straight to a replica known to have it, or waits and reads in one flight.
+    Lsngate,
 }
 
 impl std::str::FromStr for Strategy {
@@ -40,6 +43,7 @@ impl std::str::FromStr for Strategy {
             "remote-apply" => Strategy::RemoteApply,
             "waitfor" => Strategy::WaitFor,
             "poll" => Strategy::Poll,
+            "lsngate" => Strategy::Lsngate,
             other => match other.strip_prefix("sleep:") {
                 Some(delay) => Strategy::Sleep(crate::duration::parse(delay)?),
                 None => {
@@ -63,13 +67,14 @@ impl std::fmt::Display for Strategy {
             Strategy::RemoteApply => write!(f, "remote-apply"),
             Strategy::WaitFor => write!(f, "waitfor"),
             Strategy::Poll => write!(f, "poll"),
+            Strategy::Lsngate => write!(f, "lsngate"),
         }
     }
 }
 
 impl Strategy {
     pub const NAMES: &'static str =
-        "primary, replica, sleep:<ms>, sync-on, remote-apply, waitfor, poll";
+        "primary, replica, sleep:<ms>, sync-on, remote-apply, waitfor, poll, lsngate";
 
     /// The `synchronous_commit` a worker's primary session uses for this strategy's writes.
     /// `local` keeps the others as fast as plain asynchronous replication when the cluster has a
@@ -88,12 +93,14 @@ impl Strategy {
 
     /// Whether the strategy takes a wait budget (and so belongs in the timeout sweep).
     pub fn has_budget(&self) -> bool {
-        matches!(self, Strategy::WaitFor | Strategy::Poll)
+        matches!(self, Strategy::WaitFor | Strategy::Poll | Strategy::Lsngate)
     }
 }
 
 /// One worker's connections and prepared statements.
 pub struct Session {
+    /// The lsngate library's gate (shared by every worker; it has its own pools).
+    pub gate: lsngate::Gate,
     pub primary: Client,
     pub replicas: Vec<Client>,
     insert: Statement,
@@ -110,7 +117,11 @@ const REPLAYED: &str = "SELECT coalesce(pg_last_wal_replay_lsn() >= $1::text::pg
 
 impl Session {
     /// Prepares every statement once, so each later query is one round trip.
-    pub async fn prepare(primary: Client, replicas: Vec<Client>) -> anyhow::Result<Session> {
+    pub async fn prepare(
+        gate: lsngate::Gate,
+        primary: Client,
+        replicas: Vec<Client>,
+    ) -> anyhow::Result<Session> {
         let mut read_replica = Vec::new();
         let mut replayed = Vec::new();
         for replica in &replicas {
@@ -118,6 +129,7 @@ impl Session {
             replayed.push(replica.prepare(REPLAYED).await?);
         }
         Ok(Session {
+            gate,
             insert: primary.prepare(INSERT).await?,
             read_primary: primary.prepare(READ).await?,
             current_lsn: primary.prepare(CURRENT_LSN).await?,
@@ -208,6 +220,23 @@ impl Session {
     }
 }
 
+/// The write every strategy does; `lsngate` also gets its token from the same flight.
+pub async fn write(
+    strategy: &Strategy,
+    session: &Session,
+    payload: &str,
+) -> anyhow::Result<(i64, Option<lsngate::Token>)> {
+    if *strategy == Strategy::Lsngate {
+        let (rows, token) = session.gate.write_returning(INSERT, &[&payload]).await?;
+        let id = rows.first().map(|row| row.get(0));
+        return Ok((
+            id.ok_or_else(|| anyhow::anyhow!("INSERT returned no id"))?,
+            Some(token),
+        ));
+    }
+    Ok((session.insert(payload).await?, None))
+}
+
 /// What one read-after-write gave.
 #[derive(Debug, Clone, Copy)]
 pub struct ReadResult {
@@ -216,12 +245,13 @@ pub struct ReadResult {
     pub fallback: bool,
 }
 
-/// Reads row `id` (written with `payload`) back under `strategy`, on replica `replica`.
+/// Reads row `id` (written with `payload`) back under `strategy`, on replica `replica` (the
+/// library picks its own replica).
 pub async fn read_back(
     strategy: &Strategy,
     session: &Session,
     replica: usize,
-    id: i64,
+    (id, token): (i64, Option<lsngate::Token>),
     payload: &str,
     budget: Duration,
 ) -> anyhow::Result<ReadResult> {
@@ -250,6 +280,21 @@ pub async fn read_back(
         Strategy::Sleep(delay) => {
             tokio::time::sleep(*delay).await;
             on_replica(session.read_replica(replica, id).await?)
+        }
+        Strategy::Lsngate => {
+            let read = session
+                .gate
+                .read()
+                .after(token)
+                .budget(budget)
+                .query(READ, &[&id])
+                .await?;
+            let seen = read.rows.first().map(|row| row.get::<_, String>(0));
+            ReadResult {
+                stale: seen.as_deref() != Some(payload),
+                served_by_replica: matches!(read.served.by, lsngate::ServedBy::Replica(_)),
+                fallback: read.served.fallback.is_some(),
+            }
         }
         Strategy::WaitFor | Strategy::Poll => {
             let lsn = session.commit_lsn().await?;

@@ -190,8 +190,20 @@ impl Target {
         Ok(())
     }
 
-    /// One session (a connection to every node, statements prepared) per worker.
-    pub async fn sessions(&self, workers: usize) -> anyhow::Result<Vec<Session>> {
+    /// One session (a connection to every node, statements prepared) per worker, all sharing
+    /// one lsngate gate with a pool slot per worker.
+    pub async fn sessions(&self, workers: usize, budget: Duration) -> anyhow::Result<Vec<Session>> {
+        let config = lsngate::Config::new(&self.primary_url)
+            .replicas(self.replica_urls.iter().cloned())
+            .budget(budget)
+            .pool_size(workers + 2)
+            // The sweep drives every read to the primary on purpose: measure that, do not trip.
+            .guard(lsngate::GuardConfig {
+                max_concurrent: workers.max(1),
+                max_fallback_ratio: 1.0,
+                ..lsngate::GuardConfig::default()
+            });
+        let gate = lsngate::Gate::connect(config).await?;
         let mut sessions = Vec::with_capacity(workers);
         for _ in 0..workers {
             let primary = pg::connect(&self.primary_url).await?;
@@ -199,7 +211,7 @@ impl Target {
             for url in &self.replica_urls {
                 replicas.push(pg::connect(url).await?);
             }
-            sessions.push(Session::prepare(primary, replicas).await?);
+            sessions.push(Session::prepare(gate.clone(), primary, replicas).await?);
         }
         Ok(sessions)
     }

@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 use futures_util::future::try_join_all;
 use indicatif::ProgressBar;
 
-use super::strategy::{ReadResult, Session, Strategy, read_back};
+use super::strategy::{ReadResult, Session, Strategy, read_back, write};
 
 /// One timed operation.
 #[derive(Debug, Clone, Copy)]
@@ -74,9 +74,9 @@ async fn one_op(
     };
     let payload = format!("w{worker}-op{op}-{:016x}", rand::random::<u64>());
     let started = Instant::now();
-    let id = session.insert(&payload).await?;
+    let written = write(strategy, session, &payload).await?;
     let committed = Instant::now();
-    let result = read_back(strategy, session, replica, id, &payload, budget).await?;
+    let result = read_back(strategy, session, replica, written, &payload, budget).await?;
     let done = Instant::now();
     Ok(Sample {
         read_path: done - committed,
