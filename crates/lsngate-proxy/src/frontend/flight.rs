@@ -376,7 +376,9 @@ impl Session {
         attached.extended = !matches!(flight.first(), Some(FrontendMessage::Query(_)));
         match flight.last() {
             Some(FrontendMessage::Flush) => attached.open = true,
-            Some(FrontendMessage::Sync) => attached.open = false,
+            // A simple Query also ends an unsynced extended batch (asyncpg sends Parse/Describe/
+            // Flush, then a Query).
+            Some(FrontendMessage::Sync | FrontendMessage::Query(_)) => attached.open = false,
             _ => {}
         }
         if let Err(e) = attached.conn.send(&frames).await {
@@ -388,7 +390,7 @@ impl Session {
     /// Relays replies until none are due.
     pub(super) async fn drain(&mut self) -> anyhow::Result<()> {
         while let Some(b) = self.backend.as_mut() {
-            if !b.awaiting_replies() || b.copy_in {
+            if b.expect.is_empty() || b.copy_in {
                 break;
             }
             let frame = b.conn.recv().await;
@@ -397,21 +399,16 @@ impl Session {
         Ok(())
     }
 
-    /// COPY data from the client goes straight to the backend in COPY IN mode; PostgreSQL drops
-    /// it outside COPY, and so does the proxy.
+    /// COPY data from the client goes straight to the attached backend, even before its
+    /// CopyInResponse arrived (asyncpg streams data right behind the COPY query); PostgreSQL
+    /// drops COPY messages outside COPY mode, and the proxy drops them when nothing is attached.
     pub(super) async fn copy_from_client(
         &mut self,
         message: FrontendMessage,
     ) -> anyhow::Result<()> {
-        let Some(attached) = self.backend.as_mut().filter(|b| b.copy_in) else {
+        let Some(attached) = self.backend.as_mut() else {
             return Ok(());
         };
-        if matches!(
-            message,
-            FrontendMessage::CopyDone | FrontendMessage::CopyFail(_)
-        ) {
-            attached.copy_in = false;
-        }
         if let Err(e) = attached.conn.send(&[message.to_frame()]).await {
             return self.backend_lost(e).await;
         }
@@ -433,6 +430,18 @@ impl Session {
             Err(e) => return self.backend_lost(e).await,
         };
         let owner = attached.expect.front().copied().unwrap_or(Owner::Client);
+        tracing::trace!(tag = %(frame.tag as char), ?owner, expect = attached.expect.len(), "← backend");
+        if attached.copy_in
+            && matches!(
+                message,
+                BackendMessage::ErrorResponse(_) | BackendMessage::ReadyForQuery(_)
+            )
+        {
+            attached.copy_in = false;
+        }
+        if attached.copy_in && frame.tag == b'C' {
+            attached.copy_in = false;
+        }
         match message {
             BackendMessage::ReadyForQuery(status) => {
                 attached.expect.pop_front();

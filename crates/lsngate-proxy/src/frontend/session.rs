@@ -269,6 +269,7 @@ impl Session {
 
     /// Handles one client message; false when the client said Terminate.
     async fn on_client(&mut self, frame: Frame) -> anyhow::Result<bool> {
+        tracing::trace!(tag = %(frame.tag as char), len = frame.body.len(), "client →");
         let message = match FrontendMessage::parse(&frame) {
             Ok(m) => m,
             Err(e) => {

@@ -1,0 +1,44 @@
+//! Starts a throwaway cluster (primary + 2 replicas, from lsngate-testkit) and an lsngate proxy
+//! in front of it, prints the URLs, and runs until Ctrl-C. For trying the proxy by hand:
+//! `cargo run -p lsngate-proxy --example demo_cluster`.
+
+use std::time::Duration;
+
+use lsngate_proxy::{Config, FileConfig, Proxy};
+use lsngate_testkit::{Cluster, ClusterConfig};
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    tracing_subscriber_init();
+    let cluster = Cluster::start(&ClusterConfig::default().replicas(2))?;
+    cluster.wait_streaming(Duration::from_secs(30))?;
+    let file = FileConfig {
+        listen: Some("127.0.0.1:6432".parse()?),
+        admin_listen: Some("127.0.0.1:9187".parse()?),
+        primary: Some(cluster.primary_url()),
+        replicas: cluster.replica_urls(),
+        ..Default::default()
+    };
+    let config = Config::build(file)?;
+    let listener = tokio::net::TcpListener::bind(config.listen).await?;
+    println!("primary   {}", cluster.primary_url());
+    for url in cluster.replica_urls() {
+        println!("replica   {url}");
+    }
+    println!("proxy     postgres://postgres@127.0.0.1:6432/postgres");
+    println!("admin     http://127.0.0.1:9187/status  http://127.0.0.1:9187/metrics");
+    let (stop, stop_rx) = tokio::sync::watch::channel(false);
+    tokio::spawn(async move {
+        let _ = tokio::signal::ctrl_c().await;
+        let _ = stop.send(true);
+    });
+    Proxy::new(config).serve(listener, stop_rx).await
+}
+
+fn tracing_subscriber_init() {
+    // The proxy library never installs a subscriber; this demo logs to stderr per RUST_LOG.
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .with_writer(std::io::stderr)
+        .init();
+}

@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Install what the lsngate-proxy test suite and benchmark need beyond the Rust toolchain and
+# PostgreSQL: the Python clients (psycopg 3, asyncpg), the Node clients (pg, pg-copy-streams,
+# pinned by crates/lsngate-proxy/clients/package-lock.json) and Debian's PgBouncer for the
+# benchmark. Idempotent: re-running only checks.
+set -euo pipefail
+root="$(cd "$(dirname "$0")/../.." && pwd)"
+
+if ! python3 -c 'import psycopg, asyncpg' 2>/dev/null; then
+  python3 -m pip install --quiet 'psycopg[binary]>=3.2' 'asyncpg>=0.29'
+fi
+
+clients="$root/crates/lsngate-proxy/clients"
+if [ ! -d "$clients/node_modules/pg" ] || [ ! -d "$clients/node_modules/pg-copy-streams" ]; then
+  (cd "$clients" && npm ci --no-audit --no-fund --silent)
+fi
+
+if ! command -v pgbouncer >/dev/null 2>&1 && [ ! -x /usr/sbin/pgbouncer ]; then
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get install -y -qq pgbouncer >/dev/null 2>&1 || { apt-get update -qq && apt-get install -y -qq pgbouncer >/dev/null; }
+fi
+echo "proxy test clients installed"
