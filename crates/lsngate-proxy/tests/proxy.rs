@@ -3,9 +3,13 @@
 
 #[path = "proxy/clients.rs"]
 mod clients;
+#[path = "proxy/faults.rs"]
+mod faults;
 #[path = "proxy/psql.rs"]
 mod psql;
 #[path = "proxy/routing.rs"]
 mod routing;
+#[path = "proxy/sessions.rs"]
+mod sessions;
 #[path = "proxy/support.rs"]
 mod support;

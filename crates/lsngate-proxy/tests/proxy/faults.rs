@@ -1,0 +1,108 @@
+//! Faults: a backend dying mid-query, a replica down, a promoted replica becoming the primary.
+
+use std::time::{Duration, Instant};
+
+use crate::support::*;
+use lsngate_testkit::{Cluster, ClusterConfig, shared_cluster};
+
+#[test]
+fn a_backend_dying_mid_statement_gives_an_error_and_nothing_is_replayed() {
+    let cluster = shared_cluster();
+    let proxy = TestProxy::start(cluster);
+    let t = unique("dies");
+    cluster
+        .primary()
+        .sql(&format!("CREATE TABLE {t} (id int)"))
+        .unwrap();
+    rt().block_on(async {
+        let client = connect(&proxy.conninfo()).await;
+        let marker = format!("INSERT INTO {t} SELECT 1 FROM pg_sleep(3)");
+        let killer = {
+            let primary_sql = format!(
+                "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE query = '{marker}' AND pid <> pg_backend_pid()"
+            );
+            std::thread::spawn(move || {
+                let deadline = Instant::now() + Duration::from_secs(10);
+                while Instant::now() < deadline {
+                    if shared_cluster().primary().sql(&primary_sql).unwrap() == "1" {
+                        return true;
+                    }
+                    std::thread::sleep(Duration::from_millis(50));
+                }
+                false
+            })
+        };
+        let err = client.batch_execute(&marker).await.unwrap_err();
+        assert!(killer.join().unwrap(), "the backend was found and terminated");
+        let text = format!("{err:?}");
+        assert!(text.contains("terminat") || text.contains("lost the server connection"), "{text}");
+        // The session goes on with a fresh backend.
+        client.batch_execute(&format!("INSERT INTO {t} VALUES (2)")).await.unwrap();
+    });
+    std::thread::sleep(Duration::from_secs(3));
+    assert_eq!(
+        cluster
+            .primary()
+            .sql(&format!("SELECT string_agg(id::text, ',') FROM {t}"))
+            .unwrap(),
+        "2",
+        "the killed insert was not replayed"
+    );
+}
+
+#[test]
+fn a_down_replica_is_skipped_and_a_promoted_replica_becomes_primary() {
+    let cluster = Cluster::start(&ClusterConfig::default().replicas(2)).unwrap();
+    cluster.wait_streaming(Duration::from_secs(30)).unwrap();
+    let proxy = TestProxy::start(&cluster);
+    cluster.primary().sql("CREATE TABLE ha (id int)").unwrap();
+    cluster.replica(0).kill().unwrap();
+    rt().block_on(async {
+        let client = connect(&proxy.conninfo()).await;
+        for _ in 0..10 {
+            let row = client
+                .query_one("SELECT pg_is_in_recovery()", &[])
+                .await
+                .unwrap();
+            assert!(row.get::<_, bool>(0), "served by the surviving replica");
+        }
+    });
+    cluster.primary().stop().unwrap();
+    cluster.replica(1).promote().unwrap();
+    rt().block_on(async {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let attempt = async {
+                let client = connect_checked(&proxy.conninfo()).await?;
+                client
+                    .batch_execute("INSERT INTO ha VALUES (1)")
+                    .await
+                    .map_err(|e| e.to_string())
+            };
+            match attempt.await {
+                Ok(()) => break,
+                Err(e) if Instant::now() < deadline => {
+                    let _ = e;
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
+                Err(e) => panic!("writes never reached the promoted replica: {e}"),
+            }
+        }
+    });
+    assert_eq!(
+        cluster.replica(1).sql("SELECT count(*) FROM ha").unwrap(),
+        "1"
+    );
+    let status = proxy.http_get("/status");
+    assert!(status.contains("\"role\": \"primary\""), "{status}");
+}
+
+async fn connect_checked(conninfo: &str) -> Result<tokio_postgres::Client, String> {
+    let (client, connection) = tokio_postgres::connect(conninfo, tokio_postgres::NoTls)
+        .await
+        .map_err(|e| e.to_string())?;
+    tokio::spawn(async move {
+        let _ = connection.await;
+    });
+    Ok(client)
+}

@@ -1,0 +1,272 @@
+//! Sessions: authentication, startup parameters and SETs carried across backends, pooling
+//! modes, cancel, admin port, reload and drain.
+
+use std::process::Command;
+
+use crate::support::*;
+use lsngate_proxy::config::UserEntry;
+use lsngate_proxy::{Config, PoolMode};
+use lsngate_testkit::shared_cluster;
+
+fn user(name: &str, password: &str, auth: &str) -> UserEntry {
+    UserEntry {
+        name: name.into(),
+        password: Some(password.into()),
+        verifier: None,
+        auth: auth.into(),
+    }
+}
+
+fn psql_login(proxy: &TestProxy, user: &str, password: &str) -> (bool, String) {
+    let cluster = shared_cluster();
+    let conninfo = format!(
+        "host=127.0.0.1 port={} user={user} dbname=postgres",
+        proxy.addr.port()
+    );
+    let mut command = Command::new(cluster.pg_bin().tool("psql"));
+    command
+        .args([
+            "-X",
+            "-A",
+            "-t",
+            "-w",
+            "-d",
+            &conninfo,
+            "-c",
+            "SELECT current_user",
+        ])
+        .env("PGPASSWORD", password);
+    let output = run(&mut command);
+    let (stdout, stderr) = texts(&output);
+    (output.status.success(), format!("{stdout}{stderr}"))
+}
+
+#[test]
+fn scram_md5_and_unknown_users() {
+    let cluster = shared_cluster();
+    let mut file = file_config(cluster);
+    file.users = vec![
+        user("app_scram", "s3cret", "scram-sha-256"),
+        user("app_md5", "m5pass", "md5"),
+    ];
+    let proxy = TestProxy::with(file);
+    let (ok, out) = psql_login(&proxy, "app_scram", "s3cret");
+    assert!(ok, "{out}");
+    assert_eq!(
+        out.trim(),
+        "postgres",
+        "backends are reached with the config's credentials"
+    );
+    let (ok, out) = psql_login(&proxy, "app_md5", "m5pass");
+    assert!(ok, "{out}");
+    let (ok, out) = psql_login(&proxy, "app_scram", "wrong");
+    assert!(
+        !ok && out.contains("password authentication failed"),
+        "{out}"
+    );
+    let (ok, out) = psql_login(&proxy, "app_md5", "wrong");
+    assert!(
+        !ok && out.contains("password authentication failed"),
+        "{out}"
+    );
+    let (ok, out) = psql_login(&proxy, "nobody", "x");
+    assert!(!ok && out.contains("no such user"), "{out}");
+    // SIGHUP-style reload: a user added to the config can log in without a restart.
+    let mut reloaded = file_config(cluster);
+    reloaded.users = vec![
+        user("app_scram", "s3cret", "scram-sha-256"),
+        user("late", "arrival", "scram-sha-256"),
+    ];
+    proxy.proxy.reload(Config::build(reloaded).unwrap());
+    let (ok, out) = psql_login(&proxy, "late", "arrival");
+    assert!(ok, "{out}");
+}
+
+async fn show(client: &tokio_postgres::Client, sql: &str) -> String {
+    let messages = client.simple_query(sql).await.unwrap();
+    messages
+        .iter()
+        .find_map(|m| match m {
+            tokio_postgres::SimpleQueryMessage::Row(r) => r.get(0).map(str::to_string),
+            _ => None,
+        })
+        .unwrap_or_default()
+}
+
+#[test]
+fn startup_parameters_and_sets_follow_the_client_to_every_backend() {
+    let cluster = shared_cluster();
+    let mut file = file_config(cluster);
+    file.pool_size = Some(1);
+    let proxy = TestProxy::with(file);
+    rt().block_on(async {
+        let a = connect(&format!("{} application_name=lsngate_a", proxy.conninfo())).await;
+        let b = connect(&proxy.conninfo()).await;
+        a.batch_execute("SET statement_timeout = '4321ms'")
+            .await
+            .unwrap();
+        for _ in 0..3 {
+            assert_eq!(
+                show(&a, "SHOW application_name").await,
+                "lsngate_a",
+                "replica backend"
+            );
+            assert_eq!(show(&a, "SHOW statement_timeout").await, "4321ms");
+            assert_eq!(
+                show(&b, "SHOW statement_timeout").await,
+                "0",
+                "b never set it"
+            );
+            assert_ne!(show(&b, "SHOW application_name").await, "lsngate_a");
+            a.batch_execute("BEGIN").await.unwrap();
+            assert_eq!(
+                show(&a, "SHOW application_name").await,
+                "lsngate_a",
+                "primary backend"
+            );
+            assert_eq!(show(&a, "SHOW statement_timeout").await, "4321ms");
+            a.batch_execute("COMMIT").await.unwrap();
+        }
+        a.batch_execute("RESET statement_timeout").await.unwrap();
+        assert_eq!(show(&a, "SHOW statement_timeout").await, "0");
+    });
+}
+
+#[test]
+fn transaction_pooling_shares_backends_session_pooling_pins_them() {
+    let cluster = shared_cluster();
+    for (mode, expect_same) in [(PoolMode::Session, true), (PoolMode::Transaction, false)] {
+        let mut file = file_config(cluster);
+        file.pool_mode = Some(mode);
+        file.pool_size = Some(2);
+        let proxy = TestProxy::with(file);
+        rt().block_on(async {
+            let a = connect(&proxy.conninfo()).await;
+            let b = connect(&proxy.conninfo()).await;
+            let pid_sql = "/* lsngate:route=primary */ SELECT pg_backend_pid()::text";
+            let a1 = show(&a, pid_sql).await;
+            let b1 = show(&b, pid_sql).await;
+            let a2 = show(&a, pid_sql).await;
+            assert_ne!(a1, "");
+            if expect_same {
+                assert_ne!(a1, b1, "session pooling: one backend per client");
+                assert_eq!(a1, a2);
+            } else {
+                assert_eq!(
+                    a1, b1,
+                    "transaction pooling: the idle backend is reused by the next client"
+                );
+            }
+        });
+    }
+}
+
+#[test]
+fn cancel_reaches_the_backend_running_the_query() {
+    let cluster = shared_cluster();
+    let proxy = TestProxy::start(cluster);
+    rt().block_on(async {
+        let client = connect(&proxy.conninfo()).await;
+        let token = client.cancel_token();
+        let canceller = tokio::spawn(async move {
+            tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+            token.cancel_query(tokio_postgres::NoTls).await.unwrap();
+        });
+        let err = client
+            .batch_execute("SELECT pg_sleep(20)")
+            .await
+            .unwrap_err();
+        assert_eq!(
+            err.code(),
+            Some(&tokio_postgres::error::SqlState::QUERY_CANCELED),
+            "{err:?}"
+        );
+        canceller.await.unwrap();
+        assert_eq!(show(&client, "SELECT 'alive'").await, "alive");
+    });
+}
+
+#[test]
+fn admin_port_reports_nodes_pools_and_query_counts() {
+    let cluster = shared_cluster();
+    let proxy = TestProxy::start(cluster);
+    rt().block_on(async {
+        let client = connect(&proxy.conninfo()).await;
+        client.batch_execute("SELECT 1").await.unwrap();
+        client
+            .batch_execute("/* lsngate:route=primary */ SELECT 1")
+            .await
+            .unwrap();
+    });
+    let status = proxy.http_get("/status");
+    let body = status.split("\r\n\r\n").nth(1).unwrap();
+    let json: serde_json::Value = serde_json::from_str(body).unwrap();
+    let roles: Vec<&str> = json["nodes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|n| n["role"].as_str().unwrap())
+        .collect();
+    assert_eq!(roles, vec!["primary", "replica", "replica"], "{body}");
+    assert!(
+        json["nodes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|n| n["healthy"] == true),
+        "{body}"
+    );
+    let metrics = proxy.http_get("/metrics");
+    assert!(metrics.starts_with("HTTP/1.1 200"), "{metrics}");
+    assert!(
+        metrics.contains("lsngate_proxy_queries_total{route=\"replica\"}"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("lsngate_proxy_queries_total{route=\"primary\"}"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("lsngate_proxy_pool_open_connections"),
+        "{metrics}"
+    );
+    assert!(proxy.http_get("/nope").starts_with("HTTP/1.1 404"));
+}
+
+#[test]
+fn shutdown_lets_an_open_transaction_finish() {
+    let cluster = shared_cluster();
+    let proxy = TestProxy::start(cluster);
+    let t = unique("drain");
+    cluster
+        .primary()
+        .sql(&format!("CREATE TABLE {t} (id int)"))
+        .unwrap();
+    let runtime = rt();
+    let client = runtime.block_on(async {
+        let client = connect(&proxy.conninfo()).await;
+        client
+            .batch_execute(&format!("BEGIN; INSERT INTO {t} VALUES (1)"))
+            .await
+            .unwrap();
+        client
+    });
+    let stopper = std::thread::spawn(move || proxy.shutdown());
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    runtime.block_on(async {
+        client
+            .batch_execute(&format!("INSERT INTO {t} VALUES (2); COMMIT"))
+            .await
+            .unwrap();
+        let after = client.batch_execute("SELECT 1").await;
+        assert!(after.is_err(), "the drained session is closed once idle");
+    });
+    stopper.join().unwrap();
+    assert_eq!(
+        cluster
+            .primary()
+            .sql(&format!("SELECT count(*) FROM {t}"))
+            .unwrap(),
+        "2"
+    );
+}
