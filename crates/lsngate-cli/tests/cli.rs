@@ -100,7 +100,7 @@ fn bench_runs_every_strategy_and_writes_the_documented_json() {
         assert!(row["p95_ms"].as_f64() <= row["p99_ms"].as_f64());
     }
     // Safe strategies are never stale; primary never uses a replica; the replica strategies do.
-    for name in ["primary", "remote-apply", "poll", "waitfor"] {
+    for name in ["primary", "remote-apply", "poll", "waitfor", "lsngate"] {
         if let Some(row) = by_name(name) {
             assert_eq!(row["stale"], 0, "{name} must never be stale: {row}");
         }
@@ -114,7 +114,14 @@ fn bench_runs_every_strategy_and_writes_the_documented_json() {
     );
 
     let sweep = doc["sweep"].as_array().unwrap();
-    assert!(!sweep.is_empty());
+    let swept: Vec<&str> = sweep
+        .iter()
+        .map(|r| r["strategy"].as_str().unwrap())
+        .collect();
+    assert!(
+        swept.contains(&"lsngate") && swept.contains(&"poll"),
+        "{swept:?}"
+    );
     for row in sweep {
         for key in [
             "strategy",
