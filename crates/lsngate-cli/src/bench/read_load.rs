@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use lsngate_core::Lsn;
 use serde::Serialize;
 
-use super::report::percentile;
+use super::report::{percentile, round};
 use crate::pg;
 
 /// One phase of the experiment; also the JSON `read_load[]` entry.
@@ -175,10 +175,6 @@ async fn replayed(client: &tokio_postgres::Client) -> anyhow::Result<Lsn> {
         .map(Lsn::parse)
         .transpose()?
         .unwrap_or(Lsn::ZERO))
-}
-
-fn round(ms: f64) -> f64 {
-    (ms * 100.0).round() / 100.0
 }
 
 pub fn print(rows: &[ReadLoadRow]) {

@@ -120,7 +120,8 @@ pub fn sweep_row(
     }
 }
 
-fn round(ms: f64) -> f64 {
+/// Milliseconds to two decimals, as printed and saved.
+pub fn round(ms: f64) -> f64 {
     (ms * 100.0).round() / 100.0
 }
 
