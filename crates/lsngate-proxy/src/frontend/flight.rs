@@ -51,6 +51,8 @@ pub struct Attached {
     pub extended: bool,
     /// Held-back replies of a replica read.
     pub retry: Option<RetryBuffer>,
+    /// The client already got an error for the segment in progress (a FATAL before a crash).
+    pub error_relayed: bool,
 }
 
 impl Attached {
@@ -195,6 +197,7 @@ impl Session {
                         copy_in: false,
                         extended: false,
                         retry: None,
+                        error_relayed: false,
                     });
                     return Ok(());
                 }
@@ -445,6 +448,7 @@ impl Session {
         match message {
             BackendMessage::ReadyForQuery(status) => {
                 attached.expect.pop_front();
+                attached.error_relayed = false;
                 if owner == Owner::Proxy {
                     return Ok(());
                 }
@@ -469,6 +473,20 @@ impl Session {
             BackendMessage::ErrorResponse(ref e) if e.sqlstate() == Some("25006") => {
                 if let Some(retry) = attached.retry.as_mut() {
                     retry.read_only_violation = true;
+                }
+                attached.error_relayed = true;
+            }
+            BackendMessage::ErrorResponse(mut e) => {
+                attached.error_relayed = true;
+                if matches!(e.get(b'S'), Some("FATAL" | "PANIC")) {
+                    // The server connection ends, the client's does not: to the client this is
+                    // an ERROR, followed by ReadyForQuery when the loss is noticed.
+                    for (code, value) in e.fields.iter_mut() {
+                        if *code == b'S' || *code == b'V' {
+                            *value = "ERROR".into();
+                        }
+                    }
+                    return self.relay(e.to_frame(b'E')).await;
                 }
             }
             _ if owner == Owner::Proxy => return Ok(()),
