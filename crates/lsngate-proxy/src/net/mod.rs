@@ -223,10 +223,13 @@ mod tests {
     proptest! {
         #[test]
         fn random_bytes_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..512)) {
+            // Same property as the cargo-fuzz target in crates/lsngate-proxy/fuzz.
             let mut buf = BytesMut::from(&bytes[..]);
             let _ = startup::decode_startup(&mut buf.clone(), 1024);
             while let Ok(Some(frame)) = decode_frame(&mut buf, 1024) {
-                let _ = FrontendMessage::parse(&frame);
+                if let Ok(message) = FrontendMessage::parse(&frame) {
+                    prop_assert_eq!(FrontendMessage::parse(&message.to_frame()).ok(), Some(message));
+                }
                 let _ = BackendMessage::parse(&frame);
             }
         }
