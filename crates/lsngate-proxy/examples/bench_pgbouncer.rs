@@ -42,11 +42,23 @@ fn pgbench(cluster: &Cluster, port: u16, args: &[&str]) -> (f64, f64) {
 fn pgbench_output(cluster: &Cluster, port: u16, args: &[&str]) -> String {
     let output = Command::new(cluster.pg_bin().tool("pgbench"))
         .args(args)
-        .args(["-h", "127.0.0.1", "-p", &port.to_string(), "-U", "postgres", "postgres"])
+        .args([
+            "-h",
+            "127.0.0.1",
+            "-p",
+            &port.to_string(),
+            "-U",
+            "postgres",
+            "postgres",
+        ])
         .output()
         .expect("run pgbench");
-    let text = String::from_utf8_lossy(&output.stdout).to_string() + &String::from_utf8_lossy(&output.stderr);
-    assert!(output.status.success(), "pgbench {args:?} on port {port} failed:\n{text}");
+    let text = String::from_utf8_lossy(&output.stdout).to_string()
+        + &String::from_utf8_lossy(&output.stderr);
+    assert!(
+        output.status.success(),
+        "pgbench {args:?} on port {port} failed:\n{text}"
+    );
     text
 }
 
@@ -61,19 +73,30 @@ fn start_pgbouncer(dir: &Path, primary_port: u16, port: u16, pool: usize) -> Chi
         dir = dir.display()
     );
     std::fs::write(dir.join("pgbouncer.ini"), ini).unwrap();
-    let _ = Command::new("chown").args(["-R", SERVER_USER]).arg(dir).status();
+    let _ = Command::new("chown")
+        .args(["-R", SERVER_USER])
+        .arg(dir)
+        .status();
     let mut command = Command::new("pgbouncer");
     if unsafe { libc_geteuid() } == 0 {
         command.args(["-u", SERVER_USER]);
     }
-    let child = command.arg(dir.join("pgbouncer.ini")).stdout(Stdio::null()).stderr(Stdio::null()).spawn().expect("start pgbouncer");
+    let child = command
+        .arg(dir.join("pgbouncer.ini"))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start pgbouncer");
     for _ in 0..100 {
         if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
             return child;
         }
         std::thread::sleep(Duration::from_millis(50));
     }
-    panic!("pgbouncer did not start; see {}/pgbouncer.log", dir.display());
+    panic!(
+        "pgbouncer did not start; see {}/pgbouncer.log",
+        dir.display()
+    );
 }
 
 unsafe extern "C" {
@@ -82,14 +105,26 @@ unsafe extern "C" {
 }
 
 fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
 }
 
-fn start_lsngate(cluster: &Cluster, with_replica: bool, pool: usize) -> (u16, tokio::sync::watch::Sender<bool>) {
+fn start_lsngate(
+    cluster: &Cluster,
+    with_replica: bool,
+    pool: usize,
+) -> (u16, tokio::sync::watch::Sender<bool>) {
     let file = FileConfig {
         listen: Some("127.0.0.1:0".parse().unwrap()),
         primary: Some(cluster.primary_url()),
-        replicas: if with_replica { cluster.replica_urls() } else { Vec::new() },
+        replicas: if with_replica {
+            cluster.replica_urls()
+        } else {
+            Vec::new()
+        },
         pool_size: Some(pool),
         ..Default::default()
     };
@@ -99,7 +134,11 @@ fn start_lsngate(cluster: &Cluster, with_replica: bool, pool: usize) -> (u16, to
     let port = listener.local_addr().unwrap().port();
     let (stop, stop_rx) = tokio::sync::watch::channel(false);
     std::thread::spawn(move || {
-        let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap();
         runtime.block_on(async move {
             let listener = tokio::net::TcpListener::from_std(listener).unwrap();
             Proxy::new(config).serve(listener, stop_rx).await.unwrap();
@@ -121,7 +160,8 @@ fn main() {
     cluster.wait_caught_up(Duration::from_secs(60)).unwrap();
     let script = std::env::temp_dir().join(format!("lsngate-mixed-{}.sql", std::process::id()));
     std::fs::write(&script, MIXED).unwrap();
-    let bouncer_dir = std::env::temp_dir().join(format!("lsngate-pgbouncer-{}", std::process::id()));
+    let bouncer_dir =
+        std::env::temp_dir().join(format!("lsngate-pgbouncer-{}", std::process::id()));
     let bouncer_port = free_port();
     let mut bouncer = start_pgbouncer(&bouncer_dir, primary_port, bouncer_port, pool);
     let (lsn_primary_port, stop_a) = start_lsngate(&cluster, false, pool);
@@ -135,15 +175,37 @@ fn main() {
     let (c, t) = (clients.to_string(), seconds.to_string());
     let script_arg = format!("-f{}", script.display());
     let workloads: [(&'static str, Vec<&str>); 2] = [
-        ("select-only (-S)", vec!["-n", "-S", "-M", "simple", "-c", &c, "-j", "2", "-T", &t]),
-        ("mixed 3 reads + 1 update", vec!["-n", &script_arg, "-M", "simple", "-c", &c, "-j", "2", "-T", &t]),
+        (
+            "select-only (-S)",
+            vec!["-n", "-S", "-M", "simple", "-c", &c, "-j", "2", "-T", &t],
+        ),
+        (
+            "mixed 3 reads + 1 update",
+            vec![
+                "-n",
+                &script_arg,
+                "-M",
+                "simple",
+                "-c",
+                &c,
+                "-j",
+                "2",
+                "-T",
+                &t,
+            ],
+        ),
     ];
     let mut results = Vec::new();
     for (workload, wargs) in &workloads {
         for (target, port) in targets {
             let (tps, latency_ms) = pgbench(&cluster, port, wargs);
             eprintln!("{workload:28} {target:30} tps {tps:10.1}  latency {latency_ms:7.3} ms");
-            results.push(Measured { target, workload, tps, latency_ms });
+            results.push(Measured {
+                target,
+                workload,
+                tps,
+                latency_ms,
+            });
         }
     }
     let _ = bouncer.kill();
@@ -154,12 +216,17 @@ fn main() {
 }
 
 fn print_table(results: &[Measured], clients: usize, seconds: u64) {
-    println!("\npgbench, {clients} clients, {seconds} s per run, scale 10, -M simple, loopback, 2 cores shared by everything\n");
+    println!(
+        "\npgbench, {clients} clients, {seconds} s per run, scale 10, -M simple, loopback, 2 cores shared by everything\n"
+    );
     println!("| workload | target | TPS | avg latency | TPS vs pgbouncer | latency vs pgbouncer |");
     println!("|---|---|---:|---:|---:|---:|");
     let mut json = Vec::new();
     for m in results {
-        let bouncer = results.iter().find(|b| b.workload == m.workload && b.target.starts_with("pgbouncer")).expect("pgbouncer row");
+        let bouncer = results
+            .iter()
+            .find(|b| b.workload == m.workload && b.target.starts_with("pgbouncer"))
+            .expect("pgbouncer row");
         println!(
             "| {} | {} | {:.0} | {:.3} ms | {:.2}x | {:.2}x |",
             m.workload,

@@ -11,5 +11,7 @@ mod psql;
 mod routing;
 #[path = "proxy/sessions.rs"]
 mod sessions;
+#[path = "proxy/signals.rs"]
+mod signals;
 #[path = "proxy/support.rs"]
 mod support;
