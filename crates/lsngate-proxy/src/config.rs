@@ -3,7 +3,8 @@
 //! finished `Config` (and a new one on SIGHUP) instead of reading globals.
 
 use std::net::SocketAddr;
-use std::path::Path;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
 
 use serde::Deserialize;
@@ -40,6 +41,62 @@ pub enum ConfigError {
     /// A user entry is unusable.
     #[error("user {user:?}: {why}")]
     User { user: String, why: String },
+    /// The TLS certificate or key cannot be used.
+    #[error(
+        "TLS setup failed: {0}; tls_cert must be a PEM certificate chain and tls_key a PEM private key"
+    )]
+    Tls(String),
+}
+
+/// Whether clients may, must or must not use TLS.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, clap::ValueEnum, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum TlsMode {
+    /// SSLRequest is answered 'N' (default without a certificate).
+    Disable,
+    /// TLS when the client asks (default with a certificate).
+    Allow,
+    /// Clients that do not start TLS are refused.
+    Require,
+}
+
+/// The server side of TLS, ready to accept clients.
+#[derive(Clone)]
+pub struct TlsSettings {
+    /// Acceptor built from tls_cert / tls_key.
+    pub acceptor: tokio_rustls::TlsAcceptor,
+    /// Refuse clients that do not upgrade.
+    pub required: bool,
+}
+
+impl std::fmt::Debug for TlsSettings {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TlsSettings")
+            .field("required", &self.required)
+            .finish_non_exhaustive()
+    }
+}
+
+fn tls_settings(cert: &Path, key: &Path, required: bool) -> Result<TlsSettings, ConfigError> {
+    use tokio_rustls::rustls::pki_types::pem::PemObject;
+    use tokio_rustls::rustls::pki_types::{CertificateDer, PrivateKeyDer};
+    let tls = |what: &str, e: &dyn std::fmt::Display| ConfigError::Tls(format!("{what}: {e}"));
+    let chain = CertificateDer::pem_file_iter(cert)
+        .map_err(|e| tls(&cert.display().to_string(), &e))?
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| tls(&cert.display().to_string(), &e))?;
+    let key = PrivateKeyDer::from_pem_file(key).map_err(|e| tls(&key.display().to_string(), &e))?;
+    let provider = Arc::new(tokio_rustls::rustls::crypto::ring::default_provider());
+    let config = tokio_rustls::rustls::ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| tls("protocol versions", &e))?
+        .with_no_client_auth()
+        .with_single_cert(chain, key)
+        .map_err(|e| tls("certificate/key pair", &e))?;
+    Ok(TlsSettings {
+        acceptor: tokio_rustls::TlsAcceptor::from(Arc::new(config)),
+        required,
+    })
 }
 
 /// Pooling mode.
@@ -108,6 +165,12 @@ pub struct FileConfig {
     /// Functions (lower case, no schema) whose presence sends a statement to the primary.
     #[serde(default)]
     pub write_functions: Vec<String>,
+    /// PEM certificate chain for client TLS. Default: none (TLS off).
+    pub tls_cert: Option<PathBuf>,
+    /// PEM private key for tls_cert.
+    pub tls_key: Option<PathBuf>,
+    /// disable, allow (default when tls_cert is set) or require.
+    pub tls_mode: Option<TlsMode>,
     /// Users clients may log in as. Without any, clients log in as the primary URL's user.
     #[serde(default)]
     pub users: Vec<UserEntry>,
@@ -232,6 +295,8 @@ pub struct Config {
     pub write_functions: Vec<String>,
     /// Login name → credential.
     pub users: Vec<(String, Credential)>,
+    /// Client TLS, when configured.
+    pub tls: Option<TlsSettings>,
 }
 
 impl Config {
@@ -245,6 +310,20 @@ impl Config {
         for r in &file.replicas {
             nodes.push(NodeUrl::parse(r)?);
         }
+        let mode = file.tls_mode.unwrap_or(if file.tls_cert.is_some() {
+            TlsMode::Allow
+        } else {
+            TlsMode::Disable
+        });
+        let tls = match (mode, &file.tls_cert, &file.tls_key) {
+            (TlsMode::Disable, _, _) => None,
+            (_, Some(cert), Some(key)) => Some(tls_settings(cert, key, mode == TlsMode::Require)?),
+            _ => {
+                return Err(ConfigError::Tls(format!(
+                    "tls_mode {mode:?} needs both tls_cert and tls_key"
+                )));
+            }
+        };
         let users = if file.users.is_empty() {
             flags_only_users(&primary, listen)?
         } else {
@@ -271,6 +350,7 @@ impl Config {
                 .map(|f| f.to_lowercase())
                 .collect(),
             users,
+            tls,
         })
     }
 

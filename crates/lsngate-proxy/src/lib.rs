@@ -21,7 +21,7 @@ use std::sync::Arc;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
-pub use config::{Config, ConfigError, FileConfig, NodeUrl, PoolMode};
+pub use config::{Config, ConfigError, FileConfig, NodeUrl, PoolMode, TlsMode};
 pub use frontend::Proxy;
 
 /// Options of `lsngate proxy`. Flags override the config file; the file overrides defaults.
@@ -64,6 +64,15 @@ pub struct ProxyArgs {
     /// Largest message accepted from a client, in bytes [default: 67108864].
     #[arg(long)]
     pub max_message_size: Option<usize>,
+    /// PEM certificate chain offered to clients that ask for TLS [default: none].
+    #[arg(long)]
+    pub tls_cert: Option<PathBuf>,
+    /// PEM private key of --tls-cert.
+    #[arg(long)]
+    pub tls_key: Option<PathBuf>,
+    /// Client TLS policy [default: allow with a certificate, disable without].
+    #[arg(long, value_enum)]
+    pub tls_mode: Option<TlsMode>,
 }
 
 impl ProxyArgs {

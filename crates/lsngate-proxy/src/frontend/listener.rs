@@ -14,7 +14,7 @@ use tokio::task::JoinSet;
 
 use super::Proxy;
 use super::auth::{Credential, ScramExchange, md5_response};
-use super::session::{ClientIo, Session};
+use super::session::{ClientIo, ClientSocket, Session};
 use crate::net::backend::build;
 use crate::net::{ErrorFields, Frame, FrontendMessage, StartupFrame, startup::decode_startup};
 
@@ -85,46 +85,48 @@ impl Proxy {
 
     async fn handle_client(
         self: Arc<Self>,
-        mut stream: TcpStream,
+        stream: TcpStream,
         shutdown: watch::Receiver<bool>,
     ) -> anyhow::Result<()> {
         let _ = stream.set_nodelay(true);
         let config = self.config();
+        let mut socket: Box<dyn ClientSocket> = Box::new(stream);
         let mut buf = BytesMut::with_capacity(1024);
+        let mut encrypted = false;
         let (minor, params) = loop {
-            let frame = loop {
-                match decode_startup(&mut buf, config.max_message_size) {
-                    Ok(Some(frame)) => break frame,
-                    Ok(None) => {}
-                    Err(e) => {
-                        metrics::counter!("lsngate_proxy_errors_total", "kind" => "protocol")
-                            .increment(1);
-                        let _ = stream
-                            .write_all(&fatal("08P01", &e.to_string()).to_bytes())
-                            .await;
-                        anyhow::bail!(e);
+            match read_startup(&mut socket, &mut buf, config.max_message_size).await? {
+                StartupFrame::SslRequest => match config.tls.as_ref().filter(|_| !encrypted) {
+                    Some(tls) => {
+                        if !buf.is_empty() {
+                            // Bytes sent before the TLS handshake could be injected by a
+                            // man in the middle; PostgreSQL refuses them too.
+                            anyhow::bail!(
+                                "client sent data after SSLRequest before the TLS handshake"
+                            );
+                        }
+                        socket.write_all(b"S").await?;
+                        socket = Box::new(tls.acceptor.accept(socket).await?);
+                        encrypted = true;
                     }
-                }
-                if tokio::time::timeout(Duration::from_secs(30), stream.read_buf(&mut buf))
-                    .await??
-                    == 0
-                {
-                    anyhow::bail!("client left during startup");
-                }
-            };
-            match frame {
-                StartupFrame::SslRequest | StartupFrame::GssEncRequest => {
-                    stream.write_all(b"N").await?
-                }
+                    None => socket.write_all(b"N").await?,
+                },
+                StartupFrame::GssEncRequest => socket.write_all(b"N").await?,
                 StartupFrame::Cancel { pid, secret } => {
                     return self.forward_cancel(pid, &secret).await;
                 }
                 StartupFrame::Startup { minor, params } => break (minor, params),
             }
         };
+        if config.tls.as_ref().is_some_and(|t| t.required) && !encrypted {
+            let message = "lsngate requires TLS for every client: connect with sslmode=require";
+            socket
+                .write_all(&fatal("28000", message).to_bytes())
+                .await?;
+            anyhow::bail!(message);
+        }
         if self.client_joined() > config.max_client_connections {
             self.client_left();
-            stream
+            socket
                 .write_all(
                     &fatal(
                         "53300",
@@ -136,7 +138,7 @@ impl Proxy {
             anyhow::bail!("client limit reached");
         }
         let result = self
-            .login_and_run(stream, buf, minor, params, shutdown)
+            .login_and_run(socket, buf, minor, params, shutdown)
             .await;
         self.client_left();
         result
@@ -144,7 +146,7 @@ impl Proxy {
 
     async fn login_and_run(
         self: &Arc<Self>,
-        stream: TcpStream,
+        stream: Box<dyn ClientSocket>,
         buf: BytesMut,
         minor: u16,
         params: Vec<(String, String)>,
@@ -216,6 +218,30 @@ impl Proxy {
         server.write_all(&out).await?;
         let _ = server.read(&mut [0u8; 1]).await;
         Ok(())
+    }
+}
+
+/// Reads the next untagged startup-phase packet; garbage gets a FATAL and ends the connection.
+async fn read_startup(
+    socket: &mut Box<dyn ClientSocket>,
+    buf: &mut BytesMut,
+    max_len: usize,
+) -> anyhow::Result<StartupFrame> {
+    loop {
+        match decode_startup(buf, max_len) {
+            Ok(Some(frame)) => return Ok(frame),
+            Ok(None) => {}
+            Err(e) => {
+                metrics::counter!("lsngate_proxy_errors_total", "kind" => "protocol").increment(1);
+                let _ = socket
+                    .write_all(&fatal("08P01", &e.to_string()).to_bytes())
+                    .await;
+                anyhow::bail!(e);
+            }
+        }
+        if tokio::time::timeout(Duration::from_secs(30), socket.read_buf(buf)).await?? == 0 {
+            anyhow::bail!("client left during startup");
+        }
     }
 }
 

@@ -8,8 +8,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use bytes::BytesMut;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::watch;
 
 use super::flight::Attached;
@@ -19,18 +18,29 @@ use crate::backend::Target;
 use crate::net::backend::build;
 use crate::net::{ErrorFields, Frame, FrontendMessage, ProtocolError, decode_frame};
 
+/// A client connection: plain TCP or TLS over it.
+pub trait ClientSocket: AsyncRead + AsyncWrite + Unpin + Send {}
+impl<T: AsyncRead + AsyncWrite + Unpin + Send> ClientSocket for T {}
+
 /// The client's socket with its read and write buffers.
-#[derive(Debug)]
 pub struct ClientIo {
-    stream: TcpStream,
+    stream: Box<dyn ClientSocket>,
     read_buf: BytesMut,
     write_buf: BytesMut,
     max_len: usize,
 }
 
+impl std::fmt::Debug for ClientIo {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ClientIo")
+            .field("buffered", &self.read_buf.len())
+            .finish_non_exhaustive()
+    }
+}
+
 impl ClientIo {
     /// Wraps an accepted socket; `read_buf` holds bytes already read during startup.
-    pub fn new(stream: TcpStream, read_buf: BytesMut, max_len: usize) -> ClientIo {
+    pub fn new(stream: Box<dyn ClientSocket>, read_buf: BytesMut, max_len: usize) -> ClientIo {
         ClientIo {
             stream,
             read_buf,

@@ -270,3 +270,54 @@ fn shutdown_lets_an_open_transaction_finish() {
         "2"
     );
 }
+
+#[test]
+fn tls_is_offered_and_can_be_required() {
+    let cluster = shared_cluster();
+    let dir = tempfile::tempdir().unwrap();
+    let (cert, key) = (dir.path().join("cert.pem"), dir.path().join("key.pem"));
+    run_ok(
+        Command::new("openssl")
+            .args([
+                "req",
+                "-x509",
+                "-newkey",
+                "rsa:2048",
+                "-nodes",
+                "-days",
+                "1",
+                "-subj",
+                "/CN=localhost",
+            ])
+            .arg("-keyout")
+            .arg(&key)
+            .arg("-out")
+            .arg(&cert),
+    );
+    let mut file = file_config(cluster);
+    file.tls_cert = Some(cert);
+    file.tls_key = Some(key);
+    file.tls_mode = Some(lsngate_proxy::TlsMode::Require);
+    let proxy = TestProxy::with(file);
+    let attempt = |sslmode: &str| {
+        let conninfo = format!("{} sslmode={sslmode}", proxy.conninfo());
+        let mut command = Command::new(cluster.pg_bin().tool("psql"));
+        command.args([
+            "-X",
+            "-d",
+            &conninfo,
+            "-c",
+            "\\conninfo",
+            "-c",
+            "SELECT 'over tls'",
+        ]);
+        let output = run(&mut command);
+        let (stdout, stderr) = texts(&output);
+        (output.status.success(), format!("{stdout}{stderr}"))
+    };
+    let (ok, out) = attempt("require");
+    assert!(ok, "{out}");
+    assert!(out.contains("SSL") && out.contains("over tls"), "{out}");
+    let (ok, out) = attempt("disable");
+    assert!(!ok && out.contains("requires TLS"), "{out}");
+}
