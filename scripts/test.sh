@@ -24,12 +24,13 @@ log=$(mktemp)
 status=0
 for bin in "$pg19" "$debian"; do
   echo "== test suite against $("$bin/postgres" --version) ($bin)"
-  LSNGATE_PG_BIN=$bin cargo test --workspace --locked 2>&1 | tee -a "$log" || status=1
+  LSNGATE_PG_BIN=$bin cargo test --workspace --locked --no-fail-fast 2>&1 | tee -a "$log" || status=1
 done
 
 # One closing line for both runs together.
-passed=$(grep -o '[0-9]* passed' "$log" | awk '{s+=$1} END {print s+0}')
-failed=$(grep -o '[0-9]* failed' "$log" | awk '{s+=$1} END {print s+0}')
+# -a: test output can hold non-UTF-8 bytes, which would make grep call the log binary.
+passed=$(grep -a '^test result:' "$log" | grep -ao '[0-9]* passed' | awk '{s+=$1} END {print s+0}')
+failed=$(grep -a '^test result:' "$log" | grep -ao '[0-9]* failed' | awk '{s+=$1} END {print s+0}')
 rm -f "$log"
 echo "lsngate: $passed passed, $failed failed"
 [ "$status" = 0 ] && [ "$failed" = 0 ]
