@@ -91,6 +91,9 @@ impl NodeState {
     /// The pool for `database`, created on first use.
     pub fn pool(&self, database: &str, size: usize) -> Arc<Pool> {
         let mut pools = self.pools.lock().expect("pools lock");
+        if let Some(pool) = pools.get(database) {
+            return Arc::clone(pool);
+        }
         Arc::clone(
             pools
                 .entry(database.to_string())

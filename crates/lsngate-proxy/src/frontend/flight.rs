@@ -240,7 +240,8 @@ impl Session {
         if attached.open || attached.copy_in {
             return frames;
         }
-        if let Some(sql) = settings_sql(&self.settings, &conn.applied) {
+        let differs = self.settings != conn.applied;
+        if let Some(sql) = settings_sql(&self.settings, &conn.applied).filter(|_| differs) {
             frames.push(FrontendMessage::Query(sql).to_frame());
             conn.applied = self.settings.clone();
             attached.expect.push_back(Owner::Proxy);
@@ -313,6 +314,9 @@ impl Session {
         let [FrontendMessage::Query(sql)] = flight else {
             return;
         };
+        if !matches!(class, Some(Class::Pin | Class::SessionState)) {
+            return;
+        }
         let lower = sql.trim().trim_end_matches(';').trim().to_ascii_lowercase();
         let conn = &mut self.backend.as_mut().expect("attached").conn;
         match class {
@@ -347,16 +351,11 @@ impl Session {
     ) -> anyhow::Result<()> {
         let mut frames = self.preparation(&flight);
         self.note_session_effects(&flight, class);
-        let retry_allowed = self.proxy.config().retry_buffer_size > 0;
+        let retry_allowed = self.config.retry_buffer_size > 0;
         let status = self.status;
         let attached = self.backend.as_mut().expect("attached before send");
         let ends = segment_ends(&flight);
-        let route = if attached.target == Target::Replica {
-            "replica"
-        } else {
-            "primary"
-        };
-        metrics::counter!("lsngate_proxy_queries_total", "route" => route)
+        self.proxy.queries[usize::from(attached.target == Target::Replica)]
             .increment(ends.max(1) as u64);
         let standalone_read = matches!(class, Some(Class::Read)) && ends == 1 && status == b'I';
         if retry_allowed
@@ -496,7 +495,7 @@ impl Session {
     }
 
     async fn relay(&mut self, frame: Frame) -> anyhow::Result<()> {
-        let limit = self.proxy.config().retry_buffer_size;
+        let limit = self.config.retry_buffer_size;
         let attached = self.backend.as_mut().expect("attached");
         if let Some(retry) = attached.retry.as_mut() {
             retry.bytes += frame.body.len() + 5;

@@ -41,12 +41,20 @@ pub struct Proxy {
     pub classes: ClassCache,
     cancels: Mutex<HashMap<(i32, i32), CancelSlot>>,
     clients: AtomicUsize,
+    /// `lsngate_proxy_queries_total` for route primary and replica, registered once because
+    /// they are bumped on every flight.
+    pub(crate) queries: [metrics::Counter; 2],
 }
 
 impl Proxy {
     /// A proxy for `config`; nothing runs until `serve`.
     pub fn new(config: Config) -> Arc<Proxy> {
+        crate::admin::prometheus();
         Arc::new(Proxy {
+            queries: [
+                metrics::counter!("lsngate_proxy_queries_total", "route" => "primary"),
+                metrics::counter!("lsngate_proxy_queries_total", "route" => "replica"),
+            ],
             nodes: Nodes::new(&config.nodes),
             config: RwLock::new(Arc::new(config)),
             classes: ClassCache::default(),
@@ -69,6 +77,7 @@ impl Proxy {
             );
         }
         *self.config.write().expect("config lock") = Arc::new(config);
+        self.classes.clear();
         tracing::info!("configuration reloaded");
     }
 

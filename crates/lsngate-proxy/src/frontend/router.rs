@@ -113,6 +113,9 @@ pub enum LocalCommand {
 
 /// Recognises the proxy's own commands.
 pub fn local_command(sql: &str) -> Option<LocalCommand> {
+    if !mentions_lsngate_setting(sql) {
+        return None;
+    }
     let text = sql.trim().trim_end_matches(';').trim();
     let lower = text.to_ascii_lowercase();
     let words: Vec<&str> = lower.split_whitespace().collect();
@@ -138,10 +141,18 @@ pub fn local_command(sql: &str) -> Option<LocalCommand> {
     }
 }
 
+/// Cheap pre-check on the hot path: does this look like `SET/SHOW/RESET lsngate.*`?
+pub fn mentions_lsngate_setting(sql: &str) -> bool {
+    let head = sql.trim_start().as_bytes();
+    let starts = |kw: &[u8]| head.len() > kw.len() && head[..kw.len()].eq_ignore_ascii_case(kw);
+    (starts(b"set") || starts(b"show") || starts(b"reset"))
+        && sql.to_ascii_lowercase().contains("lsngate.")
+}
+
 /// Finds a `/* lsngate:route=primary */` style hint and returns it with the SQL minus the comment.
 pub fn comment_hint(sql: &str) -> Option<(RouteHint, String)> {
     let start = sql.find("/*")?;
-    let end = start + sql[start..].find("*/")? + 2;
+    let end = start + 2 + sql[start + 2..].find("*/")? + 2;
     let inner = sql[start + 2..end - 2].trim();
     let value = inner.strip_prefix("lsngate:route=")?;
     let hint = RouteHint::parse(value)?;
@@ -277,6 +288,63 @@ fn calls(text: &str, function: &str) -> bool {
     })
 }
 
+/// The cache key for `sql`: numbers and simple string literals replaced by placeholders, so
+/// statements that differ only in literal values (`WHERE aid = 42` / `= 43`) share one
+/// classification. Literals cannot change what a statement does; texts whose lexing could be
+/// ambiguous (comments, backslashes, dollar quotes, E'' / U&'' strings) are used verbatim.
+pub fn cache_key(sql: &str) -> std::borrow::Cow<'_, str> {
+    use std::borrow::Cow;
+    let bytes = sql.as_bytes();
+    if sql.contains("--") || sql.contains("/*") || bytes.iter().any(|&b| b == b'\\' || b == b'$') {
+        return Cow::Borrowed(sql);
+    }
+    let mut out = String::with_capacity(sql.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let b = bytes[i];
+        let prev_ident = i > 0 && (is_ident(bytes[i - 1]) || bytes[i - 1] == b'"');
+        if b == b'\'' {
+            if prev_ident {
+                return Cow::Borrowed(sql); // E'..', U&'..', B'..', X'..' prefixes
+            }
+            let mut j = i + 1;
+            loop {
+                match bytes.get(j) {
+                    None => return Cow::Borrowed(sql),
+                    Some(b'\'') if bytes.get(j + 1) == Some(&b'\'') => j += 2,
+                    Some(b'\'') => break,
+                    Some(_) => j += 1,
+                }
+            }
+            out.push_str("'?'");
+            i = j + 1;
+        } else if b.is_ascii_digit() && !prev_ident {
+            while i < bytes.len() && (bytes[i].is_ascii_digit() || bytes[i] == b'.') {
+                i += 1;
+            }
+            out.push('0');
+        } else if b == b'"' {
+            let end = sql[i + 1..]
+                .find('"')
+                .map(|e| i + 2 + e)
+                .unwrap_or(bytes.len());
+            out.push_str(&sql[i..end]);
+            i = end;
+        } else {
+            let start = i;
+            i += 1;
+            while i < bytes.len()
+                && !matches!(bytes[i], b'\'' | b'"')
+                && !(bytes[i].is_ascii_digit() && !is_ident(bytes[i - 1]))
+            {
+                i += 1;
+            }
+            out.push_str(&sql[start..i]);
+        }
+    }
+    Cow::Owned(out)
+}
+
 /// A bounded cache of classifications keyed by statement text.
 #[derive(Debug, Default)]
 pub struct ClassCache {
@@ -288,7 +356,8 @@ const CACHE_LIMIT: usize = 10_000;
 impl ClassCache {
     /// Classifies through the cache.
     pub fn classify(&self, sql: &str, write_functions: &[String]) -> Class {
-        if let Some(c) = self.entries.lock().expect("cache lock").get(sql) {
+        let key = cache_key(sql);
+        if let Some(c) = self.entries.lock().expect("cache lock").get(key.as_ref()) {
             return *c;
         }
         let class = classify(sql, write_functions);
@@ -296,8 +365,13 @@ impl ClassCache {
         if entries.len() >= CACHE_LIMIT {
             entries.clear();
         }
-        entries.insert(sql.to_string(), class);
+        entries.insert(key.into_owned(), class);
         class
+    }
+
+    /// Forgets everything (after a reload changed `write_functions`).
+    pub fn clear(&self) {
+        self.entries.lock().expect("cache lock").clear();
     }
 }
 
@@ -376,6 +450,7 @@ mod tests {
             Some(LocalCommand::BadRoute(_))
         ));
         assert_eq!(local_command("SET search_path = x"), None);
+        assert_eq!(comment_hint("/*/ SELECT 1"), None);
         let (hint, rest) = comment_hint("/* lsngate:route=primary */ SELECT 1").unwrap();
         assert_eq!((hint, rest.trim()), (RouteHint::Primary, "SELECT 1"));
         assert_eq!(
@@ -389,13 +464,43 @@ mod tests {
         assert_eq!(session_set("SET LOCAL work_mem = '1MB'"), None);
     }
 
+    #[test]
+    fn cache_keys_ignore_literal_values_but_not_structure() {
+        assert_eq!(
+            cache_key("SELECT a FROM t WHERE id = 42"),
+            cache_key("SELECT a FROM t WHERE id = 7")
+        );
+        assert_eq!(
+            cache_key("SELECT 'x' FROM t1"),
+            cache_key("SELECT 'it''s' FROM t1")
+        );
+        assert_ne!(cache_key("SELECT a FROM t1"), cache_key("SELECT a FROM t2"));
+        assert_ne!(
+            cache_key("SELECT 'a'; DELETE FROM t"),
+            cache_key("SELECT 'a'")
+        );
+        assert_eq!(cache_key("SELECT E'\\x' FROM t"), "SELECT E'\\x' FROM t");
+        assert_eq!(cache_key("SELECT $1 FROM t"), "SELECT $1 FROM t");
+        assert_eq!(cache_key("SELECT 'open"), "SELECT 'open");
+    }
+
     proptest! {
+        /// Texts with the same cache key (not verbatim) always classify the same.
+        #[test]
+        fn same_key_same_class(a in 0u32..1000, b in 0u32..1000, s in "[a-z ]{0,12}", kw in prop::sample::select(vec!["SELECT", "INSERT INTO t VALUES", "SELECT nextval", "DELETE FROM t WHERE x ="])) {
+            let x = format!("{kw} ({a}, '{s}')");
+            let y = format!("{kw} ({b}, 'other')");
+            prop_assert_eq!(cache_key(&x), cache_key(&y));
+            prop_assert_eq!(classify(&x, &[]), classify(&y, &[]));
+        }
+
         #[test]
         fn classification_never_panics(sql in ".{0,200}") {
             let _ = classify(&sql, &[]);
             let _ = local_command(&sql);
             let _ = comment_hint(&sql);
             let _ = session_set(&sql);
+            let _ = cache_key(&sql);
         }
     }
 }

@@ -108,6 +108,8 @@ const NOT_SETTINGS: &[&str] = &["user", "database", "options", "replication"];
 #[derive(Debug)]
 pub struct Session {
     pub(super) proxy: Arc<Proxy>,
+    /// Config snapshot, refreshed at every flight so a reload applies from the next statement.
+    pub(super) config: Arc<crate::config::Config>,
     pub(super) io: ClientIo,
     pub(super) database: String,
     /// Settings to apply on every backend: name → SQL value text.
@@ -203,6 +205,7 @@ impl Session {
         io.flush().await?;
         tracing::debug!(%user, %database, "client logged in");
         Ok(Session {
+            config: Arc::clone(&config),
             pinned: config.pool_mode == crate::config::PoolMode::Session,
             proxy,
             io,
@@ -280,6 +283,9 @@ impl Session {
     /// Handles one client message; false when the client said Terminate.
     async fn on_client(&mut self, frame: Frame) -> anyhow::Result<bool> {
         tracing::trace!(tag = %(frame.tag as char), len = frame.body.len(), "client →");
+        if matches!(frame.tag, b'Q' | b'P') {
+            self.config = self.proxy.config();
+        }
         let message = match FrontendMessage::parse(&frame) {
             Ok(m) => m,
             Err(e) => {
@@ -304,7 +310,7 @@ impl Session {
                 let class = self
                     .proxy
                     .classes
-                    .classify(&query, &self.proxy.config().write_functions);
+                    .classify(&query, &self.config.write_functions);
                 let defined = ClientStatement {
                     query: query.clone(),
                     param_types: param_types.clone(),
@@ -410,8 +416,7 @@ impl Session {
         if let Some(command) = local_command(&sql) {
             return self.answer_locally(command).await;
         }
-        let lower = sql.trim_start().to_ascii_lowercase();
-        if (lower.starts_with("set ") || lower.starts_with("show ")) && lower.contains("lsngate.") {
+        if super::router::mentions_lsngate_setting(&sql) {
             let message = format!(
                 "unrecognized lsngate parameter in {:?}; lsngate knows lsngate.route",
                 sql.trim()
@@ -425,7 +430,7 @@ impl Session {
         let class = self
             .proxy
             .classes
-            .classify(&sql, &self.proxy.config().write_functions);
+            .classify(&sql, &self.config.write_functions);
         self.dispatch(vec![FrontendMessage::Query(sql)], Some(class), hint)
             .await
     }
