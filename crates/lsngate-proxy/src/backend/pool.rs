@@ -68,10 +68,14 @@ impl Pool {
             size: self.size,
             waited: wait,
         };
-        let permit = tokio::time::timeout(wait, Arc::clone(&self.permits).acquire_owned())
-            .await
-            .map_err(|_| exhausted())?
-            .map_err(|_| exhausted())?;
+        // Fast path without arming a timer: a free slot right now.
+        let permit = match Arc::clone(&self.permits).try_acquire_owned() {
+            Ok(permit) => permit,
+            Err(_) => tokio::time::timeout(wait, Arc::clone(&self.permits).acquire_owned())
+                .await
+                .map_err(|_| exhausted())?
+                .map_err(|_| exhausted())?,
+        };
         let idle = self.idle.lock().expect("pool lock").pop();
         let conn = match idle {
             Some(conn) => conn,
