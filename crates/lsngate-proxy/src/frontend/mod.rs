@@ -6,6 +6,7 @@
 pub mod auth;
 mod flight;
 pub mod listener;
+mod replies;
 pub mod router;
 pub mod session;
 
