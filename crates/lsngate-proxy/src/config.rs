@@ -13,6 +13,7 @@ use crate::frontend::auth::{Credential, ScramVerifier, md5_stored};
 
 /// Why a configuration cannot be used.
 #[derive(Debug, thiserror::Error)]
+#[allow(missing_docs)] // variant fields are described by the variant docs
 pub enum ConfigError {
     /// The file could not be read.
     #[error("cannot read config file {path}: {source}")]
@@ -253,12 +254,13 @@ fn percent_decode(s: &str) -> String {
     let mut out = Vec::with_capacity(bytes.len());
     let mut i = 0;
     while i < bytes.len() {
-        if bytes[i] == b'%' && i + 2 < bytes.len() + 0 && i + 2 <= bytes.len() - 1 {
-            if let Ok(b) = u8::from_str_radix(&s[i + 1..i + 3], 16) {
-                out.push(b);
-                i += 3;
-                continue;
-            }
+        if bytes[i] == b'%'
+            && i + 2 < bytes.len()
+            && let Ok(b) = u8::from_str_radix(&s[i + 1..i + 3], 16)
+        {
+            out.push(b);
+            i += 3;
+            continue;
         }
         out.push(bytes[i]);
         i += 1;

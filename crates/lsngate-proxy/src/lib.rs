@@ -8,6 +8,8 @@
 //! `backend/` server connections, pools and the health/role monitor, `admin/` HTTP metrics and
 //! status, `config` the TOML file and flags.
 
+#![warn(missing_docs)]
+
 pub mod admin;
 pub mod backend;
 pub mod config;

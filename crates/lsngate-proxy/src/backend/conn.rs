@@ -17,6 +17,7 @@ use crate::net::{BackendMessage, ErrorFields, Frame, FrontendMessage, StartupFra
 /// Why a backend connection failed; `retry_safe` tells the router whether another node may be
 /// tried (nothing was sent yet) or the client must get an error.
 #[derive(Debug, thiserror::Error)]
+#[allow(missing_docs)] // variant fields are described by the variant docs
 pub enum BackendError {
     /// TCP connect failed or timed out.
     #[error("cannot connect to {node}: {why}; is the server up and the URL right?")]

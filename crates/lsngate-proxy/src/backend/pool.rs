@@ -26,6 +26,7 @@ pub struct Pool {
 
 /// Why no connection could be handed out.
 #[derive(Debug, thiserror::Error)]
+#[allow(missing_docs)] // variant fields are described by the variant docs
 pub enum PoolError {
     /// Every connection stayed busy for the whole acquire timeout.
     #[error(

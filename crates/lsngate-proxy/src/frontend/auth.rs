@@ -10,6 +10,7 @@ use sha2::{Digest, Sha256};
 
 /// How a client must prove who it is.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[allow(missing_docs)] // variant fields are described by the variant docs
 pub enum Credential {
     /// No password asked (local development only).
     Trust,

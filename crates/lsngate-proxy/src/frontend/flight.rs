@@ -148,18 +148,17 @@ impl Session {
             }
             self.release_backend();
         }
-        if self.backend.is_none() {
-            if let Err(e) = self.attach(want.unwrap_or(Target::Primary)).await {
-                metrics::counter!("lsngate_proxy_errors_total", "kind" => "no_backend")
-                    .increment(1);
-                for _ in 0..segment_ends(&flight).max(1) {
-                    self.io
-                        .queue(&ErrorFields::new("ERROR", "08006", e.to_string()).to_frame(b'E'));
-                    self.io.queue(&build::ready_for_query(self.status));
-                }
-                self.io.flush().await?;
-                return Ok(());
+        if self.backend.is_none()
+            && let Err(e) = self.attach(want.unwrap_or(Target::Primary)).await
+        {
+            metrics::counter!("lsngate_proxy_errors_total", "kind" => "no_backend").increment(1);
+            for _ in 0..segment_ends(&flight).max(1) {
+                self.io
+                    .queue(&ErrorFields::new("ERROR", "08006", e.to_string()).to_frame(b'E'));
+                self.io.queue(&build::ready_for_query(self.status));
             }
+            self.io.flush().await?;
+            return Ok(());
         }
         self.send_flight(flight, class).await
     }

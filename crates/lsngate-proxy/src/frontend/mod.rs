@@ -120,7 +120,7 @@ impl Proxy {
             .expect("cancel lock")
             .get(&key)
             .cloned()?;
-        let target = slot.lock().expect("cancel slot lock").clone();
-        target
+
+        slot.lock().expect("cancel slot lock").clone()
     }
 }

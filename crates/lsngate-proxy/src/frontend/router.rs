@@ -46,6 +46,7 @@ const EFFECT_FUNCTIONS: &[&str] = &[
 
 /// What a statement (or a multi-statement string) needs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[allow(missing_docs)] // variant fields are described by the variant docs
 pub enum Class {
     /// Only reads: a replica may serve it outside a transaction block.
     Read,

@@ -151,10 +151,11 @@ fn startup_settings(params: &[(String, String)]) -> HashMap<String, String> {
                 } else {
                     word.strip_prefix("--").or(word.strip_prefix("-c"))
                 };
-                if let Some((k, v)) = pair.and_then(|p| p.split_once('=')) {
-                    if is_setting_name(k) && !k.starts_with("lsngate.") {
-                        settings.insert(k.to_ascii_lowercase().replace('-', "_"), quote_literal(v));
-                    }
+                if let Some((k, v)) = pair.and_then(|p| p.split_once('='))
+                    && is_setting_name(k)
+                    && !k.starts_with("lsngate.")
+                {
+                    settings.insert(k.to_ascii_lowercase().replace('-', "_"), quote_literal(v));
                 }
             }
         } else if !NOT_SETTINGS.contains(&name.as_str())

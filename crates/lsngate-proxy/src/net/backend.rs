@@ -9,6 +9,7 @@ use super::{ErrorFields, Fields, Frame, ProtocolError, put_cstr};
 
 /// A server message.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[allow(missing_docs)] // variant fields are described by the variant docs
 pub enum BackendMessage {
     /// 'R': authentication request or result; `code` 0 = ok, 3 = cleartext, 5 = md5 (data = salt),
     /// 10 = SASL (mechanisms), 11 = SASL continue, 12 = SASL final.

@@ -8,6 +8,7 @@ use super::{Fields, Frame, ProtocolError, put_cstr};
 
 /// A client message after startup.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[allow(missing_docs)] // variant fields are described by the variant docs
 pub enum FrontendMessage {
     /// 'Q': one or more statements as text.
     Query(String),

@@ -24,6 +24,7 @@ pub const DEFAULT_MAX_MESSAGE_LEN: usize = 64 * 1024 * 1024;
 
 /// What can be wrong with bytes a peer sent.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[allow(missing_docs)] // variant fields are described by the variant docs
 pub enum ProtocolError {
     /// The length word is below 4 (it counts itself) or otherwise impossible.
     #[error(

@@ -144,26 +144,6 @@ pub fn texts(output: &Output) -> (String, String) {
     )
 }
 
-/// psql through the proxy, unaligned tuples-only, stopping on the first error.
-pub fn psql(cluster: &Cluster, conninfo: &str, sql: &str) -> Command {
-    let mut command = Command::new(cluster.pg_bin().tool("psql"));
-    command
-        .args([
-            "-X",
-            "-A",
-            "-t",
-            "-q",
-            "-v",
-            "ON_ERROR_STOP=1",
-            "-d",
-            conninfo,
-            "-c",
-            sql,
-        ])
-        .env("PGCONNECT_TIMEOUT", "10");
-    command
-}
-
 /// A unique name for tables so tests sharing a cluster do not collide.
 pub fn unique(prefix: &str) -> String {
     use std::sync::atomic::{AtomicUsize, Ordering};
