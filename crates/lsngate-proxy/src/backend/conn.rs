@@ -271,6 +271,15 @@ impl BackendConn {
 }
 
 impl BackendConn {
+    /// Whether an idle connection can be handed out: nothing may be waiting on it. A server that
+    /// closed it (restart, `pg_terminate_backend`, idle timeout) left EOF or a FATAL behind, and
+    /// handing that out would turn a statement that never reached a server into an error.
+    pub fn is_usable(&self) -> bool {
+        let mut probe = [0u8; 1];
+        self.read_buf.is_empty()
+            && matches!(self.stream.try_read(&mut probe), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock)
+    }
+
     /// Whether a whole frame is already buffered (so the client flush can wait for it).
     pub fn has_frame(&self) -> bool {
         let b = &self.read_buf;

@@ -8,7 +8,7 @@ pub mod monitor;
 pub mod pool;
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicU8, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
 
 pub use conn::{BackendConn, BackendError};
@@ -121,7 +121,6 @@ impl NodeState {
 pub struct Nodes {
     /// The nodes in config order.
     pub all: Vec<Arc<NodeState>>,
-    next_replica: AtomicUsize,
 }
 
 impl Nodes {
@@ -141,23 +140,20 @@ impl Nodes {
                 })
             })
             .collect();
-        Nodes {
-            all,
-            next_replica: AtomicUsize::new(0),
-        }
+        Nodes { all }
     }
 
-    /// The node to use for `target`, or None when no primary is known.
+    /// The node to use for `target` (a uniformly random healthy replica), or None when no
+    /// primary is known.
     pub fn pick(&self, target: Target) -> Option<Arc<NodeState>> {
         if target == Target::Replica {
-            let replicas: Vec<_> = self
-                .all
-                .iter()
-                .filter(|n| n.healthy() && n.role() == Role::Replica)
-                .collect();
-            if !replicas.is_empty() {
-                let i = self.next_replica.fetch_add(1, Ordering::Relaxed) % replicas.len();
-                return Some(Arc::clone(replicas[i]));
+            let serving = |n: &&Arc<NodeState>| n.healthy() && n.role() == Role::Replica;
+            let count = self.all.iter().filter(serving).count();
+            if count > 0 {
+                // Random, not round robin: drivers send two flights per statement (prepare,
+                // then execute), and a strict rotation would give every execute the same replica.
+                let i = rand::random_range(0..count);
+                return self.all.iter().filter(serving).nth(i).cloned();
             }
         }
         self.primary()

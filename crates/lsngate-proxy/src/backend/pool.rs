@@ -77,7 +77,16 @@ impl Pool {
                 .map_err(|_| exhausted())?
                 .map_err(|_| exhausted())?,
         };
-        let idle = self.idle.lock().expect("pool lock").pop();
+        let idle = loop {
+            let candidate = self.idle.lock().expect("pool lock").pop();
+            match candidate {
+                Some(conn) if !conn.is_usable() => {
+                    tracing::debug!(node = %conn.address, "dropping a server connection closed while idle");
+                    self.open.fetch_sub(1, Ordering::Relaxed);
+                }
+                other => break other,
+            }
+        };
         let conn = match idle {
             Some(conn) => conn,
             None => {

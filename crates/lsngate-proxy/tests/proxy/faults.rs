@@ -14,8 +14,10 @@ fn a_backend_dying_mid_statement_gives_an_error_and_nothing_is_replayed() {
         .primary()
         .sql(&format!("CREATE TABLE {t} (id int)"))
         .unwrap();
+    // The application_name marks this proxy's server connections (settings are applied there).
+    let conninfo = format!("{} application_name=lsngate_dying", proxy.conninfo());
     rt().block_on(async {
-        let client = connect(&proxy.conninfo()).await;
+        let client = connect(&conninfo).await;
         let marker = format!("INSERT INTO {t} SELECT 1 FROM pg_sleep(3)");
         let killer = {
             let primary_sql = format!(
@@ -48,6 +50,23 @@ fn a_backend_dying_mid_statement_gives_an_error_and_nothing_is_replayed() {
         "2",
         "the killed insert was not replayed"
     );
+    // Idle pooled connections killed behind the proxy's back are noticed before reuse.
+    let terminated = cluster
+        .primary()
+        .sql("SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE state = 'idle' AND application_name = 'lsngate_dying'")
+        .unwrap();
+    assert_ne!(
+        terminated, "0",
+        "there were idle pooled connections to terminate"
+    );
+    std::thread::sleep(Duration::from_millis(200));
+    rt().block_on(async {
+        let client = connect(&conninfo).await;
+        client
+            .batch_execute(&format!("INSERT INTO {t} VALUES (3)"))
+            .await
+            .expect("a fresh connection is used");
+    });
 }
 
 #[test]
@@ -65,6 +84,29 @@ fn a_down_replica_is_skipped_and_a_promoted_replica_becomes_primary() {
                 .await
                 .unwrap();
             assert!(row.get::<_, bool>(0), "served by the surviving replica");
+        }
+    });
+    // The killed replica comes back and is used again once a health check sees it.
+    cluster.replica(0).start().unwrap();
+    let port0 = cluster.replica(0).port().to_string();
+    rt().block_on(async {
+        let client = connect(&proxy.conninfo()).await;
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let row = client
+                .query_one("SELECT inet_server_port()::text", &[])
+                .await
+                .unwrap();
+            if row.get::<_, String>(0) == port0 {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the restarted replica never served a read again; last served by {}; {}",
+                row.get::<_, String>(0),
+                proxy.http_get("/status")
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
         }
     });
     cluster.primary().stop().unwrap();

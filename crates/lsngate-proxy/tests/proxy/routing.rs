@@ -188,3 +188,32 @@ fn named_statements_survive_backend_changes_and_name_collisions() {
         "5"
     );
 }
+
+#[test]
+fn an_error_in_the_middle_of_a_pipeline_fails_only_that_statement() {
+    let cluster = shared_cluster();
+    let proxy = TestProxy::start(cluster);
+    rt().block_on(async {
+        let client = connect(&proxy.conninfo()).await;
+        for route in ["auto", "primary"] {
+            client
+                .batch_execute(&format!("SET lsngate.route = {route}"))
+                .await
+                .unwrap();
+            // tokio-postgres pipelines queries polled together: Parse/Bind/Execute/Sync x3 in one write.
+            let (a, b, c) = tokio::join!(
+                client.query_one("SELECT 1::int", &[]),
+                client.query_one("SELECT 1/0", &[]),
+                client.query_one("SELECT 3::int", &[]),
+            );
+            assert_eq!(a.unwrap().get::<_, i32>(0), 1, "{route}");
+            let err = b.unwrap_err();
+            assert_eq!(
+                err.code(),
+                Some(&tokio_postgres::error::SqlState::DIVISION_BY_ZERO),
+                "{route}"
+            );
+            assert_eq!(c.unwrap().get::<_, i32>(0), 3, "{route}");
+        }
+    });
+}
