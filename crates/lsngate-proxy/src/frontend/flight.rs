@@ -53,6 +53,8 @@ pub struct Attached {
     pub retry: Option<RetryBuffer>,
     /// The client already got an error for the segment in progress (a FATAL before a crash).
     pub error_relayed: bool,
+    /// The server sent FATAL: this connection is closing and takes no further flights.
+    pub doomed: bool,
 }
 
 impl Attached {
@@ -137,6 +139,14 @@ impl Session {
         want: Option<Target>,
     ) -> anyhow::Result<()> {
         while let Some(b) = self.backend.as_ref() {
+            if b.doomed {
+                // Wait for the close so the replies still due get their errors, then attach anew.
+                self.drain().await?;
+                if self.backend.as_ref().is_some_and(|b| b.doomed) {
+                    self.backend = None;
+                }
+                continue;
+            }
             let in_block = self.status != b'I' || b.open || b.copy_in || self.pinned;
             let compatible = want.is_none_or(|w| w == b.target) && b.retry.is_none();
             if in_block || compatible {
@@ -197,6 +207,7 @@ impl Session {
                         extended: false,
                         retry: None,
                         error_relayed: false,
+                        doomed: false,
                     });
                     return Ok(());
                 }

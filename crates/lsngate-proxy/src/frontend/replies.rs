@@ -99,6 +99,7 @@ impl Session {
             BackendMessage::ErrorResponse(mut e) => {
                 attached.error_relayed = true;
                 if matches!(e.get(b'S'), Some("FATAL" | "PANIC")) {
+                    attached.doomed = true;
                     // The server connection ends, the client's does not: to the client this is
                     // an ERROR, followed by ReadyForQuery when the loss is noticed.
                     for (code, value) in e.fields.iter_mut() {
