@@ -1,5 +1,6 @@
 //! `lsngate`: one binary for every lsngate command — local clusters (`cluster`), the
-//! read-your-writes benchmark (`bench`) and replica lag diagnostics (`lag`).
+//! read-your-writes benchmark (`bench`), replica lag diagnostics (`lag`) and the wire-protocol
+//! proxy (`proxy`).
 
 mod bench;
 mod cluster;
@@ -27,6 +28,8 @@ enum Command {
     Bench(bench::BenchArgs),
     /// Explain where each replica's lag comes from (network/disk, replay, conflicts).
     Lag(lag::LagArgs),
+    /// A PostgreSQL wire-protocol proxy that pools connections and splits reads from writes.
+    Proxy(lsngate_proxy::ProxyArgs),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -42,6 +45,7 @@ fn main() -> anyhow::Result<()> {
         Command::Cluster(command) => cluster::run(command),
         Command::Bench(args) => runtime()?.block_on(bench::run(args)),
         Command::Lag(args) => runtime()?.block_on(lag::run(args)),
+        Command::Proxy(args) => runtime()?.block_on(lsngate_proxy::run_cli(args)),
     }
 }
 

@@ -291,3 +291,63 @@ fn cluster_up_status_down() {
     lsngate(&["cluster", "down", "--dir", path]);
     assert!(!std::path::Path::new(path).exists());
 }
+
+#[test]
+fn proxy_subcommand_splits_reads_and_stops_cleanly_on_sigterm() {
+    let cluster = Cluster::start(&ClusterConfig::default().replicas(1)).unwrap();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let listen = format!("127.0.0.1:{port}");
+    let mut proxy = Command::new(env!("CARGO_BIN_EXE_lsngate"))
+        .args([
+            "proxy",
+            "--listen",
+            &listen,
+            "--primary",
+            &cluster.primary_url(),
+        ])
+        .args(["--replica", &cluster.replica_urls()[0]])
+        .spawn()
+        .expect("start lsngate proxy");
+    let psql = PgBin::find(None).unwrap().tool("psql");
+    let query = |sql: &str| {
+        let output = Command::new(&psql)
+            .args(["-X", "-A", "-t", "-h", "127.0.0.1", "-p", &port.to_string()])
+            .args(["-U", "postgres", "-d", "postgres", "-c", sql])
+            .env("PGCONNECT_TIMEOUT", "3")
+            .output()
+            .unwrap();
+        (
+            output.status.success(),
+            String::from_utf8_lossy(&output.stdout).trim().to_string(),
+        )
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while !query("SELECT 1").0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the proxy never accepted a client"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert_eq!(
+        query("SELECT pg_is_in_recovery()"),
+        (true, "t".into()),
+        "a plain read goes to the replica"
+    );
+    assert_eq!(
+        query("/* lsngate:route=primary */ SELECT pg_is_in_recovery()"),
+        (true, "f".into()),
+        "a hinted read goes to the primary"
+    );
+    let status = Command::new("kill")
+        .args(["-TERM", &proxy.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let exit = proxy.wait().unwrap();
+    assert!(exit.success(), "SIGTERM drains and exits 0: {exit}");
+}
