@@ -311,6 +311,42 @@ pub(crate) fn commit_position(messages: &[SimpleQueryMessage]) -> Option<(Lsn, O
     Some((lsn, timeline))
 }
 
+/// The insert position alone, prepared once per primary connection: after every commit the
+/// server only binds and executes it (no parse or plan on the hot path), and the timeline and
+/// WAL sizes come from what the connection learned when it was opened.
+pub(crate) const INSERT_POSITION_SQL: &str = "SELECT pg_current_wal_insert_lsn()::text";
+
+/// Readies `conn` for [`commit_position_on`] (one round trip, the first time only).
+pub(crate) async fn prepare_commit_position(conn: &mut Conn) -> Result<(), tokio_postgres::Error> {
+    match conn.primary_timeline {
+        Some(_) => prepare(conn, INSERT_POSITION_SQL).await,
+        None => Ok(()),
+    }
+}
+
+/// The token position after a commit on `conn`; polled together with the commit, so both leave
+/// in one flight and the server answers in order. Falls back to [`COMMIT_POSITION_SQL`] on a
+/// connection whose timeline is not known.
+pub(crate) async fn commit_position_on(conn: &Conn) -> Result<(Lsn, Option<u32>), String> {
+    match (conn.primary_timeline, conn.cached(INSERT_POSITION_SQL)) {
+        (Some(timeline), Some(statement)) => {
+            let row = conn
+                .client
+                .query_one(&statement, &[])
+                .await
+                .map_err(|e| e.to_string())?;
+            let insert = Lsn::parse(row.get::<_, &str>(0)).map_err(|e| e.to_string())?;
+            let lsn = lsngate_core::reachable_insert_position(
+                insert,
+                conn.wal_block_size,
+                conn.wal_segment_size,
+            );
+            Ok((lsn, Some(timeline)))
+        }
+        _ => position_of(&conn.client).await,
+    }
+}
+
 /// Runs [`COMMIT_POSITION_SQL`] on `client` (for a commit the caller made itself).
 pub(crate) async fn position_of(client: &Client) -> Result<(Lsn, Option<u32>), String> {
     let messages = client

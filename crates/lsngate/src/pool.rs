@@ -105,6 +105,11 @@ pub(crate) struct Conn {
     pub server: Arc<ServerId>,
     /// `server_version_num`, e.g. 190000.
     pub version_num: u32,
+    /// `wal_block_size` and `wal_segment_size` in bytes (0 when unknown).
+    pub wal_block_size: u64,
+    pub wal_segment_size: u64,
+    /// The server's timeline when it was a primary at connect time.
+    pub primary_timeline: Option<u32>,
     statements: HashMap<String, Statement>,
 }
 
@@ -134,9 +139,16 @@ impl fmt::Display for ConnectError {
     }
 }
 
+/// Who the server is, plus what stays fixed for the life of the connection and lets a commit
+/// token be read with a prepared one-column statement: the WAL page and segment sizes (set at
+/// initdb) and, on a primary, its timeline (a running primary never changes timeline; a
+/// standby's is left unknown, and its connections use the full position query).
 const IDENTITY_SQL: &str = "SELECT system_identifier::text, \
      coalesce(host(inet_server_addr()), 'local'), coalesce(inet_server_port()::text, ''), \
-     pg_postmaster_start_time()::text, current_setting('server_version_num') \
+     pg_postmaster_start_time()::text, current_setting('server_version_num'), \
+     current_setting('wal_block_size'), pg_size_bytes(current_setting('wal_segment_size'))::text, \
+     CASE WHEN pg_is_in_recovery() THEN NULL \
+          ELSE substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8) END \
      FROM pg_control_system()";
 
 /// Opens connections to one URL.
@@ -191,6 +203,7 @@ fn identify(client: Client, rows: &[SimpleQueryMessage]) -> Result<Conn, Connect
         .ok_or_else(|| ConnectError("identity query returned no row".into()))?;
     let text = |i: usize| row.get(i).unwrap_or_default().to_string();
     let version_num = text(4).parse().unwrap_or(0);
+    let number = |i: usize| text(i).parse::<u64>().unwrap_or(0);
     Ok(Conn {
         client,
         server: Arc::new(ServerId {
@@ -200,6 +213,9 @@ fn identify(client: Client, rows: &[SimpleQueryMessage]) -> Result<Conn, Connect
             started: text(3),
         }),
         version_num,
+        wal_block_size: number(5),
+        wal_segment_size: number(6),
+        primary_timeline: row.get(7).and_then(|t| u32::from_str_radix(t, 16).ok()),
         statements: HashMap::new(),
     })
 }

@@ -15,7 +15,7 @@ use lsngate_core::Token;
 use tokio_postgres::{Client, Row};
 
 use crate::error::Error;
-use crate::flight::{self, COMMIT_POSITION_SQL, Params};
+use crate::flight::{self, Params};
 use crate::gate::{Gate, Inner};
 use crate::pool::{Pooled, discard};
 
@@ -41,10 +41,15 @@ impl Deref for WriteTx<'_> {
 impl WriteTx<'_> {
     /// Commits and returns the commit token, in one network flight.
     pub async fn commit(mut self) -> Result<Token, Error> {
-        let conn = self.conn.take().expect("open until commit/rollback");
+        let mut conn = self.conn.take().expect("open until commit/rollback");
+        if let Err(error) = flight::prepare_commit_position(&mut conn).await {
+            // COMMIT was never sent; a broken connection aborts the transaction.
+            discard(conn);
+            return Err(Error::CommitFailed(error));
+        }
         let (committed, position) = join!(
             conn.client.batch_execute("COMMIT"),
-            conn.client.simple_query(COMMIT_POSITION_SQL)
+            flight::commit_position_on(&conn)
         );
         if let Err(error) = committed {
             let unknown = error.code().is_none();
@@ -55,10 +60,7 @@ impl WriteTx<'_> {
                 Error::CommitFailed(error)
             });
         }
-        let parsed = position
-            .map_err(|e| e.to_string())
-            .and_then(|m| flight::commit_position(&m).ok_or_else(|| "no position".into()));
-        match parsed {
+        match position {
             Ok((lsn, timeline)) => Ok(self.inner.token_from(lsn, timeline)),
             Err(cause) => {
                 discard(conn);
@@ -231,6 +233,10 @@ impl Gate {
             }
             return Err(self.primary_error(conn, source));
         }
+        if let Err(source) = flight::prepare_commit_position(&mut conn).await {
+            discard(conn);
+            return Err(inner.primary_unavailable(source.to_string()));
+        }
         let statement = conn.cached(sql).expect("prepared above");
         let run = async {
             match returning {
@@ -246,15 +252,12 @@ impl Gate {
                     .map(Outcome::Rows),
             }
         };
-        let (executed, position) = join!(run, conn.client.simple_query(COMMIT_POSITION_SQL));
+        let (executed, position) = join!(run, flight::commit_position_on(&conn));
         let outcome = match executed {
             Ok(outcome) => outcome,
             Err(source) => return Err(self.primary_error(conn, source)),
         };
-        let parsed = position
-            .map_err(|e| e.to_string())
-            .and_then(|m| flight::commit_position(&m).ok_or_else(|| "no position".into()));
-        match parsed {
+        match position {
             Ok((lsn, timeline)) => Ok((outcome, inner.token_from(lsn, timeline))),
             Err(cause) => {
                 discard(conn);

@@ -177,6 +177,9 @@ async fn transaction_helper_and_token_less_reads() {
     assert_eq!(rows[0].get::<_, i64>(0), 40);
     assert_eq!(rows[0].get::<_, String>(1), "forty");
     assert!(returned.lsn > token.lsn, "a later commit has a later token");
+    // The timeline comes from what the connection learned when it opened: 1 on a fresh cluster.
+    assert_eq!(token.timeline, Some(1), "transaction token: {token:?}");
+    assert_eq!(returned.timeline, Some(1), "autocommit token: {returned:?}");
     let read = gate
         .query_after(&returned, "SELECT note FROM rw_tx WHERE id = 40", &[])
         .await
