@@ -72,7 +72,10 @@ pub enum BreakerState {
     /// Fallbacks admitted (up to the cap).
     Closed,
     /// Fallbacks refused until `until` (same time origin as the calls).
-    Open { until: Duration },
+    Open {
+        /// When fallbacks are admitted again.
+        until: Duration,
+    },
 }
 
 /// Why the guard refused a fallback.
@@ -81,10 +84,15 @@ pub enum Refusal {
     #[error(
         "the primary already serves {in_flight} fallback reads (the cap); raise the cap or the replica budget, or add replicas"
     )]
-    AtCapacity { in_flight: usize },
+    /// The cap on concurrent fallbacks is reached.
+    AtCapacity {
+        /// Fallback reads running on the primary now.
+        in_flight: usize,
+    },
     #[error(
         "the fallback circuit breaker is open (too many reads fell back to the primary recently); replicas are lagging — check replay lag, or raise the budget"
     )]
+    /// The breaker on the fallback rate is open.
     BreakerOpen,
 }
 
@@ -285,7 +293,11 @@ mod tests {
             guard.record(ms(i), true);
         }
         assert_eq!(guard.fallback_rate(ms(5)), 1.0);
-        assert_eq!(guard.fallback_rate(ms(1500)), 1.0, "previous window still counts");
+        assert_eq!(
+            guard.fallback_rate(ms(1500)),
+            1.0,
+            "previous window still counts"
+        );
         assert_eq!(guard.fallback_rate(ms(5000)), 0.0);
     }
 

@@ -2,6 +2,8 @@
 //! decision. No sockets, no clocks read behind your back (time is passed in), no PostgreSQL:
 //! everything here is a plain function a unit test or a fuzzer can call.
 
+#![warn(missing_docs)]
+
 pub mod guard;
 pub mod lsn;
 pub mod route;

@@ -19,28 +19,49 @@ pub struct Lsn(u64);
 /// value, so it can be shown to a user as is.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum LsnParseError {
+    /// The text was empty.
     #[error("invalid LSN \"\": empty; expected two hex parts of 1–8 digits like 0/3F8A120")]
     Empty,
     #[error(
         "invalid LSN \"{text}\": missing the '/' separator; expected two hex parts of 1–8 digits like 0/3F8A120"
     )]
-    MissingSeparator { text: String },
+    /// No `/` between the two halves.
+    MissingSeparator {
+        /// The offending text, shortened and escaped for display.
+        text: String,
+    },
     #[error(
         "invalid LSN \"{text}\": the {side} part is empty; expected two hex parts of 1–8 digits like 0/3F8A120"
     )]
-    EmptyPart { text: String, side: &'static str },
+    /// One side of the `/` is empty.
+    EmptyPart {
+        /// The offending text, shortened and escaped for display.
+        text: String,
+        /// `high` or `low`.
+        side: &'static str,
+    },
     #[error(
         "invalid LSN \"{text}\": the {side} part has {digits} digits, at most 8 are allowed; expected two hex parts of 1–8 digits like 0/3F8A120"
     )]
+    /// One side has more than 8 hex digits.
     TooManyDigits {
+        /// The offending text, shortened and escaped for display.
         text: String,
+        /// `high` or `low`.
         side: &'static str,
+        /// How many digits that side has.
         digits: usize,
     },
     #[error(
         "invalid LSN \"{text}\": the {side} part is not hexadecimal; expected two hex parts of 1–8 digits like 0/3F8A120"
     )]
-    BadHex { text: String, side: &'static str },
+    /// One side holds something other than hex digits.
+    BadHex {
+        /// The offending text, shortened and escaped for display.
+        text: String,
+        /// `high` or `low`.
+        side: &'static str,
+    },
 }
 
 /// Longest text echoed back in an error, so a huge hostile input does not become a huge message.
@@ -55,13 +76,17 @@ fn echo(text: &str) -> String {
 }
 
 impl Lsn {
+    /// `0/0`, which PostgreSQL uses as "invalid".
     pub const ZERO: Lsn = Lsn(0);
+    /// `FFFFFFFF/FFFFFFFF`.
     pub const MAX: Lsn = Lsn(u64::MAX);
 
+    /// The position `position` bytes into the WAL.
     pub const fn new(position: u64) -> Lsn {
         Lsn(position)
     }
 
+    /// The position as a number of bytes.
     pub const fn as_u64(self) -> u64 {
         self.0
     }

@@ -26,6 +26,7 @@ pub enum Role {
 pub struct ReplicaState {
     /// Reachable at the last check.
     pub healthy: bool,
+    /// Standby, promoted, or not yet known.
     pub role: Role,
     /// The highest position this server is known to have replayed. Only ever raised by
     /// observations of the same server.
@@ -51,7 +52,9 @@ impl ReplicaState {
 /// Bounds on lag for reads without a token.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct LagBound {
+    /// Most bytes a replica may be behind the primary's latest known position.
     pub max_bytes: Option<u64>,
+    /// Most time lag a replica may have, when lag is measured.
     pub max_lag: Option<Duration>,
 }
 
@@ -100,9 +103,12 @@ pub enum PrimaryReason {
 pub enum Decision {
     /// Read on replica `index`; when `wait` is set, first wait there for the floor.
     Replica {
+        /// Index of the replica in the slice given to [`route`].
         index: usize,
+        /// The replica is not known to have the floor: wait for it there first.
         wait: bool,
     },
+    /// Read on the primary, for this reason.
     Primary(PrimaryReason),
 }
 

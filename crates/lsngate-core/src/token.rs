@@ -41,6 +41,7 @@ pub struct Token {
 }
 
 impl Token {
+    /// A token for `lsn`, with no timeline and no expiry.
     pub fn new(lsn: Lsn) -> Token {
         Token {
             lsn,
@@ -49,6 +50,7 @@ impl Token {
         }
     }
 
+    /// The same token, taken on the primary's timeline `timeline`.
     pub fn with_timeline(mut self, timeline: u32) -> Token {
         self.timeline = Some(timeline);
         self
@@ -73,6 +75,7 @@ impl Token {
         tokens.into_iter().reduce(Token::merge)
     }
 
+    /// Whether the token's expiry has passed at `now`.
     pub fn is_expired(&self, now: SystemTime) -> bool {
         self.expires_at.is_some_and(|at| unix_seconds(now) > at)
     }
@@ -88,24 +91,42 @@ impl From<Lsn> for Token {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum TokenError {
     #[error("empty token; expected {SHAPE}")]
+    /// The text was empty.
     Empty,
     #[error("token is {len} bytes, longer than the {MAX_TOKEN_LEN} allowed; expected {SHAPE}")]
-    TooLong { len: usize },
+    /// The text is longer than [`MAX_TOKEN_LEN`].
+    TooLong {
+        /// Its length in bytes.
+        len: usize,
+    },
     #[error("invalid token: {0}")]
+    /// The LSN part is malformed.
     Lsn(#[from] LsnParseError),
     #[error("invalid token: bad field \"{field}\"; expected {SHAPE}")]
-    BadField { field: String },
+    /// A field after the LSN is not `t<timeline>`, `e<expiry>` or `s<signature>`.
+    BadField {
+        /// The field, shortened.
+        field: String,
+    },
     #[error(
         "invalid token: the signature does not match (tampered, or signed with another key); issue a new token"
     )]
+    /// The signature does not match the token under this deployment's key.
     BadSignature,
     #[error(
         "token expired at Unix time {expired_at} ({ago_seconds}s ago); it is ignored, take a fresh one from the next write"
     )]
-    Expired { expired_at: u64, ago_seconds: u64 },
+    /// The token's expiry has passed.
+    Expired {
+        /// Unix seconds at which it expired.
+        expired_at: u64,
+        /// How long ago that was.
+        ago_seconds: u64,
+    },
     #[error(
         "unsigned token refused: this deployment requires signed tokens; issue them with the signing key (TokenCodec::issue)"
     )]
+    /// The token has no signature and this deployment requires one.
     Unsigned,
 }
 
@@ -159,6 +180,7 @@ impl TokenCodec {
         self
     }
 
+    /// The lifetime given to issued tokens, if any.
     pub fn ttl(&self) -> Option<Duration> {
         self.ttl
     }

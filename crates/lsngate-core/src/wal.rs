@@ -68,7 +68,11 @@ mod tests {
     fn positions_inside_a_page_are_unchanged() {
         for text in ["0/03020020", "0/0302FFF8", "0/03021FF0", "1/00002030"] {
             let lsn = Lsn::parse(text).unwrap();
-            assert_eq!(reachable_insert_position(lsn, BLOCK, SEGMENT), lsn, "{text}");
+            assert_eq!(
+                reachable_insert_position(lsn, BLOCK, SEGMENT),
+                lsn,
+                "{text}"
+            );
         }
         let lsn = Lsn::parse("0/03020018").unwrap();
         assert_eq!(reachable_insert_position(lsn, 0, 0), lsn);

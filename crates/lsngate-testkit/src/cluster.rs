@@ -46,10 +46,13 @@ impl std::str::FromStr for SyncMode {
 /// How to build a cluster. `ClusterConfig::default()` is one primary and one replica.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ClusterConfig {
+    /// Number of streaming replicas.
     pub replicas: usize,
     /// `recovery_min_apply_delay` on every replica.
     pub apply_delay: Option<Duration>,
+    /// Synchronous standby (`replica1`) and `synchronous_commit`, or asynchronous replication.
     pub sync: SyncMode,
+    /// `hot_standby_feedback` on every replica.
     pub hot_standby_feedback: bool,
     /// PostgreSQL bin dir; `None` finds one (see [`PgBin::find`]).
     pub pg_bin: Option<PathBuf>,
@@ -74,30 +77,37 @@ impl Default for ClusterConfig {
 }
 
 impl ClusterConfig {
+    /// `n` streaming replicas.
     pub fn replicas(mut self, n: usize) -> Self {
         self.replicas = n;
         self
     }
+    /// Replicas apply WAL `delay` after the commit (`recovery_min_apply_delay`).
     pub fn apply_delay(mut self, delay: Duration) -> Self {
         self.apply_delay = Some(delay);
         self
     }
+    /// Synchronous replication mode.
     pub fn sync(mut self, sync: SyncMode) -> Self {
         self.sync = sync;
         self
     }
+    /// Turns `hot_standby_feedback` on or off.
     pub fn hot_standby_feedback(mut self, on: bool) -> Self {
         self.hot_standby_feedback = on;
         self
     }
+    /// Runs PostgreSQL from this bin dir instead of the detected one.
     pub fn pg_bin(mut self, dir: impl Into<PathBuf>) -> Self {
         self.pg_bin = Some(dir.into());
         self
     }
+    /// Puts the cluster in `dir` (must not exist or be empty) instead of a temp dir.
     pub fn dir(mut self, dir: impl Into<PathBuf>) -> Self {
         self.dir = Some(dir.into());
         self
     }
+    /// Adds `name = 'value'` to every node's `postgresql.conf`.
     pub fn setting(mut self, name: &str, value: &str) -> Self {
         self.settings.push((name.to_string(), value.to_string()));
         self
@@ -107,10 +117,13 @@ impl ClusterConfig {
 /// What `cluster.json` holds.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Manifest {
+    /// The PostgreSQL bin dir the cluster runs from.
     pub pg_bin: PathBuf,
+    /// The primary first, then the replicas.
     pub nodes: Vec<NodeSpec>,
 }
 
+/// The manifest's file name inside the cluster directory.
 pub const MANIFEST: &str = "cluster.json";
 
 /// A running cluster. Dropping it stops every node and removes its directory, unless
@@ -217,10 +230,12 @@ impl Cluster {
         })
     }
 
+    /// The primary.
     pub fn primary(&self) -> &Node {
         &self.primary
     }
 
+    /// Every replica, `replica1` first.
     pub fn replicas(&self) -> &[Node] {
         &self.replicas
     }
@@ -235,18 +250,22 @@ impl Cluster {
         std::iter::once(&self.primary).chain(self.replicas.iter())
     }
 
+    /// The cluster directory.
     pub fn dir(&self) -> &Path {
         &self.dir
     }
 
+    /// The PostgreSQL installation the cluster runs.
     pub fn pg_bin(&self) -> &PgBin {
         &self.bin
     }
 
+    /// The primary's libpq URL.
     pub fn primary_url(&self) -> String {
         self.primary.url()
     }
 
+    /// Every replica's libpq URL.
     pub fn replica_urls(&self) -> Vec<String> {
         self.replicas.iter().map(Node::url).collect()
     }

@@ -10,6 +10,8 @@
 //! // dropped here: every server stopped, data dir removed
 //! ```
 
+#![warn(missing_docs)]
+
 mod cluster;
 mod node;
 mod pgbin;
@@ -30,38 +32,68 @@ pub enum Error {
     #[error(
         "no PostgreSQL found (looked at {BUNDLE_BIN}, pg_config --bindir, /usr/lib/postgresql/*/bin); run scripts/install-postgres.sh or pass --pg-bin"
     )]
+    /// No PostgreSQL installation was found.
     NoPostgres,
     #[error("{dir} is not a usable PostgreSQL bin dir: {why}")]
-    BadPgBin { dir: PathBuf, why: String },
+    /// The given bin dir does not hold a usable PostgreSQL.
+    BadPgBin {
+        /// The directory.
+        dir: PathBuf,
+        /// What is wrong with it.
+        why: String,
+    },
     #[error(
         "running as root but there is no `{SERVER_USER}` user to run PostgreSQL as; run scripts/install-postgres.sh, which creates it"
     )]
+    /// Running as root without the `lsngate` user to run servers as.
     NoServerUser,
     #[error("{} already holds a cluster; stop it with `lsngate cluster down --dir {}` or pick another --dir", .0.display(), .0.display())]
+    /// The requested cluster directory already holds a cluster.
     DirInUse(PathBuf),
     #[error("{what}: {source}")]
+    /// A file or process operation failed.
     Io {
+        /// What was being done.
         what: String,
+        /// The underlying error.
         source: std::io::Error,
     },
     #[error("{what} failed ({status}): {stderr}")]
+    /// A server program (initdb, pg_ctl, pg_basebackup) failed.
     Command {
+        /// What was being done.
         what: String,
+        /// Its exit status.
         status: String,
+        /// What it printed.
         stderr: String,
     },
     #[error("SQL on {node} failed: {message}\n  statement: {sql}")]
+    /// A statement run with psql failed.
     Sql {
+        /// The node it ran on.
         node: String,
+        /// The statement.
         sql: String,
+        /// psql's error output.
         message: String,
     },
     #[error("cannot connect to {node}: {message}")]
-    Connect { node: String, message: String },
+    /// A driver connection could not be opened.
+    Connect {
+        /// The node.
+        node: String,
+        /// The driver's error.
+        message: String,
+    },
     #[error("timed out after {waited:?} waiting for {what}{}", last_error.as_ref().map(|e| format!(" (last error: {e})")).unwrap_or_default())]
+    /// A condition did not become true in time.
     Timeout {
+        /// The condition.
         what: String,
+        /// How long it was waited for.
         waited: Duration,
+        /// The last error seen while checking it, if any.
         last_error: Option<String>,
     },
 }

@@ -27,7 +27,9 @@ pub(crate) struct Tools {
 pub struct NodeSpec {
     /// `primary`, `replica1`, `replica2`, ... (also its `application_name` when streaming).
     pub name: String,
+    /// TCP port on 127.0.0.1.
     pub port: u16,
+    /// Data directory (also holds the Unix socket).
     pub data_dir: PathBuf,
 }
 
@@ -43,18 +45,22 @@ impl Node {
         Node { spec, tools }
     }
 
+    /// `primary`, `replica1`, ...
     pub fn name(&self) -> &str {
         &self.spec.name
     }
 
+    /// TCP port on 127.0.0.1.
     pub fn port(&self) -> u16 {
         self.spec.port
     }
 
+    /// Data directory.
     pub fn data_dir(&self) -> &Path {
         &self.spec.data_dir
     }
 
+    /// Name, port and data directory, as in the manifest.
     pub fn spec(&self) -> &NodeSpec {
         &self.spec
     }
@@ -131,6 +137,7 @@ impl Node {
         })
     }
 
+    /// Resumes replay after [`Node::pause_replay`].
     pub fn resume_replay(&self) -> Result<(), Error> {
         self.sql("SELECT pg_wal_replay_resume()").map(drop)
     }
@@ -228,6 +235,7 @@ impl Node {
         })
     }
 
+    /// The server log, beside the data directory.
     pub fn log_file(&self) -> PathBuf {
         self.spec
             .data_dir

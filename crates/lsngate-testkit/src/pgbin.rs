@@ -17,6 +17,7 @@ pub const PG_BIN_ENV: &str = "LSNGATE_PG_BIN";
 /// A PostgreSQL bin directory and the server version in it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PgBin {
+    /// The bin directory.
     pub dir: PathBuf,
     /// `postgres --version`'s version word, e.g. `19rc1` or `15.18`.
     pub version: String,
@@ -98,6 +99,7 @@ impl PgBin {
         })
     }
 
+    /// Path of program `name` in this bin dir.
     pub fn tool(&self, name: &str) -> PathBuf {
         self.dir.join(name)
     }
