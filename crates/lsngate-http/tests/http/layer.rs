@@ -15,7 +15,7 @@ use lsngate_core::{Lsn, Token, TokenCodec};
 use lsngate_http::{MemoryTokenStore, NewToken, TokenContext, TokenLayer};
 use tower::ServiceExt;
 
-use crate::support::{CountingRecorder, with_recorder};
+use crate::support::{CountingRecorder, user_header, with_recorder};
 
 const KEY: &[u8] = b"test signing key";
 
@@ -299,15 +299,6 @@ async fn unsigned_codec_accepts_plain_lsn_headers() {
     let app = app(TokenLayer::new(TokenCodec::unsigned()));
     let response = send(&app, "GET", "/read", &[("lsn-token", "0/3F8A120")]).await;
     assert_eq!(body(response).await, "0/03F8A120");
-}
-
-fn user_header(parts: &http::request::Parts) -> Option<String> {
-    parts
-        .headers
-        .get("x-user")?
-        .to_str()
-        .ok()
-        .map(str::to_owned)
 }
 
 #[tokio::test]

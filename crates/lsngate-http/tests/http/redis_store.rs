@@ -12,7 +12,7 @@ use lsngate_core::{Lsn, Token, TokenCodec};
 use lsngate_http::{RedisTokenStore, StoreError, TokenContext, TokenLayer, TokenStore};
 use tower::ServiceExt;
 
-use crate::support::{CountingRecorder, RedisServer, with_recorder};
+use crate::support::{CountingRecorder, RedisServer, user_header, with_recorder};
 
 #[tokio::test]
 async fn redis_store_merges_by_max_expires_and_survives_a_layer_round_trip() {
@@ -92,16 +92,7 @@ async fn redis_store_merges_by_max_expires_and_survives_a_layer_round_trip() {
                     .map_or("none".to_owned(), |t| t.lsn.to_string())
             }),
         )
-        .layer(
-            TokenLayer::new(TokenCodec::signed(b"k".to_vec())).store(store, |parts| {
-                parts
-                    .headers
-                    .get("x-user")?
-                    .to_str()
-                    .ok()
-                    .map(str::to_owned)
-            }),
-        );
+        .layer(TokenLayer::new(TokenCodec::signed(b"k".to_vec())).store(store, user_header));
     let request = |method: &str, uri: &str| {
         Request::builder()
             .method(method)

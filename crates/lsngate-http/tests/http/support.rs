@@ -143,3 +143,13 @@ impl Drop for RedisServer {
         let _ = self.child.wait();
     }
 }
+
+/// The user a test request belongs to: its `x-user` header (for the token stores).
+pub fn user_header(parts: &http::request::Parts) -> Option<String> {
+    parts
+        .headers
+        .get("x-user")?
+        .to_str()
+        .ok()
+        .map(str::to_owned)
+}
