@@ -42,6 +42,9 @@ pub enum ConfigError {
     /// A user entry is unusable.
     #[error("user {user:?}: {why}")]
     User { user: String, why: String },
+    /// A causal-read setting is invalid.
+    #[error("invalid {key}: {why}")]
+    Causal { key: &'static str, why: String },
     /// The TLS certificate or key cannot be used.
     #[error(
         "TLS setup failed: {0}; tls_cert must be a PEM certificate chain and tls_key a PEM private key"
@@ -175,6 +178,35 @@ pub struct FileConfig {
     /// Users clients may log in as. Without any, clients log in as the primary URL's user.
     #[serde(default)]
     pub users: Vec<UserEntry>,
+    /// Causal reads: session (default), token, global, universal, fast, fast_token, fast_global,
+    /// fast_universal or eventual (plain read/write split). Clients override it per session.
+    pub consistency: Option<String>,
+    /// Milliseconds a read may wait on a replica for its floor before the fallback. Default 500.
+    pub wait_timeout_ms: Option<u64>,
+    /// When the budget is spent: primary (default), error (SQLSTATE LG001) or stale.
+    pub fallback: Option<String>,
+    /// Most fallback reads running on the primary at once. Default 32.
+    pub fallback_cap: Option<usize>,
+    /// Fallback share (0–1) over the breaker window above which the breaker opens. Default 0.5.
+    pub breaker_ratio: Option<f64>,
+    /// Fewest reads in the breaker window before it may open. Default 50.
+    pub breaker_min_reads: Option<u32>,
+    /// Milliseconds of one breaker rate window (the rate spans two). Default 10000.
+    pub breaker_window_ms: Option<u64>,
+    /// Milliseconds the breaker stays open. Default 5000.
+    pub breaker_open_ms: Option<u64>,
+    /// A fallback the guard refuses: wait (default; queue up to wait_timeout_ms) or fail
+    /// (SQLSTATE LG002 at once).
+    pub when_guarded: Option<String>,
+    /// HMAC key of the HTTP helpers' signed tokens: `SET lsngate.min_lsn` then accepts them and
+    /// the proxy reports `lsngate.commit_token`. Default: none (plain LSNs only).
+    pub token_secret: Option<String>,
+    /// With token_secret: refuse plain `X/Y` floors, accept only signed tokens. Default false.
+    pub require_signed_tokens: Option<bool>,
+    /// Seconds a signed token issued by the proxy stays valid. Default: no expiry.
+    pub token_ttl_s: Option<u64>,
+    /// Milliseconds between position polls of every node (also role and health). Default 20.
+    pub replay_poll_ms: Option<u64>,
 }
 
 /// A parsed libpq URL of one node.
@@ -299,6 +331,8 @@ pub struct Config {
     pub users: Vec<(String, Credential)>,
     /// Client TLS, when configured.
     pub tls: Option<TlsSettings>,
+    /// Causal-read settings.
+    pub causal: crate::causal::CausalConfig,
 }
 
 impl Config {
@@ -353,6 +387,7 @@ impl Config {
                 .collect(),
             users,
             tls,
+            causal: causal_config(&file)?,
         })
     }
 
@@ -375,6 +410,100 @@ impl Config {
             .find(|(name, _)| name == user)
             .map(|(_, c)| c)
     }
+}
+
+fn causal_config(file: &FileConfig) -> Result<crate::causal::CausalConfig, ConfigError> {
+    use lsngate_core::{Fallback, TokenCodec, WhenGuarded};
+    let bad = |key: &'static str, why: String| ConfigError::Causal { key, why };
+    let defaults = crate::causal::CausalConfig::default();
+    let consistency = match &file.consistency {
+        Some(text) => crate::causal::Consistency::parse(text).map_err(|e| bad("consistency", e))?,
+        None => defaults.consistency,
+    };
+    let fallback = match file
+        .fallback
+        .as_deref()
+        .map(str::to_ascii_lowercase)
+        .as_deref()
+    {
+        None | Some("primary") => Fallback::Primary,
+        Some("error") => Fallback::Error,
+        Some("stale") => Fallback::Stale,
+        Some(other) => {
+            return Err(bad(
+                "fallback",
+                format!("{other:?}; use primary, error or stale"),
+            ));
+        }
+    };
+    let when_guarded = match file
+        .when_guarded
+        .as_deref()
+        .map(str::to_ascii_lowercase)
+        .as_deref()
+    {
+        None | Some("wait") => WhenGuarded::Wait,
+        Some("fail") => WhenGuarded::FailFast,
+        Some(other) => return Err(bad("when_guarded", format!("{other:?}; use wait or fail"))),
+    };
+    let ratio = file
+        .breaker_ratio
+        .unwrap_or(defaults.guard.max_fallback_ratio);
+    if !(0.0..=1.0).contains(&ratio) {
+        return Err(bad(
+            "breaker_ratio",
+            format!("{ratio} is not between 0 and 1"),
+        ));
+    }
+    let guard = lsngate_core::GuardConfig {
+        max_concurrent: file
+            .fallback_cap
+            .unwrap_or(defaults.guard.max_concurrent)
+            .max(1),
+        window: file
+            .breaker_window_ms
+            .map(Duration::from_millis)
+            .unwrap_or(defaults.guard.window),
+        min_reads: file.breaker_min_reads.unwrap_or(defaults.guard.min_reads),
+        max_fallback_ratio: ratio,
+        open_for: file
+            .breaker_open_ms
+            .map(Duration::from_millis)
+            .unwrap_or(defaults.guard.open_for),
+    };
+    let (tokens, signed) = match (
+        &file.token_secret,
+        file.require_signed_tokens.unwrap_or(false),
+    ) {
+        (Some(secret), require) if !secret.is_empty() => {
+            let mut codec =
+                TokenCodec::signed(secret.as_bytes().to_vec()).accept_unsigned(!require);
+            if let Some(ttl) = file.token_ttl_s {
+                codec = codec.with_ttl(Duration::from_secs(ttl));
+            }
+            (codec, true)
+        }
+        (_, true) => {
+            return Err(bad(
+                "require_signed_tokens",
+                "needs token_secret (the HTTP helpers' HMAC key)".into(),
+            ));
+        }
+        _ => (TokenCodec::unsigned(), false),
+    };
+    Ok(crate::causal::CausalConfig {
+        consistency,
+        wait_timeout: file
+            .wait_timeout_ms
+            .map(Duration::from_millis)
+            .unwrap_or(defaults.wait_timeout),
+        fallback,
+        guard,
+        when_guarded,
+        tokens,
+        signed,
+        replay_poll: Duration::from_millis(file.replay_poll_ms.unwrap_or(20).max(1)),
+    })
 }
 
 fn flags_only_users(

@@ -12,6 +12,7 @@
 
 pub mod admin;
 pub mod backend;
+pub mod causal;
 pub mod config;
 pub mod frontend;
 pub mod net;
@@ -75,6 +76,16 @@ pub struct ProxyArgs {
     /// Client TLS policy [default: allow with a certificate, disable without].
     #[arg(long, value_enum)]
     pub tls_mode: Option<TlsMode>,
+    /// Causal-read mode of new clients: session, token, global, universal, fast, fast_token,
+    /// fast_global, fast_universal or eventual [default: session].
+    #[arg(long)]
+    pub consistency: Option<String>,
+    /// Milliseconds a read may wait on a replica for its floor [default: 500].
+    #[arg(long)]
+    pub wait_timeout_ms: Option<u64>,
+    /// When the wait budget is spent: primary, error or stale [default: primary].
+    #[arg(long)]
+    pub fallback: Option<String>,
 }
 
 impl ProxyArgs {
@@ -99,8 +110,12 @@ impl ProxyArgs {
             acquire_timeout_ms,
             connect_timeout_ms,
             health_interval_ms,
-            max_message_size
+            max_message_size,
+            consistency,
+            wait_timeout_ms,
+            fallback
         );
+        over!(tls_cert, tls_key, tls_mode);
         if !self.replicas.is_empty() {
             file.replicas = self.replicas.clone();
         }

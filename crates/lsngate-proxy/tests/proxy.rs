@@ -1,6 +1,8 @@
 //! Integration tests of `lsngate proxy` against real PostgreSQL clusters from the testkit, with
 //! real clients (psql, pgbench, tokio-postgres, psycopg, asyncpg, node-postgres).
 
+#[path = "proxy/causal.rs"]
+mod causal;
 #[path = "proxy/clients.rs"]
 mod clients;
 #[path = "proxy/faults.rs"]

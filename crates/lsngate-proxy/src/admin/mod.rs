@@ -18,7 +18,13 @@ static PROMETHEUS: OnceLock<Option<PrometheusHandle>> = OnceLock::new();
 pub fn prometheus() -> Option<&'static PrometheusHandle> {
     PROMETHEUS
         .get_or_init(|| {
-            let recorder = PrometheusBuilder::new().build_recorder();
+            let recorder = PrometheusBuilder::new()
+                .set_buckets_for_metric(
+                    metrics_exporter_prometheus::Matcher::Full("lsngate_proxy_wait_seconds".into()),
+                    &crate::causal::stats::WAIT_BUCKETS_MS.map(|ms| ms / 1000.0),
+                )
+                .expect("non-empty buckets")
+                .build_recorder();
             let handle = recorder.handle();
             metrics::set_global_recorder(recorder).ok().map(|_| handle)
         })
@@ -52,6 +58,39 @@ pub fn status(proxy: &Proxy) -> serde_json::Value {
         "clients": proxy.client_count(),
         "pool_mode": config.pool_mode,
         "nodes": nodes,
+        "causal": causal_status(proxy),
+    })
+}
+
+/// The causal part of /status: mode, outcomes, waits, guard, and replay against the primary.
+pub fn causal_status(proxy: &Proxy) -> serde_json::Value {
+    let config = proxy.config();
+    let causal = &proxy.causal;
+    let (open, in_flight, rate) = causal.guard_state();
+    let outcomes: serde_json::Map<_, _> = causal
+        .stats
+        .outcomes()
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), serde_json::json!(v)))
+        .collect();
+    let (buckets, total) = causal.stats.waits();
+    let waits: Vec<_> = buckets
+        .into_iter()
+        .map(|(le, n)| serde_json::json!({"le_ms": le, "count": n}))
+        .collect();
+    serde_json::json!({
+        "consistency": config.causal.consistency.to_string(),
+        "wait_timeout_ms": config.causal.wait_timeout.as_millis() as u64,
+        "fallback": format!("{:?}", config.causal.fallback).to_lowercase(),
+        "outcomes": outcomes,
+        "waits": waits,
+        "wait_total_ms": total.as_secs_f64() * 1000.0,
+        "breaker": {"open": open, "fallbacks_in_flight": in_flight, "fallback_rate": rate},
+        "primary": {
+            "position": causal.watcher.primary_position().map(|l| l.to_string()),
+            "timeline": causal.watcher.primary_timeline(),
+        },
+        "replicas": causal.watcher.views(&proxy.nodes.all),
     })
 }
 
@@ -69,6 +108,30 @@ fn refresh_gauges(proxy: &Proxy) {
         }
     }
     metrics::gauge!("lsngate_proxy_connected_clients").set(proxy.client_count() as f64);
+    let causal = &proxy.causal;
+    for view in causal.watcher.views(&proxy.nodes.all) {
+        let labels = [("node", view.address.clone())];
+        if let Some(lsn) = view
+            .replayed
+            .as_deref()
+            .and_then(|t| lsngate_core::Lsn::parse(t).ok())
+        {
+            metrics::gauge!("lsngate_proxy_replica_replayed_lsn", &labels).set(lsn.as_u64() as f64);
+        }
+        if let Some(bytes) = view.lag_bytes {
+            metrics::gauge!("lsngate_proxy_replica_lag_bytes", &labels).set(bytes as f64);
+        }
+        if let Some(ms) = view.lag_ms {
+            metrics::gauge!("lsngate_proxy_replica_lag_seconds", &labels).set(ms / 1000.0);
+        }
+    }
+    if let Some(lsn) = causal.watcher.primary_position() {
+        metrics::gauge!("lsngate_proxy_primary_lsn").set(lsn.as_u64() as f64);
+    }
+    let (open, in_flight, rate) = causal.guard_state();
+    metrics::gauge!("lsngate_proxy_breaker_open").set(if open { 1.0 } else { 0.0 });
+    metrics::gauge!("lsngate_proxy_fallbacks_in_flight").set(in_flight as f64);
+    metrics::gauge!("lsngate_proxy_fallback_rate").set(rate);
 }
 
 /// Serves the admin port until shutdown.

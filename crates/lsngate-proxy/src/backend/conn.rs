@@ -65,6 +65,48 @@ pub struct BackendConn {
     pub prepared: HashMap<String, String>,
     /// Settings applied on behalf of a client: name → SQL value text.
     pub applied: HashMap<String, String>,
+    /// Which server this is and its WAL layout, learned right after login.
+    pub facts: ServerFacts,
+}
+
+/// What the proxy learns about the server behind a connection once, right after login.
+#[derive(Debug, Clone, Default)]
+pub struct ServerFacts {
+    /// System identifier, postmaster start time and address: the same for every connection to
+    /// one running server, different behind a load balancer that switches servers.
+    pub server: crate::causal::ServerId,
+    /// `server_version_num` (190000 and up have `WAIT FOR LSN`).
+    pub version_num: u32,
+    /// `wal_block_size` in bytes.
+    pub wal_block: u64,
+    /// `wal_segment_size` in bytes.
+    pub wal_segment: u64,
+    /// The timeline a primary writes (`None` on a replica).
+    pub timeline: Option<u32>,
+}
+
+impl ServerFacts {
+    /// Reads the answer to [`crate::causal::sql::SERVER_FACTS_SQL`].
+    pub fn from_row(row: &[Option<String>]) -> ServerFacts {
+        let text = |i: usize| row.get(i).cloned().flatten().unwrap_or_default();
+        ServerFacts {
+            server: text(0).into(),
+            version_num: text(1).parse().unwrap_or(0),
+            wal_block: text(2).parse().unwrap_or(0),
+            wal_segment: text(3).parse().unwrap_or(0),
+            timeline: u32::from_str_radix(&text(4), 16).ok(),
+        }
+    }
+
+    /// Whether `WAIT FOR LSN` exists on this server.
+    pub fn has_wait_for(&self) -> bool {
+        self.version_num >= 190_000
+    }
+
+    /// The smallest position standing for the same writes as insert position `insert`.
+    pub fn reachable(&self, insert: lsngate_core::Lsn) -> lsngate_core::Lsn {
+        lsngate_core::reachable_insert_position(insert, self.wal_block, self.wal_segment)
+    }
 }
 
 impl BackendConn {
@@ -98,6 +140,7 @@ impl BackendConn {
             server_params: Vec::new(),
             prepared: HashMap::new(),
             applied: HashMap::new(),
+            facts: ServerFacts::default(),
         };
         let startup = StartupFrame::Startup {
             minor: 0,
@@ -115,6 +158,16 @@ impl BackendConn {
                 node: conn.address.clone(),
                 why: format!("login timed out after {timeout:?}"),
             })??;
+        let facts = tokio::time::timeout(
+            timeout,
+            conn.query_row(crate::causal::sql::SERVER_FACTS_SQL),
+        )
+        .await
+        .map_err(|_| BackendError::Connect {
+            node: conn.address.clone(),
+            why: format!("no answer to the identity query within {timeout:?}"),
+        })??;
+        conn.facts = ServerFacts::from_row(&facts);
         Ok(conn)
     }
 
@@ -248,6 +301,35 @@ impl BackendConn {
                     why: "server closed the connection".into(),
                 });
             }
+        }
+    }
+
+    /// Runs `sql` as a simple query and returns its first row (empty when it has none). A server
+    /// error becomes `BackendError::Startup`-like `Lost`, since the caller's own SQL failed.
+    pub async fn query_row(&mut self, sql: &str) -> Result<Vec<Option<String>>, BackendError> {
+        self.send(&[FrontendMessage::Query(sql.into()).to_frame()])
+            .await?;
+        let mut row = None;
+        let mut error = None;
+        loop {
+            let frame = self.recv().await?;
+            match self.parse(&frame)? {
+                BackendMessage::Other(b'D') if row.is_none() => {
+                    row = crate::causal::sql::data_row(&frame.body);
+                }
+                BackendMessage::ErrorResponse(e) => {
+                    error = Some(e.get(b'M').unwrap_or("error").to_string())
+                }
+                BackendMessage::ReadyForQuery(_) => break,
+                _ => {}
+            }
+        }
+        match error {
+            Some(why) => Err(BackendError::Lost {
+                node: self.address.clone(),
+                why: format!("the proxy's query {sql:?} failed: {why}"),
+            }),
+            None => Ok(row.unwrap_or_default()),
         }
     }
 

@@ -11,7 +11,7 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
 
-pub use conn::{BackendConn, BackendError};
+pub use conn::{BackendConn, BackendError, ServerFacts};
 pub use pool::{Pool, PoolError, PooledConn};
 
 use crate::config::NodeUrl;
@@ -49,6 +49,8 @@ pub struct NodeState {
     /// Last health-check error, for /status.
     pub last_error: Mutex<Option<String>>,
     pools: Mutex<HashMap<String, Arc<Pool>>>,
+    /// Wakes the node's monitor for an immediate re-check (a wait said `not in recovery`).
+    pub recheck: tokio::sync::Notify,
 }
 
 impl NodeState {
@@ -59,6 +61,11 @@ impl NodeState {
             2 => Role::Replica,
             _ => Role::Unknown,
         }
+    }
+
+    /// Asks the monitor to poll this node now (its role may have changed).
+    pub fn request_check(&self) {
+        self.recheck.notify_one();
     }
 
     /// Whether the last health check (or connection attempt) succeeded.
@@ -137,6 +144,7 @@ impl Nodes {
                     healthy: AtomicBool::new(false),
                     last_error: Mutex::new(None),
                     pools: Mutex::new(HashMap::new()),
+                    recheck: tokio::sync::Notify::new(),
                 })
             })
             .collect();

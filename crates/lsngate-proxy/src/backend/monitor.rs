@@ -1,15 +1,40 @@
-//! The health and role monitor: on every node, every `health_interval`, ask
-//! `SELECT pg_is_in_recovery()` over a dedicated connection. A failed check marks the node down
-//! (the router skips it; the next check may bring it back); a replica that answers `false` has
-//! been promoted and becomes the primary without a restart. It routes nothing itself.
+//! The node monitor: on every node, every poll interval, one prepared query over a dedicated
+//! connection answers role (`pg_is_in_recovery()`), position (replay position on a replica,
+//! insert position on the primary) and timeline. A failed poll marks the node down (the router
+//! skips it; a later poll may bring it back); a replica that answers `false` has been promoted
+//! and becomes the primary without a restart. Positions feed the causal watcher, tagged with the
+//! identity of the server this connection reached. It routes nothing itself.
 
 use std::sync::Arc;
 use std::time::Duration;
 
+use lsngate_core::Lsn;
 use tokio::sync::watch;
+use tokio::time::Instant;
 
 use super::{NodeState, Role};
+use crate::causal::{ServerId, Watcher};
 use crate::config::NodeUrl;
+
+const POLL_SQL: &str = "SELECT pg_is_in_recovery(), \
+     (CASE WHEN pg_is_in_recovery() THEN pg_last_wal_replay_lsn() ELSE pg_current_wal_insert_lsn() END)::text, \
+     CASE WHEN pg_is_in_recovery() THEN (SELECT received_tli FROM pg_stat_wal_receiver)::text \
+          ELSE substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8) END";
+
+/// The monitor's connection to one node: client, prepared poll, and the server it reached.
+pub struct Probe {
+    client: tokio_postgres::Client,
+    poll: tokio_postgres::Statement,
+    server: ServerId,
+}
+
+impl std::fmt::Debug for Probe {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Probe")
+            .field("server", &self.server)
+            .finish()
+    }
+}
 
 fn pg_config(url: &NodeUrl, connect_timeout: Duration) -> tokio_postgres::Config {
     let mut config = tokio_postgres::Config::new();
@@ -27,70 +52,120 @@ fn pg_config(url: &NodeUrl, connect_timeout: Duration) -> tokio_postgres::Config
     config
 }
 
-/// Checks one node once and records the result.
+/// What one poll saw.
+struct Poll {
+    role: Role,
+    position: Option<Lsn>,
+    timeline: Option<u32>,
+}
+
+/// Polls one node once and records the result on the node and in the watcher.
 pub async fn check(
     node: &NodeState,
-    client: &mut Option<tokio_postgres::Client>,
+    watcher: &Watcher,
+    probe: &mut Option<Probe>,
     timeout: Duration,
 ) {
-    let result = tokio::time::timeout(timeout, check_inner(node, client, timeout)).await;
+    let result = tokio::time::timeout(timeout, poll(node, probe, timeout)).await;
     let outcome = match result {
-        Ok(Ok(in_recovery)) => Ok(if in_recovery {
-            Role::Replica
-        } else {
-            Role::Primary
-        }),
-        Ok(Err(e)) => Err(e),
+        Ok(outcome) => outcome,
         Err(_) => Err(format!("health check timed out after {timeout:?}")),
     };
     match outcome {
-        Ok(role) => node.set_health(Some(role), None),
+        Ok(seen) => {
+            let server = &probe.as_ref().expect("polled").server;
+            match (seen.role, seen.position) {
+                (Role::Replica, Some(lsn)) => watcher.observe_replayed(node.index, server, lsn),
+                (Role::Primary, Some(lsn)) => {
+                    watcher.observe_primary(Instant::now(), lsn, seen.timeline)
+                }
+                _ => {}
+            }
+            watcher.observe_timeline(node.index, seen.timeline);
+            node.set_health(Some(seen.role), None);
+        }
         Err(e) => {
             if node.healthy() {
                 tracing::warn!(node = %node.url.address(), "node failed its health check: {e}");
             }
-            *client = None;
+            *probe = None;
             node.set_health(None, Some(e));
         }
     }
 }
 
-async fn check_inner(
+async fn poll(
     node: &NodeState,
-    client: &mut Option<tokio_postgres::Client>,
+    probe: &mut Option<Probe>,
     timeout: Duration,
-) -> Result<bool, String> {
-    if client.as_ref().is_none_or(|c| c.is_closed()) {
-        let (new_client, connection) = pg_config(&node.url, timeout)
+) -> Result<Poll, String> {
+    if probe.as_ref().is_none_or(|p| p.client.is_closed()) {
+        let (client, connection) = pg_config(&node.url, timeout)
             .connect(tokio_postgres::NoTls)
             .await
             .map_err(|e| e.to_string())?;
         tokio::spawn(async move {
             let _ = connection.await;
         });
-        *client = Some(new_client);
+        let facts = client
+            .simple_query(crate::causal::sql::SERVER_FACTS_SQL)
+            .await
+            .map_err(|e| format!("learning the server identity: {e}"))?;
+        let server = facts
+            .iter()
+            .find_map(|m| match m {
+                tokio_postgres::SimpleQueryMessage::Row(row) => row.get(0).map(ServerId::from),
+                _ => None,
+            })
+            .unwrap_or_else(|| "unknown".into());
+        let poll = client.prepare(POLL_SQL).await.map_err(|e| e.to_string())?;
+        *probe = Some(Probe {
+            client,
+            poll,
+            server,
+        });
     }
-    let row = client
-        .as_ref()
-        .expect("connected above")
-        .query_one("SELECT pg_is_in_recovery()", &[])
+    let p = probe.as_ref().expect("connected above");
+    let row = p
+        .client
+        .query_one(&p.poll, &[])
         .await
         .map_err(|e| e.to_string())?;
-    Ok(row.get(0))
+    let in_recovery: bool = row.get(0);
+    let position: Option<String> = row.get(1);
+    let timeline: Option<String> = row.get(2);
+    Ok(Poll {
+        role: if in_recovery {
+            Role::Replica
+        } else {
+            Role::Primary
+        },
+        position: position.and_then(|t| Lsn::parse(&t).ok()),
+        timeline: timeline.and_then(|t| {
+            if in_recovery {
+                t.parse().ok()
+            } else {
+                u32::from_str_radix(&t, 16).ok()
+            }
+        }),
+    })
 }
 
-/// Runs checks on `node` until `shutdown` turns true.
+/// Polls `node` every `interval` (at once when a session asks for a re-check) until
+/// `shutdown` turns true.
 pub async fn watch_node(
     node: Arc<NodeState>,
+    proxy: Arc<crate::frontend::Proxy>,
     interval: Duration,
     timeout: Duration,
     mut shutdown: watch::Receiver<bool>,
 ) {
-    let mut client = None;
+    let mut probe = None;
     loop {
-        check(&node, &mut client, timeout).await;
+        check(&node, &proxy.causal.watcher, &mut probe, timeout).await;
         tokio::select! {
             _ = tokio::time::sleep(interval) => {}
+            _ = node.recheck.notified() => {}
             _ = shutdown.changed() => {}
         }
         if *shutdown.borrow() {

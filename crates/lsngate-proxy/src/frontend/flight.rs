@@ -7,21 +7,61 @@
 //! a 25006 "read-only transaction" error can be re-run on the primary without the client seeing it.
 
 use std::collections::{HashMap, HashSet, VecDeque};
+use std::sync::Arc;
 
-use super::router::{Class, RouteHint, session_set};
+use super::causal::{CausalRead, Discard, Verdict};
+use super::router::{Class, session_set};
 use super::session::Session;
 use super::{CancelTarget, Proxy};
-use crate::backend::{BackendError, PooledConn, Role, Target};
+use crate::backend::{BackendError, NodeState, PooledConn, Role, Target};
+use crate::causal::sql::{Probe, probe_segment, wait_for};
 use crate::net::backend::build;
 use crate::net::{ErrorFields, Frame, FrontendMessage};
+
+/// What a proxy-owned segment is for; its replies are consumed here, never relayed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Duty {
+    /// Settings and prepared statements a fresh backend must carry.
+    Prepare,
+    /// The wait (or replay check) in front of a replica read.
+    Verdict,
+    /// The replay position after a replica read: the client's next floor.
+    Served,
+    /// The insert position after a primary flight (a commit, or a read there).
+    Position {
+        /// The flight may have written: the position is a commit token.
+        wrote: bool,
+    },
+}
 
 /// Who is waiting for the replies of one segment.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Owner {
-    /// The proxy's own statements: replies are consumed here.
-    Proxy,
+    /// The proxy's own statements.
+    Proxy(Duty),
     /// The client's: replies are relayed.
     Client,
+}
+
+/// Where a flight should go.
+#[derive(Debug, Default)]
+pub struct Route {
+    /// Primary or replica; `None` = wherever the session already is.
+    pub target: Option<Target>,
+    /// A specific replica chosen by the causal planner.
+    pub node: Option<Arc<NodeState>>,
+    /// The causal read this flight is, when routed by floor.
+    pub read: Option<CausalRead>,
+}
+
+impl Route {
+    /// A route by target only.
+    pub fn to(target: Option<Target>) -> Route {
+        Route {
+            target,
+            ..Route::default()
+        }
+    }
 }
 
 /// Replies held back while a replica read may still need a re-run on the primary.
@@ -55,12 +95,55 @@ pub struct Attached {
     pub error_relayed: bool,
     /// The server sent FATAL: this connection is closing and takes no further flights.
     pub doomed: bool,
+    /// The causal read in flight on this backend (its flight, for a fallback re-run).
+    pub read: Option<CausalRead>,
+    /// The wait or check in front of the read, until decided.
+    pub verdict: Option<Verdict>,
+    /// What happens to the client's replies after a failed verdict.
+    pub discard: Option<Discard>,
+    /// Values of the DataRow of the proxy segment in progress.
+    pub probe_row: Option<Vec<Option<String>>>,
+    /// Hold the client's last ReadyForQuery until the trailing position is known: the client
+    /// then never sees a floor-raising reply before the floor is raised, nor a backend still
+    /// busy after its ReadyForQuery (transaction pooling hands it on at once).
+    pub hold_ready: bool,
+    /// The held ReadyForQuery.
+    pub held_ready: Option<Frame>,
+    /// A trailing proxy segment sent only after the client's last ReadyForQuery (behind a
+    /// `COPY … FROM STDIN`, whose server would read it as COPY data).
+    pub deferred: Vec<Frame>,
 }
 
 impl Attached {
+    fn new(conn: PooledConn, target: Target) -> Attached {
+        Attached {
+            conn,
+            target,
+            expect: VecDeque::new(),
+            open: false,
+            copy_in: false,
+            extended: false,
+            retry: None,
+            error_relayed: false,
+            doomed: false,
+            read: None,
+            verdict: None,
+            discard: None,
+            probe_row: None,
+            hold_ready: false,
+            held_ready: None,
+            deferred: Vec::new(),
+        }
+    }
+
     /// Whether replies are still due (the backend must not be reused or released yet).
     pub fn awaiting_replies(&self) -> bool {
         !self.expect.is_empty() || self.open || self.copy_in
+    }
+
+    /// Client segments still due.
+    pub fn client_segments_due(&self) -> usize {
+        self.expect.iter().filter(|o| **o == Owner::Client).count()
     }
 }
 
@@ -121,23 +204,14 @@ fn no_primary() -> String {
 }
 
 impl Session {
-    /// Routes a flight and sends it, attaching a backend if needed.
-    pub(super) async fn dispatch(
-        &mut self,
-        flight: Vec<FrontendMessage>,
-        class: Option<Class>,
-        hint: Option<RouteHint>,
-    ) -> anyhow::Result<()> {
-        let want = self.target_for(class, hint);
-        self.dispatch_to(flight, class, want).await
-    }
-
+    /// Sends a flight where `route` says, attaching (or switching) a backend if needed.
     pub(super) async fn dispatch_to(
         &mut self,
         flight: Vec<FrontendMessage>,
         class: Option<Class>,
-        want: Option<Target>,
+        route: Route,
     ) -> anyhow::Result<()> {
+        let want = route.target;
         while let Some(b) = self.backend.as_ref() {
             if b.doomed {
                 // Wait for the close so the replies still due get their errors, then attach anew.
@@ -148,7 +222,11 @@ impl Session {
                 continue;
             }
             let in_block = self.status != b'I' || b.open || b.copy_in || self.pinned;
-            let compatible = want.is_none_or(|w| w == b.target) && b.retry.is_none();
+            let same_node = route.node.as_ref().is_none_or(|n| n.index == b.conn.node);
+            let compatible = want.is_none_or(|w| w == b.target)
+                && same_node
+                && b.retry.is_none()
+                && b.discard.is_none();
             if in_block || compatible {
                 break;
             }
@@ -159,7 +237,9 @@ impl Session {
             self.release_backend();
         }
         if self.backend.is_none()
-            && let Err(e) = self.attach(want.unwrap_or(Target::Primary)).await
+            && let Err(e) = self
+                .attach(want.unwrap_or(Target::Primary), route.node.clone())
+                .await
         {
             metrics::counter!("lsngate_proxy_errors_total", "kind" => "no_backend").increment(1);
             for _ in 0..segment_ends(&flight).max(1) {
@@ -168,20 +248,29 @@ impl Session {
                 self.io.queue(&build::ready_for_query(self.status));
             }
             self.io.flush().await?;
+            self.end_fallback();
             return Ok(());
         }
-        self.send_flight(flight, class).await
+        self.send_flight(flight, class, route.read).await
     }
 
-    async fn attach(&mut self, target: Target) -> anyhow::Result<()> {
+    async fn attach(
+        &mut self,
+        target: Target,
+        chosen: Option<Arc<NodeState>>,
+    ) -> anyhow::Result<()> {
         let config = self.proxy.config();
         let mut target = target;
+        let mut chosen = chosen;
         loop {
-            let node = self
-                .proxy
-                .nodes
-                .pick(target)
-                .ok_or_else(|| anyhow::anyhow!(no_primary()))?;
+            let node = match chosen.take() {
+                Some(node) => node,
+                None => self
+                    .proxy
+                    .nodes
+                    .pick(target)
+                    .ok_or_else(|| anyhow::anyhow!(no_primary()))?,
+            };
             let pool = node.pool(&self.database, config.pool_size);
             match pool
                 .acquire(&node.url, config.acquire_timeout, config.connect_timeout)
@@ -198,17 +287,7 @@ impl Session {
                     } else {
                         Target::Primary
                     };
-                    self.backend = Some(Attached {
-                        conn,
-                        target: serves,
-                        expect: VecDeque::new(),
-                        open: false,
-                        copy_in: false,
-                        extended: false,
-                        retry: None,
-                        error_relayed: false,
-                        doomed: false,
-                    });
+                    self.backend = Some(Attached::new(conn, serves));
                     return Ok(());
                 }
                 Err(crate::backend::PoolError::Backend(e @ BackendError::Connect { .. }))
@@ -235,7 +314,7 @@ impl Session {
         let idle = self
             .backend
             .as_ref()
-            .is_some_and(|b| !b.awaiting_replies() && b.retry.is_none());
+            .is_some_and(|b| !b.awaiting_replies() && b.retry.is_none() && b.discard.is_none());
         if idle && self.status == b'I' && !self.pinned {
             self.release_backend();
         }
@@ -254,7 +333,7 @@ impl Session {
         if let Some(sql) = settings_sql(&self.settings, &conn.applied).filter(|_| differs) {
             frames.push(FrontendMessage::Query(sql).to_frame());
             conn.applied = self.settings.clone();
-            attached.expect.push_back(Owner::Proxy);
+            attached.expect.push_back(Owner::Proxy(Duty::Prepare));
         }
         let mut statements = Vec::new();
         let mut defined_here = HashSet::new();
@@ -314,9 +393,32 @@ impl Session {
         if !statements.is_empty() {
             frames.extend(statements);
             frames.push(FrontendMessage::Sync.to_frame());
-            attached.expect.push_back(Owner::Proxy);
+            attached.expect.push_back(Owner::Proxy(Duty::Prepare));
         }
         frames
+    }
+
+    /// Whether the flight may run `COPY … FROM STDIN` (the server then reads what follows as
+    /// COPY data, so nothing of the proxy's may ride behind it).
+    fn may_copy_in(&self, flight: &[FrontendMessage]) -> bool {
+        let mentions = |sql: &str| {
+            let lower = sql.to_ascii_lowercase();
+            lower.contains("copy") && lower.contains("stdin")
+        };
+        flight.iter().any(|m| match m {
+            FrontendMessage::Query(sql) | FrontendMessage::Parse { query: sql, .. } => {
+                mentions(sql)
+            }
+            FrontendMessage::Bind { statement, .. } => {
+                let s = if statement.is_empty() {
+                    self.unnamed.as_ref()
+                } else {
+                    self.statements.get(statement)
+                };
+                s.is_some_and(|s| mentions(&s.query))
+            }
+            _ => false,
+        })
     }
 
     /// Tracks session-level effects of a simple query (SET, RESET, DISCARD, DEALLOCATE, LISTEN).
@@ -358,11 +460,52 @@ impl Session {
         &mut self,
         flight: Vec<FrontendMessage>,
         class: Option<Class>,
+        read: Option<CausalRead>,
     ) -> anyhow::Result<()> {
+        let synced = matches!(
+            flight.last(),
+            Some(
+                FrontendMessage::Sync
+                    | FrontendMessage::Query(_)
+                    | FrontendMessage::FunctionCall(_)
+            )
+        );
+        let attached = self.backend.as_ref().expect("attached before send");
+        let needs_verdict = attached.target == Target::Replica
+            && read.as_ref().and_then(|r| r.floor).is_some_and(|floor| {
+                let facts = &attached.conn.facts;
+                facts.server.is_empty()
+                    || self
+                        .proxy
+                        .causal
+                        .watcher
+                        .replayed(&facts.server)
+                        .is_none_or(|r| r < floor.lsn)
+            });
+        let mut needs_verdict = needs_verdict;
+        if needs_verdict && !synced && !attached.awaiting_replies() {
+            // A flight ending in Flush cannot be discarded and re-run after a failed wait: wait
+            // first, in a round trip of its own, and send it only where the floor is.
+            let floor = read.as_ref().and_then(|r| r.floor).expect("checked");
+            let started = tokio::time::Instant::now();
+            let deadline = started + self.config.causal.wait_timeout;
+            let settled = self.settle_floor(floor, deadline).await;
+            self.proxy.causal.stats.record_wait(started.elapsed());
+            if settled != super::causal::Settled::Passed {
+                self.release_backend();
+                let route = Route::to(Some(Target::Primary));
+                return Box::pin(self.dispatch_to(flight, class, route)).await;
+            }
+            needs_verdict = false;
+        }
         let mut frames = self.preparation(&flight);
         self.note_session_effects(&flight, class);
+        let copy_in = class == Some(Class::Write) && self.may_copy_in(&flight);
         let retry_allowed = self.config.retry_buffer_size > 0;
         let status = self.status;
+        let tracks = self.floors.mode.tracks_positions();
+        let fast = self.floors.mode.fast;
+        let budget = self.config.causal.wait_timeout;
         let attached = self.backend.as_mut().expect("attached before send");
         let ends = segment_ends(&flight);
         self.proxy.queries[usize::from(attached.target == Target::Replica)]
@@ -371,7 +514,7 @@ impl Session {
         if retry_allowed
             && standalone_read
             && attached.target == Target::Replica
-            && attached.expect.iter().all(|o| *o == Owner::Proxy)
+            && attached.expect.iter().all(|o| matches!(o, Owner::Proxy(_)))
         {
             attached.retry = Some(RetryBuffer {
                 flight: flight.clone(),
@@ -380,6 +523,19 @@ impl Session {
                 bytes: 0,
                 read_only_violation: false,
             });
+        }
+        if needs_verdict && let Some(floor) = read.as_ref().and_then(|r| r.floor) {
+            let facts = &attached.conn.facts;
+            {
+                let wait = facts.has_wait_for() && !fast;
+                if wait {
+                    frames.push(wait_for(floor.lsn, budget));
+                } else {
+                    frames.extend(probe_segment(Probe::Replay, &mut attached.conn.prepared));
+                }
+                attached.expect.push_back(Owner::Proxy(Duty::Verdict));
+                attached.verdict = Some(Verdict::new(floor, wait, budget));
+            }
         }
         frames.extend(flight.iter().map(FrontendMessage::to_frame));
         attached
@@ -393,6 +549,35 @@ impl Session {
             Some(FrontendMessage::Sync | FrontendMessage::Query(_)) => attached.open = false,
             _ => {}
         }
+        if tracks && synced && !attached.open {
+            let ends_block = status != b'I' && class == Some(Class::TransactionControl);
+            match attached.target {
+                Target::Replica if standalone_read || ends_block || read.is_some() => {
+                    frames.extend(probe_segment(Probe::Replay, &mut attached.conn.prepared));
+                    attached.expect.push_back(Owner::Proxy(Duty::Served));
+                    attached.hold_ready = true;
+                }
+                Target::Primary
+                    if ends_block
+                        || (status == b'I'
+                            && matches!(class, Some(Class::Read | Class::Write))) =>
+                {
+                    let wrote = ends_block || class == Some(Class::Write);
+                    let probe = probe_segment(Probe::Position, &mut attached.conn.prepared);
+                    if copy_in {
+                        attached.deferred = probe;
+                    } else {
+                        frames.extend(probe);
+                    }
+                    attached
+                        .expect
+                        .push_back(Owner::Proxy(Duty::Position { wrote }));
+                    attached.hold_ready = true;
+                }
+                _ => {}
+            }
+        }
+        attached.read = read;
         if let Err(e) = attached.conn.send(&frames).await {
             return self.backend_lost(e).await;
         }

@@ -32,17 +32,20 @@ impl Proxy {
         let check_timeout = config.connect_timeout;
         let mut first_checks = JoinSet::new();
         for node in &self.nodes.all {
-            let node = Arc::clone(node);
+            let (node, proxy) = (Arc::clone(node), Arc::clone(&self));
             first_checks.spawn(async move {
-                crate::backend::monitor::check(&node, &mut None, check_timeout).await
+                let watcher = &proxy.causal.watcher;
+                crate::backend::monitor::check(&node, watcher, &mut None, check_timeout).await
             });
         }
         first_checks.join_all().await;
+        let poll = config.health_interval.min(config.causal.replay_poll);
         for node in &self.nodes.all {
             let (node, stop) = (Arc::clone(node), shutdown.clone());
             tokio::spawn(crate::backend::monitor::watch_node(
                 node,
-                config.health_interval,
+                Arc::clone(&self),
+                poll,
                 check_timeout,
                 stop,
             ));

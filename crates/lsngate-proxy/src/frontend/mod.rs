@@ -4,6 +4,8 @@
 //! the cancel-key registry — passed in explicitly, never read from a global.
 
 pub mod auth;
+mod causal;
+mod commands;
 mod flight;
 pub mod listener;
 mod replies;
@@ -45,6 +47,8 @@ pub struct Proxy {
     /// `lsngate_proxy_queries_total` for route primary and replica, registered once because
     /// they are bumped on every flight.
     pub(crate) queries: [metrics::Counter; 2],
+    /// Causal-read state shared by the sessions (watcher, guard, statistics, floors).
+    pub causal: crate::causal::Causal,
 }
 
 impl Proxy {
@@ -57,6 +61,7 @@ impl Proxy {
                 metrics::counter!("lsngate_proxy_queries_total", "route" => "replica"),
             ],
             nodes: Nodes::new(&config.nodes),
+            causal: crate::causal::Causal::new(&config.causal),
             config: RwLock::new(Arc::new(config)),
             classes: ClassCache::default(),
             cancels: Mutex::new(HashMap::new()),

@@ -3,11 +3,32 @@
 //! replica reply is released or — on 25006 — discarded and its flight re-run on the primary, and
 //! a broken backend turns into errors for the replies still due. Sending is `flight.rs`.
 
-use super::flight::Owner;
+use lsngate_core::{Fallback, Lsn};
+use tokio::time::Instant;
+
+use super::causal::{Answer, Discard, read_answer};
+use super::flight::{Attached, Duty, Owner};
 use super::session::Session;
 use crate::backend::{BackendError, Target};
+use crate::causal::{Floor, Outcome};
 use crate::net::backend::build;
 use crate::net::{BackendMessage, ErrorFields, Frame, FrontendMessage};
+
+/// The next frame from an attached backend. While a wait's answer is due, only until the wait's
+/// deadline: a replica that stops answering (frozen, cut off) is given up rather than waited on
+/// past the read's budget.
+pub(super) async fn recv_attached(attached: &mut Attached) -> Result<Frame, BackendError> {
+    let Some(deadline) = attached.verdict.as_ref().map(|v| v.deadline) else {
+        return attached.conn.recv().await;
+    };
+    match tokio::time::timeout_at(deadline, attached.conn.recv()).await {
+        Ok(frame) => frame,
+        Err(_) => Err(BackendError::Lost {
+            node: attached.conn.address.clone(),
+            why: "no answer to the wait within its budget; the replica is given up".into(),
+        }),
+    }
+}
 
 impl Session {
     /// Relays replies until none are due.
@@ -16,7 +37,7 @@ impl Session {
             if b.expect.is_empty() || b.copy_in {
                 break;
             }
-            let frame = b.conn.recv().await;
+            let frame = recv_attached(b).await;
             self.on_backend(frame).await?;
         }
         Ok(())
@@ -54,6 +75,20 @@ impl Session {
         };
         let owner = attached.expect.front().copied().unwrap_or(Owner::Client);
         tracing::trace!(tag = %(frame.tag as char), ?owner, expect = attached.expect.len(), "← backend");
+        if let Owner::Proxy(duty) = owner {
+            return self.on_proxy_reply(duty, &frame, message).await;
+        }
+        if attached.discard.is_some() {
+            // The replica's answer to a read whose wait failed: never shown to the client.
+            if let BackendMessage::ReadyForQuery(_) = message {
+                attached.expect.pop_front();
+                attached.error_relayed = false;
+                if attached.expect.is_empty() {
+                    return self.after_discarded().await;
+                }
+            }
+            return Ok(());
+        }
         if attached.copy_in
             && matches!(
                 message,
@@ -69,9 +104,6 @@ impl Session {
             BackendMessage::ReadyForQuery(status) => {
                 attached.expect.pop_front();
                 attached.error_relayed = false;
-                if owner == Owner::Proxy {
-                    return Ok(());
-                }
                 return self.client_ready(frame, status).await;
             }
             BackendMessage::CopyInResponse | BackendMessage::CopyBothResponse => {
@@ -85,10 +117,6 @@ impl Session {
                 if let Some(retry) = attached.retry.take() {
                     retry.frames.iter().for_each(|f| self.io.queue(f));
                 }
-            }
-            BackendMessage::ErrorResponse(ref e) if owner == Owner::Proxy => {
-                tracing::warn!(node = %attached.conn.address, "statement lsngate added failed: {:?}", e.get(b'M'));
-                return Ok(());
             }
             BackendMessage::ErrorResponse(ref e) if e.sqlstate() == Some("25006") => {
                 if let Some(retry) = attached.retry.as_mut() {
@@ -110,7 +138,6 @@ impl Session {
                     return self.relay(e.to_frame(b'E')).await;
                 }
             }
-            _ if owner == Owner::Proxy => return Ok(()),
             _ => {}
         }
         self.relay(frame).await
@@ -146,21 +173,189 @@ impl Session {
                 metrics::counter!("lsngate_proxy_retries_total", "reason" => "read_only")
                     .increment(1);
                 tracing::debug!("replica refused a write (25006); re-running on the primary");
-                self.release_backend();
+                attached.read = None;
+                // dispatch_to drains the replica's trailing segments before it lets go of it
                 return Box::pin(self.dispatch_to(
                     retry.flight,
                     retry.class,
-                    Some(Target::Primary),
+                    super::flight::Route::to(Some(Target::Primary)),
                 ))
                 .await;
             }
             retry.frames.iter().for_each(|f| self.io.queue(f));
         }
         self.status = status;
+        let last = attached.client_segments_due() == 0;
+        if last && !attached.deferred.is_empty() {
+            let deferred = std::mem::take(&mut attached.deferred);
+            if let Err(e) = attached.conn.send(&deferred).await {
+                return self.backend_lost(e).await;
+            }
+        }
+        if last {
+            let attached = self.backend.as_mut().expect("attached");
+            attached.read = None;
+            self.end_fallback();
+        }
+        let attached = self.backend.as_mut().expect("attached");
+        if last && attached.hold_ready {
+            // The trailing position follows; the client's floor (and ParameterStatus) first.
+            attached.hold_ready = false;
+            attached.held_ready = Some(frame);
+            return Ok(());
+        }
         self.io.queue(&frame);
         self.maybe_release();
         self.io.flush().await?;
         Ok(())
+    }
+
+    /// One reply to a segment the proxy added.
+    async fn on_proxy_reply(
+        &mut self,
+        duty: Duty,
+        frame: &Frame,
+        message: BackendMessage,
+    ) -> anyhow::Result<()> {
+        let attached = self.backend.as_mut().expect("attached");
+        match message {
+            BackendMessage::Other(b'D') => {
+                attached.probe_row = crate::causal::sql::data_row(&frame.body);
+                return Ok(());
+            }
+            BackendMessage::ErrorResponse(e) => {
+                if matches!(duty, Duty::Served | Duty::Position { .. }) {
+                    crate::causal::sql::forget_probes(&mut attached.conn.prepared);
+                }
+                tracing::warn!(node = %attached.conn.address, ?duty, "statement lsngate added failed: {:?}", e.get(b'M'));
+                return Ok(());
+            }
+            BackendMessage::ReadyForQuery(_) => {}
+            BackendMessage::ParameterStatus { .. } | BackendMessage::NoticeResponse(_) => {
+                // Asynchronous server messages belong to the client whoever's segment it is.
+                self.io.queue(frame);
+                return Ok(());
+            }
+            _ => return Ok(()),
+        }
+        attached.expect.pop_front();
+        attached.error_relayed = false;
+        let row = attached.probe_row.take();
+        let text = |i: usize| row.as_ref().and_then(|r| r.get(i).cloned().flatten());
+        let (node, server) = (attached.conn.node, attached.conn.facts.server.clone());
+        let causal = &self.proxy.causal;
+        match duty {
+            Duty::Prepare => {}
+            Duty::Verdict => return self.on_verdict(row).await,
+            Duty::Served => {
+                if let Some(lsn) = text(1).and_then(|t| Lsn::parse(&t).ok()) {
+                    causal.watcher.observe_replayed(node, &server, lsn);
+                    self.on_served(lsn);
+                }
+                if text(0).as_deref() == Some("false")
+                    && let Some(n) = self.proxy.nodes.all.get(node)
+                {
+                    n.request_check();
+                }
+            }
+            Duty::Position { wrote } => {
+                if let Some(lsn) = text(0).and_then(|t| Lsn::parse(&t).ok()) {
+                    let facts = &attached.conn.facts;
+                    let floor = Floor {
+                        lsn: facts.reachable(lsn),
+                        timeline: facts.timeline,
+                    };
+                    causal
+                        .watcher
+                        .observe_primary(Instant::now(), lsn, facts.timeline);
+                    self.on_position(floor, wrote).await?;
+                }
+            }
+        }
+        if self
+            .backend
+            .as_ref()
+            .is_some_and(|b| b.discard.is_some() && b.expect.is_empty())
+        {
+            return self.after_discarded().await;
+        }
+        if let Some(held) = self.backend.as_mut().and_then(|b| b.held_ready.take()) {
+            self.io.queue(&held);
+        }
+        self.maybe_release();
+        self.io.flush().await?;
+        Ok(())
+    }
+
+    /// The wait (or check) in front of a replica read answered.
+    async fn on_verdict(&mut self, row: Option<Vec<Option<String>>>) -> anyhow::Result<()> {
+        let attached = self.backend.as_mut().expect("attached");
+        let Some(verdict) = attached.verdict.take() else {
+            return Ok(());
+        };
+        let (node, server) = (attached.conn.node, attached.conn.facts.server.clone());
+        let causal = &self.proxy.causal;
+        let answer = read_answer(row.as_deref(), verdict.wait, verdict.floor.lsn);
+        causal.stats.record_wait(verdict.sent.elapsed());
+        match answer {
+            Answer::Passed => {
+                causal
+                    .watcher
+                    .observe_replayed(node, &server, verdict.floor.lsn);
+                causal.record(Outcome::Waited);
+                self.report_stale(false);
+                return Ok(());
+            }
+            Answer::Promoted => {
+                tracing::warn!(node = %attached.conn.address, "replica answered `not in recovery`; re-detecting roles");
+                if let Some(n) = self.proxy.nodes.all.get(node) {
+                    n.request_check();
+                }
+                attached.discard = Some(Discard::Rerun);
+            }
+            Answer::NotYet(replayed) => {
+                if let Some(r) = replayed {
+                    causal.watcher.observe_replayed(node, &server, r);
+                }
+                let poll = !verdict.wait && !self.floors.mode.fast;
+                if poll {
+                    attached.discard = Some(Discard::Poll(verdict.floor, verdict.sent));
+                } else if self.config.causal.fallback == Fallback::Stale {
+                    causal.record(Outcome::Stale);
+                    let notice = format!(
+                        "lsngate: served by replica {} which had not replayed {} within {} ms; the answer may be stale",
+                        attached.conn.address,
+                        verdict.floor,
+                        self.config.causal.wait_timeout.as_millis()
+                    );
+                    self.io
+                        .queue(&ErrorFields::new("NOTICE", "01000", notice).to_frame(b'N'));
+                    self.report_stale(true);
+                    return Ok(());
+                } else {
+                    attached.discard = Some(Discard::Rerun);
+                }
+            }
+        }
+        let attached = self.backend.as_mut().expect("attached");
+        attached.retry = None;
+        Ok(())
+    }
+
+    /// Every reply of a read whose wait failed has been dropped: fall back, or poll.
+    async fn after_discarded(&mut self) -> anyhow::Result<()> {
+        let attached = self.backend.as_mut().expect("attached");
+        let discard = attached.discard.take();
+        let Some(read) = attached.read.take() else {
+            return Ok(());
+        };
+        attached.retry = None;
+        match discard {
+            Some(Discard::Poll(floor, started)) => {
+                Box::pin(self.poll_then_read(read, floor, started)).await
+            }
+            _ => Box::pin(self.fall_back(read)).await,
+        }
     }
 
     /// The backend broke. Replies still due become errors; only a replica read (which cannot
@@ -172,14 +367,47 @@ impl Session {
         *self.cancel_slot.lock().expect("cancel slot") = None;
         metrics::counter!("lsngate_proxy_errors_total", "kind" => "backend_lost").increment(1);
         tracing::warn!("backend lost mid-flight: {error}");
-        if let Some(retry) = attached
-            .retry
-            .filter(|_| attached.target == Target::Replica)
-        {
-            metrics::counter!("lsngate_proxy_retries_total", "reason" => "replica_lost")
-                .increment(1);
-            return Box::pin(self.dispatch_to(retry.flight, retry.class, Some(Target::Primary)))
+        if attached.target == Target::Replica {
+            // Nothing of the read reached the client yet (held back, or its wait undecided or
+            // failed): it can run elsewhere.
+            let unseen = attached.retry.is_some()
+                || attached.verdict.is_some()
+                || attached.discard.is_some();
+            if let Some(read) = attached.read.filter(|_| unseen) {
+                metrics::counter!("lsngate_proxy_retries_total", "reason" => "replica_lost")
+                    .increment(1);
+                if let Some(n) = self.proxy.nodes.all.get(attached.conn.node) {
+                    n.request_check();
+                }
+                return Box::pin(self.fall_back(read)).await;
+            }
+            if let Some(retry) = attached.retry {
+                metrics::counter!("lsngate_proxy_retries_total", "reason" => "replica_lost")
+                    .increment(1);
+                let route = super::flight::Route::to(Some(Target::Primary));
+                return Box::pin(self.dispatch_to(retry.flight, retry.class, route)).await;
+            }
+        }
+        self.end_fallback();
+        let position_due = attached
+            .expect
+            .iter()
+            .any(|o| matches!(o, Owner::Proxy(Duty::Position { wrote: true })));
+        if position_due {
+            // The commit went through but its position was lost with the connection: take the
+            // primary's current position instead (it is past the commit).
+            let position = self
+                .proxy
+                .causal
+                .primary_position(&self.proxy.nodes, self.config.connect_timeout)
                 .await;
+            match position {
+                Ok(floor) => self.on_position(floor, true).await?,
+                Err(e) => tracing::warn!("commit position lost and the primary unreachable: {e}"),
+            }
+        }
+        if let Some(held) = attached.held_ready {
+            self.io.queue(&held);
         }
         let waiting = attached
             .expect

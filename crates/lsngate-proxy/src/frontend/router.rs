@@ -101,15 +101,24 @@ impl RouteHint {
     }
 }
 
-/// A statement the proxy answers itself and never forwards.
+/// What a proxy command does with its setting.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum LocalCommand {
-    /// `SET lsngate.route = ...` / `RESET lsngate.route`.
-    SetRoute(RouteHint),
-    /// `SHOW lsngate.route`.
-    ShowRoute,
-    /// `SET lsngate.route = <garbage>`.
-    BadRoute(String),
+pub enum Verb {
+    /// `SET [SESSION] lsngate.x = value` / `TO value` (the value as written, quotes kept).
+    Set(String),
+    /// `RESET lsngate.x` (also `SET lsngate.x TO DEFAULT`).
+    Reset,
+    /// `SHOW lsngate.x`.
+    Show,
+}
+
+/// A statement the proxy answers itself and never forwards: `SET/RESET/SHOW lsngate.<name>`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LocalCommand {
+    /// The setting, lower case, without the `lsngate.` prefix.
+    pub name: String,
+    /// What to do with it.
+    pub verb: Verb,
 }
 
 /// Recognises the proxy's own commands.
@@ -118,28 +127,44 @@ pub fn local_command(sql: &str) -> Option<LocalCommand> {
         return None;
     }
     let text = sql.trim().trim_end_matches(';').trim();
-    let lower = text.to_ascii_lowercase();
-    let words: Vec<&str> = lower.split_whitespace().collect();
-    match words.as_slice() {
-        ["show", "lsngate.route"] => Some(LocalCommand::ShowRoute),
-        ["reset", "lsngate.route"] => Some(LocalCommand::SetRoute(RouteHint::Auto)),
-        ["set", rest @ ..] | ["set", "session", rest @ ..]
-            if rest.first().is_some_and(|w| w.starts_with("lsngate.route")) =>
-        {
-            let after = lower
-                .split_once("lsngate.route")
-                .map(|(_, a)| a)
-                .unwrap_or_default();
-            let value = after.trim_start().trim_start_matches('=').trim_start();
-            let value = value.strip_prefix("to ").unwrap_or(value).trim();
-            Some(
-                RouteHint::parse(value)
-                    .map(LocalCommand::SetRoute)
-                    .unwrap_or(LocalCommand::BadRoute(value.to_string())),
-            )
+    let (head, rest) = text.split_once(char::is_whitespace)?;
+    let rest = rest.trim_start();
+    let head = head.to_ascii_lowercase();
+    let rest = match head.as_str() {
+        "set" => {
+            let after = rest.get(..8).filter(|p| p.eq_ignore_ascii_case("session "));
+            if after.is_some() {
+                rest[8..].trim_start()
+            } else {
+                rest
+            }
         }
-        _ => None,
-    }
+        _ => rest,
+    };
+    let name_end = rest
+        .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_' || c == '.'))
+        .unwrap_or(rest.len());
+    let name = rest[..name_end].to_ascii_lowercase();
+    let name = name.strip_prefix("lsngate.")?.to_string();
+    let tail = rest[name_end..].trim();
+    let verb = match head.as_str() {
+        "show" if tail.is_empty() => Verb::Show,
+        "reset" if tail.is_empty() => Verb::Reset,
+        "set" => {
+            let value = tail.strip_prefix('=').map(str::trim).or_else(|| {
+                tail.get(..3)
+                    .filter(|p| p.eq_ignore_ascii_case("to "))
+                    .map(|_| tail[3..].trim())
+            })?;
+            if value.eq_ignore_ascii_case("default") {
+                Verb::Reset
+            } else {
+                Verb::Set(value.to_string())
+            }
+        }
+        _ => return None,
+    };
+    Some(LocalCommand { name, verb })
 }
 
 /// Cheap pre-check on the hot path: does this look like `SET/SHOW/RESET lsngate.*`?
@@ -150,14 +175,109 @@ pub fn mentions_lsngate_setting(sql: &str) -> bool {
         && sql.to_ascii_lowercase().contains("lsngate.")
 }
 
-/// Finds a `/* lsngate:route=primary */` style hint and returns it with the SQL minus the comment.
-pub fn comment_hint(sql: &str) -> Option<(RouteHint, String)> {
-    let start = sql.find("/*")?;
-    let end = start + 2 + sql[start + 2..].find("*/")? + 2;
-    let inner = sql[start + 2..end - 2].trim();
-    let value = inner.strip_prefix("lsngate:route=")?;
-    let hint = RouteHint::parse(value)?;
-    Some((hint, format!("{}{}", &sql[..start], &sql[end..])))
+/// Per-statement hints found in comments.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Hints {
+    /// `/* lsngate:route=primary */` (or `lsngate_route='replica'`).
+    pub route: Option<RouteHint>,
+    /// `/* lsngate_min_lsn='0/3F8A120' */`: the raw value, validated by the session.
+    pub min_lsn: Option<String>,
+}
+
+/// Finds lsngate hints in the statement's comments: `/* lsngate:route=primary */` and
+/// sqlcommenter-style `/*lsngate_min_lsn='0/3F8A120',lsngate_route='replica'*/`. Returns them
+/// with the SQL minus every comment that held only lsngate keys (so statements that differ only
+/// in their floor share one classification). String literals are skipped; `None` when no hint.
+pub fn comment_hints(sql: &str) -> Option<(Hints, String)> {
+    if !sql.contains("lsngate") {
+        return None;
+    }
+    let bytes = sql.as_bytes();
+    let mut hints = Hints::default();
+    let mut keep = String::with_capacity(sql.len());
+    let mut copied = 0;
+    let mut found = false;
+    let mut i = 0;
+    while i < bytes.len() {
+        match bytes[i] {
+            b'\'' => {
+                i += 1;
+                while i < bytes.len() {
+                    if bytes[i] == b'\'' && bytes.get(i + 1) == Some(&b'\'') {
+                        i += 2;
+                    } else if bytes[i] == b'\'' {
+                        break;
+                    } else {
+                        i += 1;
+                    }
+                }
+                i += 1;
+            }
+            b'/' if bytes.get(i + 1) == Some(&b'*') => {
+                let Some(len) = sql[i + 2..].find("*/") else {
+                    break;
+                };
+                let inner = &sql[i + 2..i + 2 + len];
+                let end = i + 2 + len + 2;
+                if let Some(found_here) = parse_hint_comment(inner) {
+                    found = true;
+                    hints.route = found_here.route.or(hints.route);
+                    hints.min_lsn = found_here.min_lsn.or(hints.min_lsn);
+                    keep.push_str(&sql[copied..i]);
+                    copied = end;
+                }
+                i = end;
+            }
+            _ => i += 1,
+        }
+    }
+    if !found {
+        return None;
+    }
+    keep.push_str(&sql[copied.min(sql.len())..]);
+    Some((hints, keep))
+}
+
+/// The hints of one comment body when every key in it is an lsngate key.
+fn parse_hint_comment(inner: &str) -> Option<Hints> {
+    let mut hints = Hints::default();
+    let mut any = false;
+    for pair in inner.split(',') {
+        let pair = pair.trim();
+        if pair.is_empty() {
+            continue;
+        }
+        let (key, value) = pair.split_once('=')?;
+        let value = value.trim().trim_matches('\'').trim();
+        match key.trim().to_ascii_lowercase().as_str() {
+            "lsngate:route" | "lsngate_route" => hints.route = Some(RouteHint::parse(value)?),
+            "lsngate_min_lsn" | "lsngate:min_lsn" => hints.min_lsn = Some(percent_decode(value)),
+            _ => return None,
+        }
+        any = true;
+    }
+    any.then_some(hints)
+}
+
+/// sqlcommenter URL-encodes values (`0%2F3F8A120`).
+fn percent_decode(value: &str) -> String {
+    let bytes = value.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%'
+            && let Some(b) = value
+                .get(i + 1..i + 3)
+                .and_then(|h| u8::from_str_radix(h, 16).ok())
+        {
+            out.push(b);
+            i += 3;
+            continue;
+        }
+        out.push(bytes[i]);
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
 }
 
 /// Parses a session `SET name = value` / `SET name TO value` into (name, value as SQL text).
@@ -336,7 +456,7 @@ pub fn cache_key(sql: &str) -> std::borrow::Cow<'_, str> {
             i += 1;
             while i < bytes.len()
                 && !matches!(bytes[i], b'\'' | b'"')
-                && !(bytes[i].is_ascii_digit() && !is_ident(bytes[i - 1]))
+                && (!bytes[i].is_ascii_digit() || is_ident(bytes[i - 1]))
             {
                 i += 1;
             }
@@ -430,30 +550,51 @@ mod tests {
         assert_eq!(c("SET search_path = app"), Class::SessionState);
         assert_eq!(c("LISTEN jobs"), Class::Pin);
         assert_eq!(c("PREPARE q AS SELECT 1"), Class::Pin);
+        let cmd = |name: &str, verb: Verb| {
+            Some(LocalCommand {
+                name: name.into(),
+                verb,
+            })
+        };
         assert_eq!(
             local_command("SET lsngate.route = primary;"),
-            Some(LocalCommand::SetRoute(RouteHint::Primary))
+            cmd("route", Verb::Set("primary".into()))
         );
         assert_eq!(
-            local_command("set lsngate.route to 'replica'"),
-            Some(LocalCommand::SetRoute(RouteHint::Replica))
+            local_command("set session lsngate.min_lsn to '0/1'"),
+            cmd("min_lsn", Verb::Set("'0/1'".into()))
         );
         assert_eq!(
             local_command("RESET lsngate.route"),
-            Some(LocalCommand::SetRoute(RouteHint::Auto))
+            cmd("route", Verb::Reset)
         );
         assert_eq!(
-            local_command("SHOW lsngate.route"),
-            Some(LocalCommand::ShowRoute)
+            local_command("SET lsngate.consistency TO DEFAULT"),
+            cmd("consistency", Verb::Reset)
         );
-        assert!(matches!(
-            local_command("SET lsngate.route = nowhere"),
-            Some(LocalCommand::BadRoute(_))
-        ));
+        assert_eq!(
+            local_command("SHOW lsngate.commit_lsn"),
+            cmd("commit_lsn", Verb::Show)
+        );
         assert_eq!(local_command("SET search_path = x"), None);
-        assert_eq!(comment_hint("/*/ SELECT 1"), None);
-        let (hint, rest) = comment_hint("/* lsngate:route=primary */ SELECT 1").unwrap();
-        assert_eq!((hint, rest.trim()), (RouteHint::Primary, "SELECT 1"));
+        assert_eq!(local_command("SHOW lsngate.route extra"), None);
+        assert_eq!(comment_hints("/*/ SELECT lsngate"), None);
+        let (hints, rest) = comment_hints("/* lsngate:route=primary */ SELECT 1").unwrap();
+        assert_eq!(
+            (hints.route, rest.trim()),
+            (Some(RouteHint::Primary), "SELECT 1")
+        );
+        let (hints, rest) =
+            comment_hints("SELECT 1 /*lsngate_min_lsn='0%2F3F8A120',lsngate_route='replica'*/")
+                .unwrap();
+        assert_eq!(hints.min_lsn.as_deref(), Some("0/3F8A120"));
+        assert_eq!(hints.route, Some(RouteHint::Replica));
+        assert_eq!(rest.trim(), "SELECT 1");
+        assert_eq!(
+            comment_hints("SELECT '/* lsngate:route=replica */' /*controller='x'*/"),
+            None,
+            "hints inside literals and foreign sqlcommenter keys are left alone"
+        );
         assert_eq!(
             session_set("SET search_path TO app, public"),
             Some(("search_path".into(), "app, public".into()))
@@ -499,7 +640,7 @@ mod tests {
         fn classification_never_panics(sql in ".{0,200}") {
             let _ = classify(&sql, &[]);
             let _ = local_command(&sql);
-            let _ = comment_hint(&sql);
+            let _ = comment_hints(&sql);
             let _ = session_set(&sql);
             let _ = cache_key(&sql);
         }

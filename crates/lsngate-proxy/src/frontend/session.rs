@@ -11,10 +11,12 @@ use bytes::BytesMut;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::watch;
 
+use super::causal::ClientFloors;
 use super::flight::Attached;
-use super::router::{Class, LocalCommand, RouteHint, comment_hint, local_command};
+use super::router::{Class, Hints, LocalCommand, RouteHint, comment_hints, local_command};
 use super::{CancelSlot, Proxy};
 use crate::backend::Target;
+use crate::causal::Floor;
 use crate::net::backend::build;
 use crate::net::{ErrorFields, Frame, FrontendMessage, ProtocolError, decode_frame};
 
@@ -92,6 +94,12 @@ pub struct ClientStatement {
     pub class: Class,
     /// A route hint found in the text.
     pub hint: Option<RouteHint>,
+    /// A floor from a `lsngate_min_lsn` comment.
+    pub floor: Option<Floor>,
+    /// Why the comment's floor was refused (the statement then fails without running).
+    pub hint_error: Option<String>,
+    /// The text is a proxy command (`SET lsngate.…`), answered by the proxy.
+    pub local: Option<LocalCommand>,
 }
 
 impl ClientStatement {
@@ -125,6 +133,10 @@ pub struct Session {
     pub(super) pinned: bool,
     pub(super) pending: Vec<FrontendMessage>,
     pub(super) cancel_slot: CancelSlot,
+    /// Consistency mode and floors.
+    pub(super) floors: ClientFloors,
+    /// Portals bound to proxy commands, by name.
+    pub(super) local_portals: HashMap<String, LocalCommand>,
     shutdown: watch::Receiver<bool>,
 }
 
@@ -137,6 +149,31 @@ fn is_setting_name(name: &str) -> bool {
         && name
             .chars()
             .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '.')
+}
+
+/// `-c lsngate.name=value` pairs in the startup `options`: the proxy's own settings.
+fn startup_lsngate(params: &[(String, String)]) -> Vec<(String, String)> {
+    let mut found = Vec::new();
+    for (name, value) in params {
+        if name == "options" {
+            let mut words = value.split_whitespace();
+            while let Some(word) = words.next() {
+                let pair = if word == "-c" {
+                    words.next()
+                } else {
+                    word.strip_prefix("--").or(word.strip_prefix("-c"))
+                };
+                if let Some((k, v)) = pair.and_then(|p| p.split_once('='))
+                    && let Some(k) = k.to_ascii_lowercase().strip_prefix("lsngate.")
+                {
+                    found.push((k.replace('-', "_"), v.to_string()));
+                }
+            }
+        } else if let Some(k) = name.to_ascii_lowercase().strip_prefix("lsngate.") {
+            found.push((k.to_string(), value.clone()));
+        }
+    }
+    found
 }
 
 /// Settings from the startup packet, including `-c name=value` in `options`.
@@ -161,6 +198,7 @@ fn startup_settings(params: &[(String, String)]) -> HashMap<String, String> {
         } else if !NOT_SETTINGS.contains(&name.as_str())
             && is_setting_name(name)
             && !name.starts_with("_pq_.")
+            && !name.to_ascii_lowercase().starts_with("lsngate.")
         {
             settings.insert(name.to_ascii_lowercase(), quote_literal(value));
         }
@@ -183,6 +221,23 @@ impl Session {
     ) -> anyhow::Result<Session> {
         let config = proxy.config();
         let settings = startup_settings(&params);
+        let mut floors = ClientFloors {
+            mode: config.causal.consistency,
+            ..ClientFloors::default()
+        };
+        let mut hint = RouteHint::Auto;
+        for (name, value) in startup_lsngate(&params) {
+            if let Err((code, message)) =
+                super::commands::apply(&mut floors, &mut hint, &config, &name, Some(&value))
+            {
+                io.queue(&super::listener::fatal(
+                    code,
+                    &format!("in the startup options: {message}"),
+                ));
+                io.flush().await?;
+                anyhow::bail!(message);
+            }
+        }
         let server_params = match proxy.server_params(&database).await {
             Ok(p) => p,
             Err(e) => {
@@ -214,11 +269,13 @@ impl Session {
             settings,
             statements: HashMap::new(),
             unnamed: None,
-            hint: RouteHint::Auto,
+            hint,
             backend: None,
             status: b'I',
             pending: Vec::new(),
             cancel_slot,
+            floors,
+            local_portals: HashMap::new(),
             shutdown,
         })
     }
@@ -254,7 +311,7 @@ impl Session {
                 return Ok(());
             }
             let event = tokio::select! {
-                frame = async { self.backend.as_mut().expect("listening implies attached").conn.recv().await }, if listening => Event::Backend(frame),
+                frame = async { super::replies::recv_attached(self.backend.as_mut().expect("listening implies attached")).await }, if listening => Event::Backend(frame),
                 frame = self.io.recv() => Event::Client(frame),
                 _ = self.shutdown.changed(), if !draining => Event::Shutdown,
             };
@@ -304,10 +361,9 @@ impl Session {
                 query,
                 param_types,
             } => {
-                let (hint, query) = match comment_hint(&query) {
-                    Some((hint, rest)) => (Some(hint), rest),
-                    None => (None, query),
-                };
+                let (hints, query) = comment_hints(&query).unwrap_or((Hints::default(), query));
+                let (floor, hint_error) = self.hinted_floor(&hints);
+                let local = local_command(&query);
                 let class = self
                     .proxy
                     .classes
@@ -316,7 +372,10 @@ impl Session {
                     query: query.clone(),
                     param_types: param_types.clone(),
                     class,
-                    hint,
+                    hint: hints.route,
+                    floor,
+                    hint_error,
+                    local,
                 };
                 if statement.is_empty() {
                     self.unnamed = Some(defined);
@@ -341,8 +400,7 @@ impl Session {
             m @ (FrontendMessage::Sync | FrontendMessage::Flush) => {
                 self.pending.push(m);
                 let flight = std::mem::take(&mut self.pending);
-                let (class, hint) = self.extended_class(&flight);
-                self.dispatch(flight, class, hint).await?;
+                self.extended_flight(flight).await?;
             }
             m @ (FrontendMessage::CopyData(_)
             | FrontendMessage::CopyDone
@@ -351,6 +409,7 @@ impl Session {
                 self.dispatch(
                     vec![FrontendMessage::FunctionCall(body)],
                     Some(Class::Write),
+                    None,
                     None,
                 )
                 .await?
@@ -370,98 +429,159 @@ impl Session {
         Ok(true)
     }
 
-    /// What an extended-protocol flight needs: the most demanding class among the statements
-    /// it prepares or binds; None when it only syncs, describes portals or closes.
-    fn extended_class(&self, flight: &[FrontendMessage]) -> (Option<Class>, Option<RouteHint>) {
+    /// A floor from a statement's `lsngate_min_lsn` comment, or why it was refused.
+    fn hinted_floor(&self, hints: &Hints) -> (Option<Floor>, Option<String>) {
+        match hints
+            .min_lsn
+            .as_deref()
+            .map(|v| self.config.causal.parse_floor(v))
+        {
+            Some(Ok(floor)) => (Some(floor), None),
+            Some(Err(e)) => (None, Some(format!("{e} (in the lsngate_min_lsn comment)"))),
+            None => (None, None),
+        }
+    }
+
+    /// Per message, the statement it prepares, binds or describes (`None` for other messages
+    /// and for names the session does not know).
+    fn statement_per_message<'a>(
+        &'a self,
+        flight: &[FrontendMessage],
+    ) -> Vec<Option<&'a ClientStatement>> {
+        flight
+            .iter()
+            .map(|m| match m {
+                FrontendMessage::Parse { statement, .. }
+                | FrontendMessage::Bind { statement, .. }
+                | FrontendMessage::Describe {
+                    kind: b'S',
+                    name: statement,
+                } => {
+                    if statement.is_empty() {
+                        self.unnamed.as_ref()
+                    } else {
+                        self.statements.get(statement)
+                    }
+                }
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// The statements an extended-protocol flight prepares, binds or describes; `None` for a
+    /// name the session does not know.
+    fn flight_statements<'a>(
+        &'a self,
+        flight: &[FrontendMessage],
+    ) -> Vec<Option<&'a ClientStatement>> {
+        flight
+            .iter()
+            .zip(self.statement_per_message(flight))
+            .filter(|(m, _)| {
+                matches!(
+                    m,
+                    FrontendMessage::Parse { .. }
+                        | FrontendMessage::Bind { .. }
+                        | FrontendMessage::Describe { kind: b'S', .. }
+                )
+            })
+            .map(|(_, s)| s)
+            .collect()
+    }
+
+    /// An extended-protocol flight up to Sync or Flush: answered by the proxy (its commands, a
+    /// refused floor) or routed by the most demanding class among its statements.
+    async fn extended_flight(&mut self, flight: Vec<FrontendMessage>) -> anyhow::Result<()> {
+        let used = self.flight_statements(&flight);
+        // Portals bound in this flight are what their statement is; others what they were.
+        let mut bound: HashMap<&str, bool> = HashMap::new();
+        let mut portals_local = false;
+        for (m, s) in flight.iter().zip(self.statement_per_message(&flight)) {
+            match m {
+                FrontendMessage::Bind { portal, .. } => {
+                    bound.insert(portal.as_str(), s.is_some_and(|s| s.local.is_some()));
+                }
+                FrontendMessage::Execute { portal, .. }
+                | FrontendMessage::Describe {
+                    kind: b'P',
+                    name: portal,
+                } => {
+                    portals_local |= bound
+                        .get(portal.as_str())
+                        .copied()
+                        .unwrap_or_else(|| self.local_portals.contains_key(portal.as_str()));
+                }
+                _ => {}
+            }
+        }
+        let local = used.iter().flatten().filter(|s| s.local.is_some()).count();
+        if local > 0 || portals_local {
+            if local == used.len() {
+                return self.answer_extended_locally(flight).await;
+            }
+            self.drain().await?;
+            let message = "lsngate commands (SET/SHOW/RESET lsngate.*) cannot share a pipeline with SQL statements; send them with their own Sync";
+            return self.answer_flight_error(&flight, "0A000", message).await;
+        }
+        if let Some(error) = used.iter().flatten().find_map(|s| s.hint_error.clone()) {
+            self.drain().await?;
+            return self.answer_flight_error(&flight, "22023", &error).await;
+        }
         let mut class: Option<Class> = None;
         let mut hint = None;
-        let mut unnamed = self.unnamed.as_ref();
-        let mut add = |s: &ClientStatement, class: &mut Option<Class>| {
+        let mut floor = None;
+        let mut unknown = false;
+        for s in &used {
+            let Some(s) = s else {
+                unknown = true;
+                continue;
+            };
             hint = hint.or(s.hint);
-            *class = Some(match (*class, s.class) {
+            floor = Floor::merge(floor, s.floor);
+            class = Some(match (class, s.class) {
                 (None, c) => c,
                 (Some(Class::Read), Class::Read) => Class::Read,
                 (Some(a), b) if a == b => a,
                 _ => Class::Write,
             });
-        };
-        for m in flight {
-            match m {
-                FrontendMessage::Parse { statement, .. } if statement.is_empty() => {
-                    unnamed = self.unnamed.as_ref();
-                    if let Some(s) = unnamed {
-                        add(s, &mut class);
-                    }
-                }
-                FrontendMessage::Parse { statement, .. }
-                | FrontendMessage::Bind { statement, .. }
-                    if !statement.is_empty() =>
-                {
-                    match self.statements.get(statement) {
-                        Some(s) => add(s, &mut class),
-                        None => class = Some(Class::Write),
-                    }
-                }
-                FrontendMessage::Bind { .. } => {
-                    if let Some(s) = unnamed {
-                        add(s, &mut class);
-                    }
-                }
-                _ => {}
-            }
         }
-        (class, hint)
+        if unknown {
+            class = Some(Class::Write);
+        }
+        self.local_portals.clear();
+        self.dispatch(flight, class, hint, floor).await
     }
 
     async fn simple_query(&mut self, sql: String) -> anyhow::Result<()> {
+        let (hints, sql) = comment_hints(&sql).unwrap_or((Hints::default(), sql));
         if let Some(command) = local_command(&sql) {
             return self.answer_locally(command).await;
         }
         if super::router::mentions_lsngate_setting(&sql) {
             let message = format!(
-                "unrecognized lsngate parameter in {:?}; lsngate knows lsngate.route",
+                "cannot parse {:?} as a proxy command; use SET lsngate.<name> = 'value', RESET lsngate.<name> or SHOW lsngate.<name>",
                 sql.trim()
             );
-            return self.answer_error("42704", &message).await;
+            return self.answer_error("42601", &message).await;
         }
-        let (hint, sql) = match comment_hint(&sql) {
-            Some((hint, rest)) => (Some(hint), rest),
-            None => (None, sql),
-        };
+        let (floor, error) = self.hinted_floor(&hints);
+        if let Some(error) = error {
+            return self.answer_error("22023", &error).await;
+        }
         let class = self
             .proxy
             .classes
             .classify(&sql, &self.config.write_functions);
-        self.dispatch(vec![FrontendMessage::Query(sql)], Some(class), hint)
-            .await
+        self.dispatch(
+            vec![FrontendMessage::Query(sql)],
+            Some(class),
+            hints.route,
+            floor,
+        )
+        .await
     }
 
-    async fn answer_locally(&mut self, command: LocalCommand) -> anyhow::Result<()> {
-        self.drain().await?;
-        match command {
-            LocalCommand::SetRoute(hint) => {
-                self.hint = hint;
-                self.io.queue(&build::command_complete("SET"));
-            }
-            LocalCommand::ShowRoute => {
-                build::single_text_row("lsngate.route", self.hint.as_str())
-                    .iter()
-                    .for_each(|f| self.io.queue(f));
-                self.io.queue(&build::command_complete("SHOW"));
-            }
-            LocalCommand::BadRoute(value) => {
-                let message = format!(
-                    "invalid value {value:?} for lsngate.route; use primary, replica or auto"
-                );
-                return self.answer_error("22023", &message).await;
-            }
-        }
-        self.io.queue(&build::ready_for_query(self.status));
-        self.io.flush().await?;
-        Ok(())
-    }
-
-    async fn answer_error(&mut self, code: &str, message: &str) -> anyhow::Result<()> {
+    pub(super) async fn answer_error(&mut self, code: &str, message: &str) -> anyhow::Result<()> {
         self.drain().await?;
         self.io
             .queue(&ErrorFields::new("ERROR", code, message).to_frame(b'E'));
@@ -496,6 +616,7 @@ impl Session {
             return;
         };
         *self.cancel_slot.lock().expect("cancel slot") = None;
+        self.end_fallback();
         if attached.awaiting_replies() || self.status != b'I' {
             return;
         }

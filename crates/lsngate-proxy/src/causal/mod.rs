@@ -1,0 +1,240 @@
+//! Causal reads: read-your-writes for every client of the proxy. This module holds what all
+//! sessions share — the consistency settings, the replay [`watcher::Watcher`], the primary guard,
+//! the read statistics, the proxy-wide commit floor (`global`) and the coalesced primary
+//! position (`universal`) — plus the statements the proxy adds to a backend flight (`sql`).
+//! Per-client floors and the read path live in `frontend::causal`.
+
+pub mod mode;
+pub mod sql;
+pub mod stats;
+pub mod watcher;
+
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, SystemTime};
+
+use lsngate_core::{
+    Fallback, GuardConfig, Lsn, PrimaryGuard, Refusal, Token, TokenCodec, WhenGuarded,
+};
+use tokio::time::Instant;
+
+pub use mode::{Consistency, Floor, Level};
+pub use stats::{Outcome, Stats};
+pub use watcher::{ServerId, Watcher};
+
+use crate::backend::{BackendConn, Nodes};
+
+/// SQLSTATE of "no replica reached the read's floor within the budget" (fallback = error).
+pub const SQLSTATE_NOT_CAUGHT_UP: &str = "LG001";
+/// SQLSTATE of "the primary guard refused a fallback read" (cap or breaker).
+pub const SQLSTATE_GUARDED: &str = "LG002";
+
+/// Causal-read settings, from the config file and flags.
+#[derive(Debug, Clone)]
+pub struct CausalConfig {
+    /// Default mode of new clients.
+    pub consistency: Consistency,
+    /// Budget a read may wait on a replica for its floor.
+    pub wait_timeout: Duration,
+    /// What a read does when its budget is spent.
+    pub fallback: Fallback,
+    /// Limits of the fallback cap and breaker.
+    pub guard: GuardConfig,
+    /// What a fallback read does when the guard refuses it (`wait` or `fail`).
+    pub when_guarded: WhenGuarded,
+    /// Verifies (and, with a key, issues) the tokens of `SET lsngate.min_lsn`.
+    pub tokens: TokenCodec,
+    /// Whether tokens are signed (then `lsngate.commit_token` is reported too).
+    pub signed: bool,
+    /// How often every node's replay / insert position is polled.
+    pub replay_poll: Duration,
+}
+
+impl Default for CausalConfig {
+    fn default() -> Self {
+        CausalConfig {
+            consistency: Consistency::default(),
+            wait_timeout: Duration::from_millis(500),
+            fallback: Fallback::Primary,
+            guard: GuardConfig::default(),
+            when_guarded: WhenGuarded::Wait,
+            tokens: TokenCodec::unsigned(),
+            signed: false,
+            replay_poll: Duration::from_millis(20),
+        }
+    }
+}
+
+impl CausalConfig {
+    /// Parses a floor given by a client: a plain `X/Y` LSN (unless only signed tokens are
+    /// accepted) or a token from the HTTP helpers (`X/Y.t1.e….s…`).
+    pub fn parse_floor(&self, text: &str) -> Result<Floor, String> {
+        let value = text.trim().trim_matches('\'');
+        let token: Token = self
+            .tokens
+            .verify(value, SystemTime::now())
+            .map_err(|e| format!("invalid lsngate.min_lsn {value:?}: {e}"))?;
+        Ok(Floor {
+            lsn: token.lsn,
+            timeline: token.timeline,
+        })
+    }
+
+    /// The signed token for a commit floor, when a key is configured.
+    pub fn issue(&self, floor: Floor) -> Option<String> {
+        if !self.signed {
+            return None;
+        }
+        let mut token = Token::new(floor.lsn);
+        if let Some(t) = floor.timeline {
+            token = token.with_timeline(t);
+        }
+        Some(self.tokens.issue(&token, SystemTime::now()))
+    }
+}
+
+/// Causal state shared by every session of one proxy.
+#[derive(Debug)]
+pub struct Causal {
+    /// Replay knowledge.
+    pub watcher: Watcher,
+    /// Read outcomes and waits.
+    pub stats: Stats,
+    guard: Mutex<PrimaryGuard>,
+    origin: Instant,
+    global: Mutex<Option<Floor>>,
+    universal: tokio::sync::Mutex<Option<(u64, Floor)>>,
+    universal_started: AtomicU64,
+    universal_conn: tokio::sync::Mutex<Option<BackendConn>>,
+}
+
+impl Causal {
+    /// Fresh state with the guard limits of `config`.
+    pub fn new(config: &CausalConfig) -> Causal {
+        Causal {
+            watcher: Watcher::default(),
+            stats: Stats::default(),
+            guard: Mutex::new(PrimaryGuard::new(config.guard)),
+            origin: Instant::now(),
+            global: Mutex::new(None),
+            universal: tokio::sync::Mutex::new(None),
+            universal_started: AtomicU64::new(0),
+            universal_conn: tokio::sync::Mutex::new(None),
+        }
+    }
+
+    fn now(&self) -> Duration {
+        self.origin.elapsed()
+    }
+
+    /// Counts a finished read (for the breaker's rate and the statistics).
+    pub fn record(&self, outcome: Outcome) {
+        self.stats.record(outcome);
+        let mut guard = self.guard.lock().expect("guard lock");
+        guard.record(self.now(), outcome.fell_back());
+        let rate = guard.fallback_rate(self.now());
+        metrics::gauge!("lsngate_proxy_fallback_rate").set(rate);
+    }
+
+    /// Asks for a primary slot for one fallback read; on `Ok` call [`Causal::release`] after.
+    pub fn admit(&self) -> Result<(), Refusal> {
+        let now = self.now();
+        let result = self.guard.lock().expect("guard lock").try_admit(now);
+        if let Err(refusal) = &result {
+            tracing::warn!("primary guard refused a fallback read: {refusal}");
+            metrics::counter!("lsngate_proxy_guard_refusals_total").increment(1);
+        }
+        result
+    }
+
+    /// Returns a slot from [`Causal::admit`].
+    pub fn release(&self) {
+        self.guard.lock().expect("guard lock").release();
+    }
+
+    /// `(breaker open, fallbacks in flight, fallback rate)` for status and metrics.
+    pub fn guard_state(&self) -> (bool, usize, f64) {
+        let now = self.now();
+        let mut guard = self.guard.lock().expect("guard lock");
+        let open = matches!(guard.state(now), lsngate_core::BreakerState::Open { .. });
+        (open, guard.in_flight(), guard.fallback_rate(now))
+    }
+
+    /// Raises the proxy-wide floor with a commit made through the proxy.
+    pub fn committed(&self, floor: Floor) {
+        let mut global = self.global.lock().expect("global lock");
+        *global = Floor::merge(*global, Some(floor));
+    }
+
+    /// Every commit made through this proxy so far.
+    pub fn global_floor(&self) -> Option<Floor> {
+        *self.global.lock().expect("global lock")
+    }
+
+    /// The primary's position, taken after this call began: every write committed on the primary
+    /// before the call is below it. Concurrent callers share one query: a caller takes the result
+    /// of a query that *started* after it arrived, so at most two query times pass.
+    pub async fn primary_position(
+        &self,
+        nodes: &Nodes,
+        connect_timeout: Duration,
+    ) -> anyhow::Result<Floor> {
+        let arrival = self.universal_started.load(Ordering::SeqCst);
+        let mut last = self.universal.lock().await;
+        if let Some((started, floor)) = *last
+            && started > arrival
+        {
+            return Ok(floor);
+        }
+        let ticket = self.universal_started.fetch_add(1, Ordering::SeqCst) + 1;
+        let floor = self.query_primary(nodes, connect_timeout).await?;
+        *last = Some((ticket, floor));
+        Ok(floor)
+    }
+
+    async fn query_primary(
+        &self,
+        nodes: &Nodes,
+        connect_timeout: Duration,
+    ) -> anyhow::Result<Floor> {
+        let mut slot = self.universal_conn.lock().await;
+        for attempt in 0..2 {
+            if slot.is_none() {
+                let node = nodes.primary().ok_or_else(|| {
+                    anyhow::anyhow!(
+                        "no primary is reachable to read its WAL position (consistency universal)"
+                    )
+                })?;
+                let conn = BackendConn::connect(
+                    node.index,
+                    &node.url,
+                    &node.url.database,
+                    connect_timeout,
+                )
+                .await?;
+                *slot = Some(conn);
+            }
+            let conn = slot.as_mut().expect("connected");
+            match conn.query_row(sql::PRIMARY_POSITION_SQL).await {
+                Ok(row) => {
+                    let lsn = row
+                        .first()
+                        .cloned()
+                        .flatten()
+                        .and_then(|t| Lsn::parse(&t).ok())
+                        .ok_or_else(|| anyhow::anyhow!("the primary returned no WAL position"))?;
+                    return Ok(Floor {
+                        lsn: conn.facts.reachable(lsn),
+                        timeline: conn.facts.timeline,
+                    });
+                }
+                Err(e) if attempt == 0 => {
+                    tracing::debug!("universal position connection lost, reconnecting: {e}");
+                    *slot = None;
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
+        unreachable!("the loop returns on its second attempt")
+    }
+}

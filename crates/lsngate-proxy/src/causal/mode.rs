@@ -1,0 +1,207 @@
+//! Consistency modes and read floors: what a client's read must see. Pure values; the session
+//! decides when a floor rises and `causal::plan` where a read goes.
+
+use std::fmt;
+
+use lsngate_core::Lsn;
+
+/// Which writes a read must see.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Level {
+    /// Plain read/write split: no floor of its own (explicit floors still hold).
+    Eventual,
+    /// The client's own earlier writes (and monotonic reads).
+    Session,
+    /// As `Session`, and the client learns its commit positions (ParameterStatus
+    /// `lsngate.commit_lsn`) to hand to other connections, which set them as floors.
+    Token,
+    /// Every write committed through this proxy before the read began.
+    Global,
+    /// Every write committed on the primary before the read began.
+    Universal,
+}
+
+/// A consistency mode: a level, and whether reads may wait on a replica for their floor.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Consistency {
+    /// Which writes reads must see.
+    pub level: Level,
+    /// Never wait: only replicas already known to have the floor serve, else the primary.
+    pub fast: bool,
+}
+
+impl Default for Consistency {
+    fn default() -> Self {
+        Consistency {
+            level: Level::Session,
+            fast: false,
+        }
+    }
+}
+
+/// The accepted spellings, for error messages.
+pub const MODES: &str = "session, token, global, universal, fast (= fast_session), fast_token, fast_global, fast_universal or eventual";
+
+impl Consistency {
+    /// Parses a mode name (case-insensitive, quotes, `-` or `_` allowed).
+    pub fn parse(text: &str) -> Result<Consistency, String> {
+        let name = text
+            .trim()
+            .trim_matches(|c| c == '\'' || c == '"')
+            .to_ascii_lowercase()
+            .replace('-', "_");
+        let (fast, level) = match name.strip_prefix("fast") {
+            Some("") => (true, "session"),
+            Some(rest) => (true, rest.trim_start_matches('_')),
+            None => (false, name.as_str()),
+        };
+        let level = match level {
+            "session" | "local" | "default" => Level::Session,
+            "token" => Level::Token,
+            "global" => Level::Global,
+            "universal" => Level::Universal,
+            "eventual" | "none" | "off" if !fast => Level::Eventual,
+            _ => {
+                return Err(format!(
+                    "invalid consistency mode {:?}; use {MODES}",
+                    text.trim()
+                ));
+            }
+        };
+        Ok(Consistency { level, fast })
+    }
+
+    /// Whether the proxy tracks positions for this client (every mode but eventual).
+    pub fn tracks_positions(self) -> bool {
+        self.level != Level::Eventual
+    }
+
+    /// Whether each commit's position is reported to the client as ParameterStatus
+    /// `lsngate.commit_lsn` (the modes whose floors travel to other connections).
+    pub fn reports_commits(self) -> bool {
+        matches!(self.level, Level::Token | Level::Global)
+    }
+}
+
+impl fmt::Display for Consistency {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let level = match self.level {
+            Level::Eventual => "eventual",
+            Level::Session => "session",
+            Level::Token => "token",
+            Level::Global => "global",
+            Level::Universal => "universal",
+        };
+        match (self.fast, self.level) {
+            (true, Level::Session) => f.write_str("fast"),
+            (true, _) => write!(f, "fast_{level}"),
+            (false, _) => f.write_str(level),
+        }
+    }
+}
+
+/// A position reads must see, with the primary timeline it was taken on when known.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Floor {
+    /// The WAL position.
+    pub lsn: Lsn,
+    /// Timeline of the primary that produced it; `None` for replica replay positions.
+    pub timeline: Option<u32>,
+}
+
+impl Floor {
+    /// A floor without timeline.
+    pub fn at(lsn: Lsn) -> Floor {
+        Floor {
+            lsn,
+            timeline: None,
+        }
+    }
+
+    /// The stricter of two floors. A floor from a newer timeline replaces one from an older
+    /// timeline outright: positions of different histories cannot be compared.
+    pub fn max(self, other: Floor) -> Floor {
+        match (self.timeline, other.timeline) {
+            (Some(a), Some(b)) if a < b => other,
+            (Some(a), Some(b)) if a > b => self,
+            _ => Floor {
+                lsn: self.lsn.max(other.lsn),
+                timeline: self.timeline.or(other.timeline),
+            },
+        }
+    }
+
+    /// `max` over optional floors.
+    pub fn merge(a: Option<Floor>, b: Option<Floor>) -> Option<Floor> {
+        match (a, b) {
+            (Some(a), Some(b)) => Some(a.max(b)),
+            (a, b) => a.or(b),
+        }
+    }
+}
+
+impl fmt::Display for Floor {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.lsn)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn modes_parse_and_print_round_trip() {
+        for name in [
+            "session",
+            "token",
+            "global",
+            "universal",
+            "fast",
+            "fast_token",
+            "fast_global",
+            "fast_universal",
+            "eventual",
+        ] {
+            let mode = Consistency::parse(name).unwrap();
+            assert_eq!(mode.to_string(), name);
+        }
+        assert_eq!(
+            Consistency::parse("'Fast-Global'").unwrap(),
+            Consistency {
+                level: Level::Global,
+                fast: true
+            }
+        );
+        assert_eq!(
+            Consistency::parse("fast_session").unwrap().to_string(),
+            "fast"
+        );
+        let err = Consistency::parse("strong").unwrap_err();
+        assert!(err.contains("strong") && err.contains("universal"), "{err}");
+        assert!(Consistency::parse("fast_eventual").is_err());
+    }
+
+    #[test]
+    fn floors_merge_by_position_and_newer_timeline_wins() {
+        let old = Floor {
+            lsn: Lsn::new(900),
+            timeline: Some(1),
+        };
+        let new = Floor {
+            lsn: Lsn::new(500),
+            timeline: Some(2),
+        };
+        assert_eq!(old.max(new), new);
+        assert_eq!(new.max(old), new);
+        let replayed = Floor::at(Lsn::new(600));
+        assert_eq!(
+            new.max(replayed),
+            Floor {
+                lsn: Lsn::new(600),
+                timeline: Some(2)
+            }
+        );
+        assert_eq!(Floor::merge(None, Some(replayed)), Some(replayed));
+    }
+}

@@ -1,0 +1,175 @@
+//! The statements the proxy adds to a backend flight, as frames, and how their answers read.
+//! Position statements are prepared once per server connection (a named statement the
+//! connection's `prepared` map tracks, so `DISCARD ALL` and resets forget it like any other) and
+//! run through a named portal, so they never touch the client's unnamed statement or portal.
+//! LSN text in SQL always comes from `Lsn`'s `Display`, never from client text.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use bytes::Bytes;
+use lsngate_core::Lsn;
+
+use crate::net::{Frame, FrontendMessage};
+
+/// Identity of a server and the WAL facts a commit position needs, learned once per connection.
+pub const SERVER_FACTS_SQL: &str = "SELECT system_identifier::text || '/' || extract(epoch FROM pg_postmaster_start_time())::text || '/' || \
+     coalesce(host(inet_server_addr()), 'local') || ':' || coalesce(inet_server_port()::text, ''), \
+     current_setting('server_version_num'), current_setting('wal_block_size'), \
+     pg_size_bytes(current_setting('wal_segment_size'))::text, \
+     CASE WHEN pg_is_in_recovery() THEN NULL ELSE substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8) END \
+     FROM pg_control_system()";
+
+/// The primary's insert position (mapped back from page headers before use).
+pub const PRIMARY_POSITION_SQL: &str = "SELECT pg_current_wal_insert_lsn()::text";
+
+/// On a replica: still in recovery, and how far replay got.
+pub const REPLAY_SQL: &str = "SELECT pg_is_in_recovery()::text, pg_last_wal_replay_lsn()::text";
+
+const POSITION_STATEMENT: &str = "lsngate_position";
+const REPLAY_STATEMENT: &str = "lsngate_replayed";
+const PORTAL: &str = "lsngate";
+
+/// Which proxy statement a segment runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Probe {
+    /// `pg_current_wal_insert_lsn()` after a commit or a primary read.
+    Position,
+    /// `pg_is_in_recovery(), pg_last_wal_replay_lsn()` before or after a replica read.
+    Replay,
+}
+
+/// Frames running `probe` as one Sync-terminated segment; `prepared` is the connection's map
+/// of named statements (the probe's statement is parsed when missing).
+pub fn probe_segment(probe: Probe, prepared: &mut HashMap<String, String>) -> Vec<Frame> {
+    let (name, sql) = match probe {
+        Probe::Position => (POSITION_STATEMENT, PRIMARY_POSITION_SQL),
+        Probe::Replay => (REPLAY_STATEMENT, REPLAY_SQL),
+    };
+    let mut frames = Vec::with_capacity(6);
+    if prepared.get(name).map(String::as_str) != Some(sql) {
+        frames.push(
+            FrontendMessage::Close {
+                kind: b'S',
+                name: name.into(),
+            }
+            .to_frame(),
+        );
+        frames.push(
+            FrontendMessage::Parse {
+                statement: name.into(),
+                query: sql.into(),
+                param_types: Vec::new(),
+            }
+            .to_frame(),
+        );
+        prepared.insert(name.into(), sql.into());
+    }
+    frames.push(
+        FrontendMessage::Close {
+            kind: b'P',
+            name: PORTAL.into(),
+        }
+        .to_frame(),
+    );
+    frames.push(
+        FrontendMessage::Bind {
+            portal: PORTAL.into(),
+            statement: name.into(),
+            // no parameter formats, no parameters, no result formats (all text)
+            rest: Bytes::from_static(&[0, 0, 0, 0, 0, 0]),
+        }
+        .to_frame(),
+    );
+    frames.push(
+        FrontendMessage::Execute {
+            portal: PORTAL.into(),
+            max_rows: 0,
+        }
+        .to_frame(),
+    );
+    frames.push(FrontendMessage::Sync.to_frame());
+    frames
+}
+
+/// Forgets the probes' statements on a connection whose statement failed (so the next use
+/// parses them again).
+pub fn forget_probes(prepared: &mut HashMap<String, String>) {
+    prepared.remove(POSITION_STATEMENT);
+    prepared.remove(REPLAY_STATEMENT);
+}
+
+/// `WAIT FOR LSN` (PostgreSQL ≥ 19) for `floor`, at most `timeout` (never less than 1 ms:
+/// 0 would mean forever), answering a status row instead of raising.
+pub fn wait_for(floor: Lsn, timeout: Duration) -> Frame {
+    FrontendMessage::Query(wait_for_sql(floor, timeout)).to_frame()
+}
+
+/// The text of [`wait_for`].
+pub fn wait_for_sql(floor: Lsn, timeout: Duration) -> String {
+    let millis = timeout.as_millis().clamp(1, u128::from(u32::MAX));
+    format!("WAIT FOR LSN '{floor}' WITH (MODE 'standby_replay', TIMEOUT '{millis}ms', NO_THROW)")
+}
+
+/// The values of a DataRow body as text (`None` for NULL); `None` when malformed.
+pub fn data_row(body: &[u8]) -> Option<Vec<Option<String>>> {
+    let count = i16::from_be_bytes(body.get(..2)?.try_into().ok()?);
+    let mut at = 2;
+    let mut values = Vec::with_capacity(count.max(0) as usize);
+    for _ in 0..count {
+        let len = i32::from_be_bytes(body.get(at..at + 4)?.try_into().ok()?);
+        at += 4;
+        if len < 0 {
+            values.push(None);
+        } else {
+            let end = at + len as usize;
+            values.push(Some(
+                String::from_utf8_lossy(body.get(at..end)?).into_owned(),
+            ));
+            at = end;
+        }
+    }
+    Some(values)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn probes_parse_once_per_connection() {
+        let mut prepared = HashMap::new();
+        let first = probe_segment(Probe::Position, &mut prepared);
+        let second = probe_segment(Probe::Position, &mut prepared);
+        assert_eq!(
+            first.iter().map(|f| f.tag).collect::<Vec<_>>(),
+            b"CPCBES".to_vec()
+        );
+        assert_eq!(
+            second.iter().map(|f| f.tag).collect::<Vec<_>>(),
+            b"CBES".to_vec()
+        );
+        forget_probes(&mut prepared);
+        assert_eq!(probe_segment(Probe::Position, &mut prepared).len(), 6);
+    }
+
+    #[test]
+    fn data_rows_decode_and_garbage_does_not_panic() {
+        let mut body = vec![0, 2, 0, 0, 0, 4];
+        body.extend_from_slice(b"true");
+        body.extend_from_slice(&[0xff, 0xff, 0xff, 0xff]);
+        assert_eq!(data_row(&body), Some(vec![Some("true".into()), None]));
+        assert_eq!(data_row(&[0, 1, 0, 0, 0, 9, b'x']), None);
+        assert_eq!(data_row(&[]), None);
+    }
+
+    #[test]
+    fn waits_never_ask_for_forever() {
+        let frame = wait_for(Lsn::new(0x3000060), Duration::ZERO);
+        let text = String::from_utf8_lossy(&frame.body).into_owned();
+        assert!(
+            text.contains("'0/03000060'") && text.contains("TIMEOUT '1ms'"),
+            "{text}"
+        );
+    }
+}

@@ -1,0 +1,130 @@
+//! Counters of causal reads, kept twice: in the `metrics` facade for Prometheus and as plain
+//! atomics the `/status` document and the dashboard read back.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+/// How one read with a floor (or a routed replica read) ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    /// A replica already known to have the floor served it: no wait.
+    Replica,
+    /// A replica served it after waiting (or checking) for the floor.
+    Waited,
+    /// The primary served it: no replica had the floor within the budget.
+    Fallback,
+    /// The primary served it: no replica was up.
+    NoReplica,
+    /// The replica's possibly stale answer was served, flagged (fallback = stale).
+    Stale,
+    /// The client got an error instead (fallback = error, or the primary guard refused).
+    Error,
+}
+
+impl Outcome {
+    /// Every outcome, in export order.
+    pub const ALL: [Outcome; 6] = [
+        Outcome::Replica,
+        Outcome::Waited,
+        Outcome::Fallback,
+        Outcome::NoReplica,
+        Outcome::Stale,
+        Outcome::Error,
+    ];
+
+    /// Label value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Outcome::Replica => "replica",
+            Outcome::Waited => "waited",
+            Outcome::Fallback => "fallback",
+            Outcome::NoReplica => "no_replica",
+            Outcome::Stale => "stale",
+            Outcome::Error => "error",
+        }
+    }
+
+    /// Whether the primary served the read in a replica's place.
+    pub fn fell_back(self) -> bool {
+        matches!(self, Outcome::Fallback | Outcome::NoReplica)
+    }
+}
+
+/// Upper bounds (ms) of the wait-time histogram buckets.
+pub const WAIT_BUCKETS_MS: [f64; 12] = [
+    0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0, 200.0, 500.0, 1000.0, 5000.0,
+];
+
+/// Read outcomes and wait times.
+#[derive(Debug, Default)]
+pub struct Stats {
+    outcomes: [AtomicU64; 6],
+    waits: [AtomicU64; 13],
+    wait_micros: AtomicU64,
+}
+
+impl Stats {
+    /// Counts one finished read.
+    pub fn record(&self, outcome: Outcome) {
+        let i = Outcome::ALL.iter().position(|o| *o == outcome).unwrap_or(0);
+        self.outcomes[i].fetch_add(1, Ordering::Relaxed);
+        metrics::counter!("lsngate_proxy_causal_reads_total", "outcome" => outcome.as_str())
+            .increment(1);
+    }
+
+    /// Records how long a read waited for its floor on a replica (successful or not).
+    pub fn record_wait(&self, waited: Duration) {
+        let ms = waited.as_secs_f64() * 1000.0;
+        let bucket = WAIT_BUCKETS_MS
+            .iter()
+            .position(|&b| ms <= b)
+            .unwrap_or(WAIT_BUCKETS_MS.len());
+        self.waits[bucket].fetch_add(1, Ordering::Relaxed);
+        self.wait_micros
+            .fetch_add(waited.as_micros() as u64, Ordering::Relaxed);
+        metrics::histogram!("lsngate_proxy_wait_seconds").record(waited.as_secs_f64());
+    }
+
+    /// (outcome, count) pairs.
+    pub fn outcomes(&self) -> Vec<(&'static str, u64)> {
+        Outcome::ALL
+            .iter()
+            .zip(&self.outcomes)
+            .map(|(o, n)| (o.as_str(), n.load(Ordering::Relaxed)))
+            .collect()
+    }
+
+    /// (bucket upper bound in ms or "+Inf", count) pairs, non-cumulative, and the total wait.
+    pub fn waits(&self) -> (Vec<(String, u64)>, Duration) {
+        let buckets = WAIT_BUCKETS_MS
+            .iter()
+            .map(|b| b.to_string())
+            .chain(["+Inf".to_string()])
+            .zip(&self.waits)
+            .map(|(b, n)| (b, n.load(Ordering::Relaxed)))
+            .collect();
+        (
+            buckets,
+            Duration::from_micros(self.wait_micros.load(Ordering::Relaxed)),
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn waits_land_in_their_bucket() {
+        let stats = Stats::default();
+        stats.record_wait(Duration::from_micros(300));
+        stats.record_wait(Duration::from_millis(30));
+        stats.record_wait(Duration::from_secs(9));
+        let (buckets, total) = stats.waits();
+        let count = |label: &str| buckets.iter().find(|(b, _)| b == label).unwrap().1;
+        assert_eq!((count("0.5"), count("50"), count("+Inf")), (1, 1, 1));
+        assert!(total > Duration::from_secs(9));
+        stats.record(Outcome::Waited);
+        assert!(stats.outcomes().contains(&("waited", 1)));
+    }
+}

@@ -1,0 +1,250 @@
+//! What the proxy knows about replay: per *server* replayed positions (monotonic max), the
+//! servers seen behind each configured replica address, their timelines, and the primary's WAL
+//! clock (position samples over time) that turns a replay position into a time lag.
+//!
+//! Fed by the node monitor's polls and by every wait, check and trailing position of a client
+//! read. A position is only ever recorded for the server that reported it (a server id is its
+//! system identifier, postmaster start time and address), so an address that fronts several
+//! servers (a load balancer) cannot make a read skip its wait: routing sees the lowest position
+//! over the servers behind an address, and the read checks the server its connection reached.
+//! No I/O here.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use lsngate_core::{Lsn, ReplicaState, Role as CoreRole};
+use tokio::time::Instant;
+
+use crate::backend::{NodeState, Role};
+
+/// A server's identity: `system_identifier/postmaster start/address:port`.
+pub type ServerId = Arc<str>;
+
+#[derive(Debug, Default)]
+struct NodeView {
+    /// Servers seen behind the address, with when they last reported.
+    servers: HashMap<ServerId, Instant>,
+    timeline: Option<u32>,
+}
+
+/// A server not heard of for this long no longer counts for its address (it was restarted, or
+/// the load balancer stopped sending there). Only routing forgets it: a read that reaches it
+/// again is still checked against its own position.
+const SERVER_FORGOTTEN_AFTER: Duration = Duration::from_secs(5);
+
+/// Replay knowledge shared by every session of a proxy.
+#[derive(Debug, Default)]
+pub struct Watcher {
+    replayed: Mutex<HashMap<ServerId, Lsn>>,
+    nodes: Mutex<HashMap<usize, NodeView>>,
+    clock: Mutex<VecDeque<(Instant, Lsn)>>,
+    primary_timeline: Mutex<Option<u32>>,
+}
+
+const CLOCK_SAMPLES: usize = 4096;
+
+/// One replica as routing and the dashboard see it.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct ReplicaView {
+    /// Node index in the config.
+    pub node: usize,
+    /// `host:port`.
+    pub address: String,
+    /// Lowest replayed position over the servers seen behind the address.
+    pub replayed: Option<String>,
+    /// Bytes behind the primary's last sampled position.
+    pub lag_bytes: Option<u64>,
+    /// Time since the primary first wrote WAL this replica lacks (0 when caught up).
+    pub lag_ms: Option<f64>,
+    /// Timeline the replica receives, when known.
+    pub timeline: Option<u32>,
+    /// Distinct servers seen behind this address.
+    pub servers_seen: usize,
+}
+
+impl Watcher {
+    /// `server`, reached through node `node`, reported having replayed `lsn` (never lowers).
+    pub fn observe_replayed(&self, node: usize, server: &ServerId, lsn: Lsn) {
+        {
+            let mut map = lock(&self.replayed);
+            let known = map.entry(server.clone()).or_insert(lsn);
+            *known = (*known).max(lsn);
+        }
+        lock(&self.nodes)
+            .entry(node)
+            .or_default()
+            .servers
+            .insert(server.clone(), Instant::now());
+    }
+
+    /// The timeline node `node` receives (replicas) or writes (primary).
+    pub fn observe_timeline(&self, node: usize, timeline: Option<u32>) {
+        if timeline.is_some() {
+            lock(&self.nodes).entry(node).or_default().timeline = timeline;
+        }
+    }
+
+    /// The primary was at `lsn` at `when`, on `timeline`.
+    pub fn observe_primary(&self, when: Instant, lsn: Lsn, timeline: Option<u32>) {
+        let mut clock = lock(&self.clock);
+        if clock.back().is_none_or(|&(_, last)| lsn > last) {
+            clock.push_back((when, lsn));
+            if clock.len() > CLOCK_SAMPLES {
+                clock.pop_front();
+            }
+        }
+        drop(clock);
+        if timeline.is_some() {
+            let mut known = lock(&self.primary_timeline);
+            *known = (*known).max(timeline);
+        }
+    }
+
+    /// What `server` is known to have replayed.
+    pub fn replayed(&self, server: &str) -> Option<Lsn> {
+        lock(&self.replayed).get(server).copied()
+    }
+
+    /// The newest primary timeline seen.
+    pub fn primary_timeline(&self) -> Option<u32> {
+        *lock(&self.primary_timeline)
+    }
+
+    /// The primary's last sampled position.
+    pub fn primary_position(&self) -> Option<Lsn> {
+        lock(&self.clock).back().map(|&(_, lsn)| lsn)
+    }
+
+    /// How long ago the primary first wrote past `replayed` (zero when caught up). Unlike
+    /// `now() - pg_last_xact_replay_timestamp()` this does not grow while the primary is idle.
+    pub fn lag_behind(&self, replayed: Lsn, now: Instant) -> Option<Duration> {
+        let clock = lock(&self.clock);
+        let &(_, latest) = clock.back()?;
+        if replayed >= latest {
+            return Some(Duration::ZERO);
+        }
+        let first_missing = clock.iter().find(|&&(_, lsn)| lsn > replayed)?;
+        Some(now.saturating_duration_since(first_missing.0))
+    }
+
+    /// Lowest replayed position over the servers seen behind `node`.
+    pub fn node_replayed(&self, node: usize) -> Option<Lsn> {
+        let nodes = lock(&self.nodes);
+        let view = nodes.get(&node)?;
+        let map = lock(&self.replayed);
+        let now = Instant::now();
+        let mut positions = view
+            .servers
+            .iter()
+            .filter(|(_, seen)| now.saturating_duration_since(**seen) < SERVER_FORGOTTEN_AFTER)
+            .map(|(s, _)| map.get(s).copied());
+        let first = positions.next()??;
+        positions.try_fold(first, |low, p| p.map(|p| low.min(p)))
+    }
+
+    fn node_timeline(&self, node: usize) -> Option<u32> {
+        lock(&self.nodes).get(&node).and_then(|v| v.timeline)
+    }
+
+    /// Routing input: every node detected as a replica, with what is known of it. A replica
+    /// receiving another timeline than `floor_timeline` does not serve this read: `WAIT FOR LSN`
+    /// compares numbers only.
+    pub fn replicas(
+        &self,
+        nodes: &[Arc<NodeState>],
+        floor_timeline: Option<u32>,
+    ) -> Vec<(Arc<NodeState>, ReplicaState)> {
+        let primary = self.primary_position();
+        let now = Instant::now();
+        nodes
+            .iter()
+            .filter(|n| n.role() == Role::Replica)
+            .map(|n| {
+                let replayed = self.node_replayed(n.index);
+                let timeline_ok = match (floor_timeline, self.node_timeline(n.index)) {
+                    (Some(floor), Some(replica)) => floor == replica,
+                    _ => true,
+                };
+                let state = ReplicaState {
+                    healthy: n.healthy() && timeline_ok,
+                    role: CoreRole::Standby,
+                    replayed,
+                    lag_bytes: match (primary, replayed) {
+                        (Some(p), Some(r)) => Some(p.bytes_since(r)),
+                        _ => None,
+                    },
+                    lag: replayed.and_then(|r| self.lag_behind(r, now)),
+                };
+                (Arc::clone(n), state)
+            })
+            .collect()
+    }
+
+    /// Snapshot of every replica, for `/status`, metrics and the dashboard.
+    pub fn views(&self, nodes: &[Arc<NodeState>]) -> Vec<ReplicaView> {
+        let servers: HashMap<usize, usize> = lock(&self.nodes)
+            .iter()
+            .map(|(i, v)| (*i, v.servers.len()))
+            .collect();
+        self.replicas(nodes, None)
+            .into_iter()
+            .map(|(node, state)| ReplicaView {
+                node: node.index,
+                address: node.url.address(),
+                replayed: state.replayed.map(|l| l.to_string()),
+                lag_bytes: state.lag_bytes,
+                lag_ms: state.lag.map(|d| d.as_secs_f64() * 1000.0),
+                timeline: self.node_timeline(node.index),
+                servers_seen: servers.get(&node.index).copied().unwrap_or(0),
+            })
+            .collect()
+    }
+}
+
+/// A poisoned lock only means another thread panicked mid-update of plain numbers.
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn positions_only_rise_and_stay_with_their_server() {
+        let watcher = Watcher::default();
+        let (a, b): (ServerId, ServerId) = ("a".into(), "b".into());
+        watcher.observe_replayed(1, &a, Lsn::new(100));
+        watcher.observe_replayed(1, &a, Lsn::new(50));
+        assert_eq!(watcher.replayed("a"), Some(Lsn::new(100)));
+        assert_eq!(
+            watcher.replayed("b"),
+            None,
+            "A's position says nothing of B"
+        );
+        watcher.observe_replayed(1, &b, Lsn::new(70));
+        assert_eq!(
+            watcher.node_replayed(1),
+            Some(Lsn::new(70)),
+            "an address fronting two servers routes on the lower one"
+        );
+    }
+
+    #[test]
+    fn lag_comes_from_the_primary_wal_clock() {
+        let watcher = Watcher::default();
+        let start = Instant::now();
+        watcher.observe_primary(start, Lsn::new(100), Some(1));
+        watcher.observe_primary(start + Duration::from_secs(1), Lsn::new(200), None);
+        let now = start + Duration::from_secs(3);
+        assert_eq!(watcher.lag_behind(Lsn::new(200), now), Some(Duration::ZERO));
+        assert_eq!(
+            watcher.lag_behind(Lsn::new(150), now),
+            Some(Duration::from_secs(2))
+        );
+        assert_eq!(watcher.primary_timeline(), Some(1));
+    }
+}

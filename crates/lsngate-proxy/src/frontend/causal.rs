@@ -1,0 +1,536 @@
+//! Causal reads, client side: each client's floor (its own commits, the positions its reads were
+//! served at, floors it set), where a read goes for it, and what happens when a replica cannot
+//! show the floor in time. The proxy segments themselves (a wait in front of a read, a position
+//! behind a commit) are added by `flight.rs`; their answers arrive here from `replies.rs`.
+//!
+//! A read is only ever re-run when it is a read: a standalone read-only statement outside a
+//! transaction block (or a `BEGIN READ ONLY`), whose replica answer was discarded unseen.
+
+use std::time::Duration;
+
+use lsngate_core::{Decision, Fallback, Lsn, PrimaryReason, ReadRequest, WhenGuarded, route};
+use tokio::time::Instant;
+
+use super::flight::Route;
+use super::router::{Class, RouteHint};
+use super::session::Session;
+use crate::backend::Target;
+use crate::causal::{Consistency, Floor, Level, Outcome, SQLSTATE_GUARDED, SQLSTATE_NOT_CAUGHT_UP};
+use crate::net::backend::build;
+use crate::net::{ErrorFields, FrontendMessage};
+
+/// Extra time past the wait budget before a silent replica is given up (the server's own
+/// TIMEOUT normally answers first).
+const GRACE: Duration = Duration::from_millis(100);
+
+/// One client's floors.
+#[derive(Debug, Clone, Default)]
+pub struct ClientFloors {
+    /// The client's consistency mode.
+    pub mode: Consistency,
+    /// Raised by the client's commits and by the position each read was served at.
+    pub auto: Option<Floor>,
+    /// Set by `SET lsngate.min_lsn` or the startup options.
+    pub explicit: Option<Floor>,
+    /// Position of the client's last commit that wrote.
+    pub commit: Option<Floor>,
+    /// `lsngate.stale` was last reported `on`.
+    pub stale_reported: bool,
+    /// A primary-guard slot is held by the fallback read in flight.
+    pub guard_slot: bool,
+}
+
+impl ClientFloors {
+    /// The floor a read needs from the client's own state (without global/universal).
+    pub fn own(&self) -> Option<Floor> {
+        Floor::merge(self.auto, self.explicit)
+    }
+}
+
+/// A read routed by floor, kept until its answer is accepted.
+#[derive(Debug, Clone)]
+pub struct CausalRead {
+    /// What the read must see; `None` = any replica will do.
+    pub floor: Option<Floor>,
+    /// The client's messages, for a re-run elsewhere.
+    pub flight: Vec<FrontendMessage>,
+    /// Their class.
+    pub class: Option<Class>,
+}
+
+/// The wait or check sent in front of a replica read.
+#[derive(Debug, Clone)]
+pub struct Verdict {
+    /// The position waited for.
+    pub floor: Floor,
+    /// `WAIT FOR LSN` (true) or a replay check (false).
+    pub wait: bool,
+    /// When it was sent.
+    pub sent: Instant,
+    /// When the proxy stops waiting for an answer and gives the replica up.
+    pub deadline: Instant,
+}
+
+impl Verdict {
+    /// A verdict for `floor` sent now.
+    pub fn new(floor: Floor, wait: bool, budget: Duration) -> Verdict {
+        let sent = Instant::now();
+        Verdict {
+            floor,
+            wait,
+            sent,
+            deadline: sent + budget + GRACE,
+        }
+    }
+}
+
+/// What becomes of the client's replies after a failed verdict: they are dropped unseen, then…
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Discard {
+    /// …the read goes to the fallback policy (primary, or an error).
+    Rerun,
+    /// …the same server is polled for the floor and read again (PostgreSQL ≤ 18).
+    Poll(Floor, Instant),
+}
+
+/// What a verdict row said.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Answer {
+    /// The floor is replayed.
+    Passed,
+    /// Not (yet) replayed; the server's replay position when it said.
+    NotYet(Option<Lsn>),
+    /// The server is not in recovery: it was promoted.
+    Promoted,
+}
+
+/// Reads a verdict's DataRow: `WAIT FOR` gives a status, a check gives (in recovery, replayed).
+pub fn read_answer(row: Option<&[Option<String>]>, wait: bool, floor: Lsn) -> Answer {
+    let Some(row) = row else {
+        return Answer::NotYet(None);
+    };
+    let text = |i: usize| row.get(i).cloned().flatten();
+    if wait {
+        return match text(0).as_deref() {
+            Some("success") => Answer::Passed,
+            Some("not in recovery") => Answer::Promoted,
+            _ => Answer::NotYet(None),
+        };
+    }
+    let replayed = text(1).and_then(|t| Lsn::parse(&t).ok());
+    match text(0).as_deref() {
+        Some("false") => Answer::Promoted,
+        _ if replayed.is_some_and(|r| r >= floor) => Answer::Passed,
+        _ => Answer::NotYet(replayed),
+    }
+}
+
+impl Session {
+    /// Routes a flight and sends it. A read that may go to a replica is placed by its floor.
+    pub(super) async fn dispatch(
+        &mut self,
+        flight: Vec<FrontendMessage>,
+        class: Option<Class>,
+        hint: Option<RouteHint>,
+        statement_floor: Option<Floor>,
+    ) -> anyhow::Result<()> {
+        let want = self.target_for(class, hint);
+        let standalone = self.status == b'I'
+            && !self.pinned
+            && !self.backend.as_ref().is_some_and(|b| b.open || b.copy_in);
+        if want == Some(Target::Replica) && standalone {
+            return self.dispatch_read(flight, class, statement_floor).await;
+        }
+        self.dispatch_to(flight, class, Route::to(want)).await
+    }
+
+    async fn dispatch_read(
+        &mut self,
+        flight: Vec<FrontendMessage>,
+        class: Option<Class>,
+        statement_floor: Option<Floor>,
+    ) -> anyhow::Result<()> {
+        if self.backend.as_ref().is_some_and(|b| b.awaiting_replies()) {
+            // A commit position or served position of an earlier flight may still be on its way.
+            self.drain().await?;
+        }
+        let floor = match self.read_floor(statement_floor).await {
+            Ok(floor) => floor,
+            Err(e) => {
+                return self
+                    .answer_flight_error(&flight, "08006", &e.to_string())
+                    .await;
+            }
+        };
+        let causal = &self.proxy.causal;
+        let older_timeline = match (
+            floor.and_then(|f| f.timeline),
+            causal.watcher.primary_timeline(),
+        ) {
+            (Some(floor), Some(primary)) => floor < primary,
+            _ => false,
+        };
+        let replicas = causal
+            .watcher
+            .replicas(&self.proxy.nodes.all, floor.and_then(|f| f.timeline));
+        let states: Vec<_> = replicas.iter().map(|(_, s)| *s).collect();
+        // A flight ending in Flush (Parse/Describe before a later Bind/Execute/Sync) cannot be
+        // discarded and re-run: it waits first (`send_flight`) and never falls back by policy.
+        let synced = matches!(
+            flight.last(),
+            Some(FrontendMessage::Sync | FrontendMessage::Query(_))
+        );
+        let request = ReadRequest {
+            floor: floor.map(|f| f.lsn),
+            may_wait: !self.floors.mode.fast,
+            lag_bound: Default::default(),
+            spin: rand::random::<u32>() as usize,
+        };
+        let read = CausalRead {
+            floor,
+            flight,
+            class,
+        };
+        match route(&request, &states) {
+            _ if older_timeline => {
+                tracing::debug!("read floor is from an older timeline; reading the primary");
+                self.proxy.causal.record(Outcome::Fallback);
+                self.read_primary(read).await
+            }
+            Decision::Replica { index, wait } => {
+                if !wait || floor.is_none() {
+                    // Counted as served at once; a failed check on a server the watcher did not
+                    // know (behind a load balancer) is counted again as its fallback.
+                    self.proxy.causal.record(Outcome::Replica);
+                }
+                let route = Route {
+                    target: Some(Target::Replica),
+                    node: Some(replicas[index].0.clone()),
+                    read: Some(read.clone()),
+                };
+                self.dispatch_to(read.flight, read.class, route).await
+            }
+            // A Flush-ended flight in a fast mode: no policy answer fits a half flight.
+            Decision::Primary(PrimaryReason::NotCaughtUp) if !synced => {
+                self.read_primary(read).await
+            }
+            Decision::Primary(PrimaryReason::NotCaughtUp) => self.fall_back(read).await,
+            Decision::Primary(_) => {
+                self.proxy.causal.record(Outcome::NoReplica);
+                self.read_primary(read).await
+            }
+        }
+    }
+
+    /// The floor of the next read: the client's own, plus what its mode adds.
+    async fn read_floor(&mut self, statement: Option<Floor>) -> anyhow::Result<Option<Floor>> {
+        let own = Floor::merge(self.floors.own(), statement);
+        let causal = &self.proxy.causal;
+        Ok(match self.floors.mode.level {
+            Level::Global => Floor::merge(own, causal.global_floor()),
+            Level::Universal => {
+                let primary = causal
+                    .primary_position(&self.proxy.nodes, self.config.connect_timeout)
+                    .await?;
+                Floor::merge(own, Some(primary))
+            }
+            _ => own,
+        })
+    }
+
+    async fn read_primary(&mut self, read: CausalRead) -> anyhow::Result<()> {
+        self.dispatch_to(read.flight, read.class, Route::to(Some(Target::Primary)))
+            .await
+    }
+
+    /// No replica showed the floor in time: the fallback policy decides (`stale` was handled
+    /// where a replica answered; here none did, so it reads the primary).
+    pub(super) async fn fall_back(&mut self, read: CausalRead) -> anyhow::Result<()> {
+        let causal = &self.proxy.causal;
+        if self.config.causal.fallback == Fallback::Error {
+            causal.record(Outcome::Error);
+            let message = self.not_caught_up(read.floor);
+            return self
+                .answer_flight_error(&read.flight, SQLSTATE_NOT_CAUGHT_UP, &message)
+                .await;
+        }
+        let deadline = Instant::now() + self.config.causal.wait_timeout;
+        loop {
+            match causal.admit() {
+                Ok(()) => break,
+                Err(refusal) => {
+                    let wait = self.config.causal.when_guarded == WhenGuarded::Wait;
+                    if !wait || Instant::now() >= deadline {
+                        causal.record(Outcome::Error);
+                        let message = format!(
+                            "lsngate: this read needs position {} and no replica had it; {refusal}",
+                            read.floor.map(|f| f.to_string()).unwrap_or_default()
+                        );
+                        return self
+                            .answer_flight_error(&read.flight, SQLSTATE_GUARDED, &message)
+                            .await;
+                    }
+                    tokio::time::sleep(Duration::from_millis(2)).await;
+                }
+            }
+        }
+        causal.record(Outcome::Fallback);
+        self.floors.guard_slot = true;
+        self.read_primary(read).await
+    }
+
+    /// Returns the guard slot of a finished fallback read.
+    pub(super) fn end_fallback(&mut self) {
+        if std::mem::take(&mut self.floors.guard_slot) {
+            self.proxy.causal.release();
+        }
+    }
+
+    /// The message of a read that no replica could serve in time.
+    pub(super) fn not_caught_up(&self, floor: Option<Floor>) -> String {
+        let positions: Vec<String> = self
+            .proxy
+            .causal
+            .watcher
+            .views(&self.proxy.nodes.all)
+            .into_iter()
+            .map(|v| {
+                format!(
+                    "{} at {}",
+                    v.address,
+                    v.replayed.unwrap_or_else(|| "unknown".into())
+                )
+            })
+            .collect();
+        format!(
+            "lsngate: no replica replayed the read's floor {} within {} ms (replicas: {}); the read was not run. Raise wait_timeout_ms, use fallback = primary, or retry",
+            floor.map(|f| f.to_string()).unwrap_or_else(|| "?".into()),
+            self.config.causal.wait_timeout.as_millis(),
+            if positions.is_empty() {
+                "none".into()
+            } else {
+                positions.join(", ")
+            }
+        )
+    }
+
+    /// Answers every segment of `flight` with an error, without running it.
+    pub(super) async fn answer_flight_error(
+        &mut self,
+        flight: &[FrontendMessage],
+        code: &str,
+        message: &str,
+    ) -> anyhow::Result<()> {
+        let ends = flight
+            .iter()
+            .filter(|m| matches!(m, FrontendMessage::Sync | FrontendMessage::Query(_)))
+            .count()
+            .max(1);
+        for _ in 0..ends {
+            self.io
+                .queue(&ErrorFields::new("ERROR", code, message).to_frame(b'E'));
+            self.io.queue(&build::ready_for_query(self.status));
+        }
+        self.io.flush().await?;
+        Ok(())
+    }
+
+    /// The client committed (or read on the primary) at `floor`.
+    pub(super) async fn on_position(&mut self, floor: Floor, wrote: bool) -> anyhow::Result<()> {
+        self.floors.auto = Floor::merge(self.floors.auto, Some(floor));
+        if wrote {
+            self.floors.commit = Some(floor);
+            self.proxy.causal.committed(floor);
+            if self.floors.mode.reports_commits() {
+                self.io.queue(&build::parameter_status(
+                    "lsngate.commit_lsn",
+                    &floor.to_string(),
+                ));
+                if let Some(token) = self.config.causal.issue(floor) {
+                    self.io
+                        .queue(&build::parameter_status("lsngate.commit_token", &token));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// A replica read was served at `lsn` (the replay position right after it).
+    pub(super) fn on_served(&mut self, lsn: Lsn) {
+        self.floors.auto = Floor::merge(self.floors.auto, Some(Floor::at(lsn)));
+    }
+
+    /// Tells the client whether the answers it gets are fresh (only on change).
+    pub(super) fn report_stale(&mut self, stale: bool) {
+        if self.floors.stale_reported != stale {
+            self.floors.stale_reported = stale;
+            self.io.queue(&build::parameter_status(
+                "lsngate.stale",
+                if stale { "on" } else { "off" },
+            ));
+        }
+    }
+
+    /// Waits on the attached replica, in round trips of its own, until it replays `floor` or
+    /// `deadline` passes: one `WAIT FOR LSN` on PostgreSQL ≥ 19, replay checks with backoff
+    /// below (a single check in the fast modes). A replica that fails or stays silent past the
+    /// deadline is dropped (`Settled::Lost`).
+    pub(super) async fn settle_floor(&mut self, floor: Floor, deadline: Instant) -> Settled {
+        let fast = self.floors.mode.fast;
+        let mut pause = Duration::from_millis(1);
+        loop {
+            let Some(attached) = self.backend.as_mut() else {
+                return Settled::Lost;
+            };
+            let (node, server) = (attached.conn.node, attached.conn.facts.server.clone());
+            let wait = attached.conn.facts.has_wait_for() && !fast;
+            let sql = if wait {
+                let left = deadline.saturating_duration_since(Instant::now());
+                crate::causal::sql::wait_for_sql(floor.lsn, left)
+            } else {
+                crate::causal::sql::REPLAY_SQL.to_string()
+            };
+            let row =
+                tokio::time::timeout_at(deadline + GRACE, attached.conn.query_row(&sql)).await;
+            let row = match row {
+                Ok(Ok(row)) => row,
+                Ok(Err(e)) => {
+                    tracing::warn!("replica lost while waiting for a read's floor: {e}");
+                    self.backend = None;
+                    return Settled::Lost;
+                }
+                Err(_) => {
+                    self.backend = None;
+                    return Settled::Lost;
+                }
+            };
+            let watcher = &self.proxy.causal.watcher;
+            match read_answer(Some(&row), wait, floor.lsn) {
+                Answer::Passed => {
+                    watcher.observe_replayed(node, &server, floor.lsn);
+                    return Settled::Passed;
+                }
+                Answer::Promoted => {
+                    if let Some(n) = self.proxy.nodes.all.get(node) {
+                        n.request_check();
+                    }
+                    return Settled::NotYet;
+                }
+                Answer::NotYet(replayed) => {
+                    if let Some(r) = replayed {
+                        watcher.observe_replayed(node, &server, r);
+                    }
+                    let now = Instant::now();
+                    if wait || fast || now >= deadline {
+                        return Settled::NotYet;
+                    }
+                    tokio::time::sleep(pause.min(deadline - now)).await;
+                    pause = (pause * 2).min(Duration::from_millis(10));
+                }
+            }
+        }
+    }
+
+    /// PostgreSQL ≤ 18, after the check in front of a read failed: poll the same server until it
+    /// replays `floor` or the budget (from `started`) is spent; then read there again, serve it
+    /// stale, or fall back.
+    pub(super) async fn poll_then_read(
+        &mut self,
+        read: CausalRead,
+        floor: Floor,
+        started: Instant,
+    ) -> anyhow::Result<()> {
+        let deadline = started + self.config.causal.wait_timeout;
+        let settled = self.settle_floor(floor, deadline).await;
+        self.proxy.causal.stats.record_wait(started.elapsed());
+        let node = self
+            .backend
+            .as_ref()
+            .and_then(|b| self.proxy.nodes.all.get(b.conn.node).cloned());
+        let stale = self.config.causal.fallback == Fallback::Stale;
+        match (settled, node) {
+            (Settled::Passed, Some(node)) => {
+                self.proxy.causal.record(Outcome::Waited);
+                self.report_stale(false);
+                let route = Route {
+                    target: Some(Target::Replica),
+                    node: Some(node),
+                    read: Some(read.clone()),
+                };
+                self.dispatch_to(read.flight, read.class, route).await
+            }
+            (Settled::NotYet, Some(node)) if stale => {
+                self.serve_stale(&node.url.address(), floor);
+                let route = Route {
+                    target: Some(Target::Replica),
+                    node: Some(node),
+                    read: None,
+                };
+                self.dispatch_to(read.flight, read.class, route).await
+            }
+            _ => {
+                self.release_backend();
+                self.fall_back(read).await
+            }
+        }
+    }
+
+    /// Flags the answer about to be relayed as possibly stale (fallback = stale).
+    pub(super) fn serve_stale(&mut self, replica: &str, floor: Floor) {
+        self.proxy.causal.record(Outcome::Stale);
+        let notice = format!(
+            "lsngate: served by replica {replica} which had not replayed {floor} within {} ms; the answer may be stale",
+            self.config.causal.wait_timeout.as_millis()
+        );
+        self.io
+            .queue(&ErrorFields::new("NOTICE", "01000", notice).to_frame(b'N'));
+        self.report_stale(true);
+    }
+}
+
+/// How waiting for a floor on the attached replica ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Settled {
+    /// The floor is replayed there.
+    Passed,
+    /// Not within the deadline (or the server was promoted).
+    NotYet,
+    /// The replica failed or went silent; the backend was dropped.
+    Lost,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn verdict_rows_read_right() {
+        let floor = Lsn::new(100);
+        let row = |a: &str, b: Option<&str>| vec![Some(a.to_string()), b.map(str::to_string)];
+        assert_eq!(
+            read_answer(Some(&row("success", None)), true, floor),
+            Answer::Passed
+        );
+        assert_eq!(
+            read_answer(Some(&row("timeout", None)), true, floor),
+            Answer::NotYet(None)
+        );
+        assert_eq!(
+            read_answer(Some(&row("not in recovery", None)), true, floor),
+            Answer::Promoted
+        );
+        assert_eq!(
+            read_answer(Some(&row("true", Some("0/64"))), false, floor),
+            Answer::Passed
+        );
+        assert_eq!(
+            read_answer(Some(&row("true", Some("0/63"))), false, floor),
+            Answer::NotYet(Some(Lsn::new(99)))
+        );
+        assert_eq!(
+            read_answer(Some(&row("false", None)), false, floor),
+            Answer::Promoted
+        );
+        assert_eq!(read_answer(None, true, floor), Answer::NotYet(None));
+    }
+}

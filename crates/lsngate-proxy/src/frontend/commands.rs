@@ -1,0 +1,301 @@
+//! The proxy's own settings, answered by the proxy and never forwarded, over the simple and the
+//! extended protocol:
+//!
+//! | setting | SET / RESET | SHOW |
+//! |---|---|---|
+//! | `lsngate.route` | `primary`, `replica`, `auto` | the hint in force |
+//! | `lsngate.consistency` | a mode (see `causal::mode`) | the client's mode |
+//! | `lsngate.min_lsn` | `'X/Y'` or a signed token: a floor for every later read | the floor set |
+//! | `lsngate.floor` | — | what the next read must see (own writes, reads, min_lsn) |
+//! | `lsngate.commit_lsn` | — | position of the client's last commit that wrote |
+//! | `lsngate.commit_token` | — | the same as a signed token (with `token_secret`) |
+//! | `lsngate.stale` | — | `on` when the last read was served stale |
+
+use bytes::Bytes;
+
+use super::causal::ClientFloors;
+use super::router::{LocalCommand, RouteHint, Verb};
+use super::session::Session;
+use crate::causal::Consistency;
+use crate::config::Config;
+use crate::net::backend::build;
+use crate::net::{ErrorFields, Frame, FrontendMessage};
+
+/// An error answer: SQLSTATE and message.
+pub type Refused = (&'static str, String);
+
+const KNOWN: &str = "lsngate.route, lsngate.consistency, lsngate.min_lsn (SET/RESET/SHOW); lsngate.floor, lsngate.commit_lsn, lsngate.commit_token, lsngate.stale (SHOW)";
+
+/// Sets (`Some`) or resets (`None`) one proxy setting of a client.
+pub fn apply(
+    floors: &mut ClientFloors,
+    hint: &mut RouteHint,
+    config: &Config,
+    name: &str,
+    value: Option<&str>,
+) -> Result<(), Refused> {
+    match (name, value) {
+        ("route", None) => *hint = RouteHint::Auto,
+        ("route", Some(v)) => {
+            *hint = RouteHint::parse(v).ok_or_else(|| {
+                (
+                    "22023",
+                    format!("invalid value {v:?} for lsngate.route; use primary, replica or auto"),
+                )
+            })?
+        }
+        ("consistency", None) => floors.mode = config.causal.consistency,
+        ("consistency", Some(v)) => {
+            floors.mode =
+                Consistency::parse(v).map_err(|e| ("22023", format!("lsngate.consistency: {e}")))?
+        }
+        ("min_lsn", None) => floors.explicit = None,
+        ("min_lsn", Some(v)) => {
+            floors.explicit = Some(config.causal.parse_floor(v).map_err(|e| ("22023", e))?)
+        }
+        ("floor" | "commit_lsn" | "commit_token" | "stale", _) => {
+            return Err((
+                "55P02",
+                format!("lsngate.{name} is reported by the proxy and cannot be set"),
+            ));
+        }
+        _ => {
+            return Err((
+                "42704",
+                format!(
+                    "unrecognized configuration parameter \"lsngate.{name}\"; the proxy knows {KNOWN}"
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// The value `SHOW lsngate.<name>` answers.
+fn show(session: &Session, name: &str) -> Result<String, Refused> {
+    let floors = &session.floors;
+    let text = |f: Option<crate::causal::Floor>| f.map(|f| f.to_string()).unwrap_or_default();
+    Ok(match name {
+        "route" => session.hint.as_str().to_string(),
+        "consistency" => floors.mode.to_string(),
+        "min_lsn" => text(floors.explicit),
+        "floor" => text(floors.own()),
+        "commit_lsn" => text(floors.commit),
+        "commit_token" => floors
+            .commit
+            .and_then(|f| session.config.causal.issue(f))
+            .unwrap_or_default(),
+        "stale" => (if floors.stale_reported { "on" } else { "off" }).to_string(),
+        _ => {
+            return Err((
+                "42704",
+                format!(
+                    "unrecognized configuration parameter \"lsngate.{name}\"; the proxy knows {KNOWN}"
+                ),
+            ));
+        }
+    })
+}
+
+/// What a proxy command answered.
+enum Answered {
+    /// SET / RESET went through: the command tag.
+    Done(&'static str),
+    /// SHOW: the setting's name and value.
+    Shown(String, String),
+}
+
+fn empty(tag: u8) -> Frame {
+    Frame::new(tag, Bytes::new())
+}
+
+impl Session {
+    fn run_command(&mut self, command: &LocalCommand) -> Result<Answered, Refused> {
+        let name = command.name.as_str();
+        match &command.verb {
+            Verb::Show => Ok(Answered::Shown(
+                format!("lsngate.{name}"),
+                show(self, name)?,
+            )),
+            Verb::Set(value) => {
+                let config = std::sync::Arc::clone(&self.config);
+                apply(&mut self.floors, &mut self.hint, &config, name, Some(value))?;
+                Ok(Answered::Done("SET"))
+            }
+            Verb::Reset => {
+                let config = std::sync::Arc::clone(&self.config);
+                apply(&mut self.floors, &mut self.hint, &config, name, None)?;
+                Ok(Answered::Done("RESET"))
+            }
+        }
+    }
+
+    /// A proxy command sent as a simple query.
+    pub(super) async fn answer_locally(&mut self, command: LocalCommand) -> anyhow::Result<()> {
+        // Earlier replies first, and with them any commit position SHOW must report.
+        self.drain().await?;
+        match self.run_command(&command) {
+            Ok(Answered::Done(tag)) => self.io.queue(&build::command_complete(tag)),
+            Ok(Answered::Shown(name, value)) => {
+                build::single_text_row(&name, &value)
+                    .iter()
+                    .for_each(|f| self.io.queue(f));
+                self.io.queue(&build::command_complete("SHOW"));
+            }
+            Err((code, message)) => return self.answer_error(code, &message).await,
+        }
+        self.io.queue(&build::ready_for_query(self.status));
+        self.io.flush().await?;
+        Ok(())
+    }
+
+    /// An extended-protocol flight made only of proxy commands, answered message by message
+    /// as a server would (after an error, everything up to Sync is skipped).
+    pub(super) async fn answer_extended_locally(
+        &mut self,
+        flight: Vec<FrontendMessage>,
+    ) -> anyhow::Result<()> {
+        self.drain().await?;
+        let command_of = |session: &Session, statement: &str| {
+            let s = if statement.is_empty() {
+                session.unnamed.as_ref()
+            } else {
+                session.statements.get(statement)
+            };
+            s.and_then(|s| s.local.clone())
+        };
+        let mut failed = false;
+        for m in flight {
+            if failed && !matches!(m, FrontendMessage::Sync) {
+                continue;
+            }
+            match m {
+                FrontendMessage::Parse { .. } => self.io.queue(&empty(b'1')),
+                FrontendMessage::Bind {
+                    portal, statement, ..
+                } => {
+                    if let Some(command) = command_of(self, &statement) {
+                        self.local_portals.insert(portal, command);
+                    }
+                    self.io.queue(&empty(b'2'));
+                }
+                FrontendMessage::Describe { kind, name } => {
+                    let command = if kind == b'S' {
+                        self.io
+                            .queue(&Frame::new(b't', Bytes::from_static(&[0, 0])));
+                        command_of(self, &name)
+                    } else {
+                        self.local_portals.get(&name).cloned()
+                    };
+                    match command {
+                        Some(LocalCommand {
+                            name,
+                            verb: Verb::Show,
+                        }) => {
+                            let columns = build::single_text_row(&format!("lsngate.{name}"), "");
+                            self.io.queue(&columns[0]);
+                        }
+                        _ => self.io.queue(&empty(b'n')),
+                    }
+                }
+                FrontendMessage::Execute { portal, .. } => {
+                    let Some(command) = self.local_portals.get(&portal).cloned() else {
+                        continue;
+                    };
+                    match self.run_command(&command) {
+                        Ok(Answered::Done(tag)) => self.io.queue(&build::command_complete(tag)),
+                        Ok(Answered::Shown(name, value)) => {
+                            self.io.queue(&build::single_text_row(&name, &value)[1]);
+                            self.io.queue(&build::command_complete("SHOW"));
+                        }
+                        Err((code, message)) => {
+                            self.io
+                                .queue(&ErrorFields::new("ERROR", code, message).to_frame(b'E'));
+                            failed = true;
+                        }
+                    }
+                }
+                FrontendMessage::Close { kind, name } => {
+                    if kind == b'P' {
+                        self.local_portals.remove(&name);
+                    } else {
+                        self.statements.remove(&name);
+                    }
+                    self.io.queue(&empty(b'3'));
+                }
+                FrontendMessage::Sync => {
+                    failed = false;
+                    self.io.queue(&build::ready_for_query(self.status));
+                }
+                _ => {}
+            }
+        }
+        self.io.flush().await?;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::causal::Level;
+    use crate::config::FileConfig;
+
+    fn config() -> Config {
+        Config::build(FileConfig {
+            primary: Some("postgres://postgres@127.0.0.1:5432/postgres".into()),
+            ..Default::default()
+        })
+        .unwrap()
+    }
+
+    #[test]
+    fn settings_apply_and_bad_values_name_the_fix() {
+        let config = config();
+        let mut floors = ClientFloors::default();
+        let mut hint = RouteHint::Auto;
+        apply(
+            &mut floors,
+            &mut hint,
+            &config,
+            "consistency",
+            Some("'global'"),
+        )
+        .unwrap();
+        assert_eq!(floors.mode.level, Level::Global);
+        apply(
+            &mut floors,
+            &mut hint,
+            &config,
+            "min_lsn",
+            Some("'0/3000060'"),
+        )
+        .unwrap();
+        assert_eq!(floors.explicit.unwrap().to_string(), "0/03000060");
+        let (code, message) =
+            apply(&mut floors, &mut hint, &config, "min_lsn", Some("'banana'")).unwrap_err();
+        assert_eq!(code, "22023");
+        assert!(message.contains("banana"), "{message}");
+        assert_eq!(
+            floors.explicit.unwrap().to_string(),
+            "0/03000060",
+            "a refused value changes nothing"
+        );
+        apply(&mut floors, &mut hint, &config, "min_lsn", None).unwrap();
+        assert_eq!(floors.explicit, None);
+        assert_eq!(
+            apply(&mut floors, &mut hint, &config, "commit_lsn", Some("1"))
+                .unwrap_err()
+                .0,
+            "55P02"
+        );
+        assert_eq!(
+            apply(&mut floors, &mut hint, &config, "nope", None)
+                .unwrap_err()
+                .0,
+            "42704"
+        );
+        apply(&mut floors, &mut hint, &config, "route", Some("primary")).unwrap();
+        assert_eq!(hint, RouteHint::Primary);
+    }
+}

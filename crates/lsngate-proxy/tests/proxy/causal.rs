@@ -1,0 +1,477 @@
+//! Causal reads through the proxy: read-your-writes with real clients on real clusters, on both
+//! server versions (WAIT FOR LSN on 19, replay checks and polling on 15).
+
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use crate::support::*;
+use lsngate_testkit::{Cluster, ClusterConfig, shared_cluster};
+
+/// One replica held 50 ms behind with `recovery_min_apply_delay`: a read right after a write
+/// on a naive replica always misses it.
+fn delayed_cluster() -> &'static Cluster {
+    static CLUSTER: OnceLock<&'static Cluster> = OnceLock::new();
+    CLUSTER.get_or_init(|| {
+        let cluster = Cluster::start(
+            &ClusterConfig::default()
+                .replicas(1)
+                .apply_delay(Duration::from_millis(50)),
+        )
+        .expect("delayed cluster");
+        cluster.wait_streaming(Duration::from_secs(30)).unwrap();
+        cluster.leak_until_exit()
+    })
+}
+
+fn proxy_with(cluster: &Cluster, change: impl FnOnce(&mut lsngate_proxy::FileConfig)) -> TestProxy {
+    let mut file = file_config(cluster);
+    file.pool_size = Some(12);
+    change(&mut file);
+    TestProxy::with(file)
+}
+
+fn status(proxy: &TestProxy) -> serde_json::Value {
+    let response = proxy.http_get("/status");
+    let body = response.split("\r\n\r\n").nth(1).expect("HTTP body");
+    serde_json::from_str(body).expect("JSON status")
+}
+
+fn outcome(proxy: &TestProxy, name: &str) -> u64 {
+    status(proxy)["causal"]["outcomes"][name]
+        .as_u64()
+        .unwrap_or(0)
+}
+
+/// `stale=S replica=R reads=N` from the psycopg script.
+fn counts(line: &str) -> (u64, u64, u64) {
+    let field = |name: &str| {
+        line.split_whitespace()
+            .find_map(|w| w.strip_prefix(&format!("{name}=")))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("no {name} in {line:?}"))
+    };
+    (field("stale"), field("replica"), field("reads"))
+}
+
+fn psycopg(
+    scenario: &str,
+    proxy: &TestProxy,
+    table: &str,
+    n: usize,
+    workers: usize,
+) -> (u64, u64, u64) {
+    let dir = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("clients");
+    let mut command = std::process::Command::new("python3");
+    command.arg(dir.join("causal_psycopg.py")).args([
+        scenario,
+        &proxy.url(),
+        table,
+        &n.to_string(),
+        &workers.to_string(),
+    ]);
+    let (stdout, _) = run_ok(&mut command);
+    counts(stdout.trim())
+}
+
+fn create(cluster: &Cluster, table: &str) {
+    cluster
+        .primary()
+        .sql(&format!(
+            "CREATE TABLE {table} (id bigint PRIMARY KEY, v int)"
+        ))
+        .unwrap();
+    caught_up(cluster);
+}
+
+#[test]
+fn psycopg_8_workers_x_1000_insert_then_read_never_miss_their_row() {
+    let cluster = shared_cluster();
+    let proxy = proxy_with(cluster, |_| {});
+    let t = unique("own");
+    create(cluster, &t);
+    let (stale, replica, reads) = psycopg("own", &proxy, &t, 1000, 8);
+    println!(
+        "session mode, 8 x 1000: stale={stale} replica={replica} reads={reads}; {}",
+        status(&proxy)["causal"]["outcomes"]
+    );
+    assert_eq!(reads, 8000);
+    assert_eq!(stale, 0, "a read missed its own connection's insert");
+    assert!(
+        replica * 2 > reads,
+        "most reads must be served by the replicas (else 0 stale proves nothing): {replica}/{reads}"
+    );
+}
+
+#[test]
+fn token_mode_carries_a_commit_across_connections_and_global_needs_no_token() {
+    let cluster = delayed_cluster();
+    let proxy = proxy_with(cluster, |_| {});
+    for (scenario, n) in [("token", 60), ("global", 60)] {
+        let t = unique(scenario);
+        create(cluster, &t);
+        let (stale, replica, reads) = psycopg(scenario, &proxy, &t, n, 1);
+        println!("{scenario}: stale={stale} replica={replica} reads={reads}");
+        assert_eq!((stale, reads), (0, n as u64), "{scenario} mode");
+        assert!(
+            replica > 0,
+            "{scenario}: the replica served reads after waiting"
+        );
+    }
+    // The control: the same exchange with a plain read/write split misses the rows.
+    let t = unique("naive");
+    create(cluster, &t);
+    let (stale, _, reads) = psycopg("naive", &proxy, &t, 20, 1);
+    println!("eventual (control): stale={stale} reads={reads}");
+    assert!(
+        stale > 0,
+        "the control must show the problem the modes solve"
+    );
+}
+
+/// Inserts on the primary through the proxy, then reads the row, each in one flight (statements
+/// prepared once); (stale, served by a replica).
+async fn write_then_read(client: &tokio_postgres::Client, table: &str, n: i64) -> (usize, usize) {
+    let insert = client
+        .prepare(&format!("INSERT INTO {table} (id, v) VALUES ($1, 1)"))
+        .await
+        .unwrap();
+    let select = client
+        .prepare(&format!(
+            "SELECT pg_is_in_recovery() FROM {table} WHERE id = $1"
+        ))
+        .await
+        .unwrap();
+    let (mut stale, mut replica) = (0, 0);
+    for i in 0..n {
+        client.execute(&insert, &[&i]).await.unwrap();
+        let row = client.query_opt(&select, &[&i]).await.unwrap();
+        match row {
+            None => stale += 1,
+            Some(row) if row.get::<_, bool>(0) => replica += 1,
+            Some(_) => {}
+        }
+    }
+    (stale, replica)
+}
+
+#[test]
+fn the_budget_decides_who_serves_not_whether_the_read_is_fresh() {
+    let cluster = delayed_cluster();
+    for (budget, expect_replica) in [(500, true), (20, false)] {
+        let proxy = proxy_with(cluster, |f| f.wait_timeout_ms = Some(budget));
+        let t = unique("budget");
+        create(cluster, &t);
+        let (stale, replica) = rt().block_on(async {
+            let client = connect(&proxy.conninfo()).await;
+            write_then_read(&client, &t, 20).await
+        });
+        let outcomes = &status(&proxy)["causal"]["outcomes"];
+        println!("budget {budget} ms: stale={stale} replica={replica}/20 {outcomes}");
+        assert_eq!(stale, 0, "budget {budget} ms");
+        if expect_replica {
+            assert_eq!(replica, 20, "a 500 ms budget covers a 50 ms delay");
+            assert_eq!(outcomes["waited"], 20);
+        } else {
+            assert_eq!(replica, 0, "a 20 ms budget cannot cover a 50 ms delay");
+            assert_eq!(outcomes["fallback"], 20);
+        }
+    }
+}
+
+#[test]
+fn error_fallback_gives_its_own_sqlstate_and_stale_fallback_says_so() {
+    let cluster = delayed_cluster();
+    let t = unique("policy");
+    create(cluster, &t);
+    let proxy = proxy_with(cluster, |f| {
+        f.wait_timeout_ms = Some(5);
+        f.fallback = Some("error".into());
+    });
+    rt().block_on(async {
+        let client = connect(&proxy.conninfo()).await;
+        client
+            .execute(&format!("INSERT INTO {t} VALUES (1, 1)"), &[])
+            .await
+            .unwrap();
+        let err = client
+            .query(&format!("SELECT v FROM {t} WHERE id = 1"), &[])
+            .await
+            .unwrap_err();
+        let db = err.as_db_error().expect("a server error");
+        assert_eq!(db.code().code(), "LG001", "{db:?}");
+        assert!(
+            db.message().contains("floor") && db.message().contains("wait_timeout_ms"),
+            "{}",
+            db.message()
+        );
+        // The session goes on: once the replica has the row, the same read works.
+        caught_up(cluster);
+        let v: i32 = client
+            .query_one(&format!("SELECT v FROM {t} WHERE id = 1"), &[])
+            .await
+            .unwrap()
+            .get(0);
+        assert_eq!(v, 1);
+    });
+    let proxy = proxy_with(cluster, |f| {
+        f.wait_timeout_ms = Some(5);
+        f.fallback = Some("stale".into());
+    });
+    rt().block_on(async {
+        let client = connect(&proxy.conninfo()).await;
+        client
+            .execute(&format!("INSERT INTO {t} VALUES (2, 1)"), &[])
+            .await
+            .unwrap();
+        let rows = client
+            .query(&format!("SELECT v FROM {t} WHERE id = 2"), &[])
+            .await
+            .unwrap();
+        assert!(
+            rows.is_empty(),
+            "served by the 50 ms-late replica, as asked"
+        );
+        let stale: String = client
+            .query_one("SHOW lsngate.stale", &[])
+            .await
+            .unwrap()
+            .get(0);
+        assert_eq!(stale, "on");
+    });
+    assert!(outcome(&proxy, "stale") >= 1, "the stale read was counted");
+}
+
+#[test]
+fn universal_mode_sees_writes_that_bypassed_the_proxy_and_fast_mode_never_waits() {
+    let cluster = delayed_cluster();
+    let t = unique("universal");
+    create(cluster, &t);
+    let proxy = proxy_with(cluster, |_| {});
+    rt().block_on(async {
+        let universal = connect(&format!(
+            "{} options='-c lsngate.consistency=universal'",
+            proxy.conninfo()
+        ))
+        .await;
+        let eventual = connect(&format!(
+            "{} options='-c lsngate.consistency=eventual'",
+            proxy.conninfo()
+        ))
+        .await;
+        let (mut fresh, mut missed) = (0, 0);
+        for i in 0..10 {
+            // Written past the proxy, straight on the primary.
+            cluster
+                .primary()
+                .sql(&format!("INSERT INTO {t} VALUES ({i}, 1)"))
+                .unwrap();
+            let sql = format!("SELECT pg_is_in_recovery() FROM {t} WHERE id = {i}");
+            let row = universal.query_opt(&sql, &[]).await.unwrap();
+            assert!(row.is_some(), "universal read {i} missed a committed write");
+            fresh += 1;
+            cluster
+                .primary()
+                .sql(&format!("INSERT INTO {t} VALUES ({}, 1)", 100 + i))
+                .unwrap();
+            let sql = format!("SELECT 1 FROM {t} WHERE id = {}", 100 + i);
+            if eventual.query_opt(&sql, &[]).await.unwrap().is_none() {
+                missed += 1;
+            }
+        }
+        println!("universal fresh={fresh}/10, eventual (control) missed={missed}/10");
+        assert!(
+            missed > 0,
+            "the control must miss writes on a 50 ms-late replica"
+        );
+        let mode: String = universal
+            .query_one("SHOW lsngate.consistency", &[])
+            .await
+            .unwrap()
+            .get(0);
+        assert_eq!(mode, "universal");
+    });
+    let waited_before = outcome(&proxy, "waited");
+    rt().block_on(async {
+        let fast = connect(&format!(
+            "{} options='-c lsngate.consistency=fast'",
+            proxy.conninfo()
+        ))
+        .await;
+        fast.batch_execute(&format!("INSERT INTO {t} VALUES (1000, 1)"))
+            .await
+            .unwrap();
+        let on_replica: bool = fast
+            .query_one(
+                &format!("SELECT pg_is_in_recovery() FROM {t} WHERE id = 1000"),
+                &[],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        assert!(
+            !on_replica,
+            "fast mode does not wait: the primary served the fresh read"
+        );
+    });
+    assert_eq!(
+        outcome(&proxy, "waited"),
+        waited_before,
+        "fast mode never waited"
+    );
+}
+
+#[test]
+fn bad_floors_fail_only_their_statement_and_settings_work_in_both_protocols() {
+    let cluster = shared_cluster();
+    let proxy = proxy_with(cluster, |_| {});
+    rt().block_on(async {
+        let client = connect(&proxy.conninfo()).await;
+        for bad in [
+            "SET lsngate.min_lsn = 'banana'",
+            "/* lsngate_min_lsn='12' */ SELECT 1",
+        ] {
+            let err = client.batch_execute(bad).await.unwrap_err();
+            let db = err.as_db_error().expect("server error");
+            assert_eq!(db.code().code(), "22023", "{bad}: {db:?}");
+            assert!(db.message().contains("min_lsn"), "{bad}: {}", db.message());
+        }
+        // Extended protocol: the same statements through prepare/execute.
+        let err = client
+            .execute("SET lsngate.min_lsn = 'not-an-lsn'", &[])
+            .await
+            .unwrap_err();
+        assert_eq!(err.as_db_error().unwrap().code().code(), "22023");
+        let err = client
+            .query("/* lsngate_min_lsn='0/zz' */ SELECT 1", &[])
+            .await
+            .unwrap_err();
+        assert_eq!(err.as_db_error().unwrap().code().code(), "22023");
+        // The session goes on, and good values are taken over both protocols.
+        client
+            .execute("SET lsngate.min_lsn = '0/1'", &[])
+            .await
+            .unwrap();
+        let shown: String = client
+            .query_one("SHOW lsngate.min_lsn", &[])
+            .await
+            .unwrap()
+            .get(0);
+        assert_eq!(shown, "0/00000001");
+        client
+            .batch_execute("SET lsngate.route = primary")
+            .await
+            .unwrap();
+        client
+            .execute("SET lsngate.route = replica", &[])
+            .await
+            .unwrap();
+        let route: String = client
+            .query_one("SHOW lsngate.route", &[])
+            .await
+            .unwrap()
+            .get(0);
+        assert_eq!(
+            route, "replica",
+            "SET over the extended protocol is the proxy's"
+        );
+        let in_recovery: bool = client
+            .query_one(
+                "/* lsngate_min_lsn='0/1' */ SELECT pg_is_in_recovery()",
+                &[],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        assert!(in_recovery);
+        let err = client
+            .batch_execute("SET lsngate.nonsense = 1")
+            .await
+            .unwrap_err();
+        assert_eq!(err.as_db_error().unwrap().code().code(), "42704");
+    });
+    // A bad mode in the startup options refuses the login with the reason.
+    let err = rt().block_on(async {
+        tokio_postgres::connect(
+            &format!(
+                "{} options='-c lsngate.consistency=strong'",
+                proxy.conninfo()
+            ),
+            tokio_postgres::NoTls,
+        )
+        .await
+        .err()
+        .expect("login refused")
+    });
+    assert!(format!("{err:?}").contains("strong"), "{err:?}");
+}
+
+#[test]
+fn a_paused_replica_is_passed_over_and_a_killed_one_costs_no_stale_read() {
+    let cluster = Cluster::start(&ClusterConfig::default().replicas(2)).unwrap();
+    cluster.wait_streaming(Duration::from_secs(30)).unwrap();
+    let t = unique("faults");
+    create(&cluster, &t);
+    let budget = 300;
+    let proxy = proxy_with(&cluster, |f| f.wait_timeout_ms = Some(budget));
+    cluster.replica(0).pause_replay().unwrap();
+    let port1 = cluster.replica(1).port() as i32;
+    rt().block_on(async {
+        let client = connect(&proxy.conninfo()).await;
+        for i in 0..30 {
+            client
+                .execute(&format!("INSERT INTO {t} VALUES ($1, 1)"), &[&(i as i64)])
+                .await
+                .unwrap();
+            let row = client
+                .query_one(
+                    &format!("SELECT inet_server_port() FROM {t} WHERE id = $1"),
+                    &[&(i as i64)],
+                )
+                .await
+                .expect("fresh row");
+            assert_eq!(
+                row.get::<_, i32>(0),
+                port1,
+                "the replica that replays serves"
+            );
+        }
+    });
+    // Now the replica that serves dies in the middle of a run.
+    let killer = {
+        let dir = cluster.dir().to_path_buf();
+        std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(300));
+            let cluster = Cluster::open(&dir).unwrap();
+            cluster.replica(1).kill().unwrap();
+            cluster.detach();
+        })
+    };
+    let slowest = rt().block_on(async {
+        let client = connect(&proxy.conninfo()).await;
+        let mut slowest = Duration::ZERO;
+        for i in 100..160 {
+            client
+                .execute(&format!("INSERT INTO {t} VALUES ($1, 1)"), &[&(i as i64)])
+                .await
+                .unwrap();
+            let started = Instant::now();
+            let rows = client
+                .query(&format!("SELECT 1 FROM {t} WHERE id = $1"), &[&(i as i64)])
+                .await
+                .expect("the read survives the replica's death");
+            slowest = slowest.max(started.elapsed());
+            assert_eq!(rows.len(), 1, "read {i} missed its write");
+        }
+        slowest
+    });
+    killer.join().unwrap();
+    println!(
+        "slowest read across the kill: {slowest:?} (budget {budget} ms); {}",
+        status(&proxy)["causal"]["outcomes"]
+    );
+    assert!(
+        slowest < Duration::from_millis(budget) * 10,
+        "a read hung: {slowest:?} with a {budget} ms budget"
+    );
+    cluster.replica(0).resume_replay().unwrap();
+}
