@@ -4,7 +4,7 @@
 //! carries, and its cancel key. It does not decide where queries go.
 
 use std::collections::HashMap;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bytes::BytesMut;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -65,6 +65,8 @@ pub struct BackendConn {
     pub prepared: HashMap<String, String>,
     /// Settings applied on behalf of a client: name → SQL value text.
     pub applied: HashMap<String, String>,
+    /// When the connection was opened, for `server_lifetime`.
+    pub opened: Instant,
 }
 
 impl BackendConn {
@@ -98,6 +100,7 @@ impl BackendConn {
             server_params: Vec::new(),
             prepared: HashMap::new(),
             applied: HashMap::new(),
+            opened: Instant::now(),
         };
         let startup = StartupFrame::Startup {
             minor: 0,
@@ -278,6 +281,14 @@ impl BackendConn {
         let mut probe = [0u8; 1];
         self.read_buf.is_empty()
             && matches!(self.stream.try_read(&mut probe), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock)
+    }
+
+    /// Closes the connection politely: a Terminate if the socket takes it without waiting (so
+    /// the server logs no unexpected EOF), then the socket is dropped.
+    pub fn close(self) {
+        let mut terminate = BytesMut::new();
+        FrontendMessage::Terminate.to_frame().encode(&mut terminate);
+        let _ = self.stream.try_write(&terminate);
     }
 
     /// Whether a whole frame is already buffered (so the client flush can wait for it).

@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
 
 pub use conn::{BackendConn, BackendError};
-pub use pool::{Pool, PoolError, PooledConn};
+pub use pool::{Pool, PoolError, PoolLimits, PooledConn};
 
 use crate::config::NodeUrl;
 
@@ -88,17 +88,29 @@ impl NodeState {
         *self.last_error.lock().expect("error lock") = error;
     }
 
-    /// The pool for `database`, created on first use.
-    pub fn pool(&self, database: &str, size: usize) -> Arc<Pool> {
+    /// The pool for `database`, created on first use with `limits`; an existing pool takes
+    /// over the idle timeout and lifetime of `limits` (its size stays).
+    pub fn pool(&self, database: &str, limits: PoolLimits) -> Arc<Pool> {
         let mut pools = self.pools.lock().expect("pools lock");
         if let Some(pool) = pools.get(database) {
+            pool.set_limits(limits);
             return Arc::clone(pool);
         }
         Arc::clone(
             pools
                 .entry(database.to_string())
-                .or_insert_with(|| Pool::new(self.index, database, size)),
+                .or_insert_with(|| Pool::new(self.index, database, limits)),
         )
+    }
+
+    /// Every pool of this node.
+    pub fn pools(&self) -> Vec<Arc<Pool>> {
+        self.pools
+            .lock()
+            .expect("pools lock")
+            .values()
+            .cloned()
+            .collect()
     }
 
     /// (database, open, idle, size) per pool.

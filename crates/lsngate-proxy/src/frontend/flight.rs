@@ -106,7 +106,7 @@ impl Proxy {
             .nodes
             .pick(Target::Primary)
             .ok_or_else(|| anyhow::anyhow!(no_primary()))?;
-        let pool = node.pool(database, config.pool_size);
+        let pool = node.pool(database, config.pool_limits());
         let conn = pool
             .acquire(&node.url, config.acquire_timeout, config.connect_timeout)
             .await?;
@@ -182,7 +182,7 @@ impl Session {
                 .nodes
                 .pick(target)
                 .ok_or_else(|| anyhow::anyhow!(no_primary()))?;
-            let pool = node.pool(&self.database, config.pool_size);
+            let pool = node.pool(&self.database, config.pool_limits());
             match pool
                 .acquire(&node.url, config.acquire_timeout, config.connect_timeout)
                 .await
