@@ -5,6 +5,8 @@
 mod clients;
 #[path = "proxy/faults.rs"]
 mod faults;
+#[path = "proxy/pooling.rs"]
+mod pooling;
 #[path = "proxy/psql.rs"]
 mod psql;
 #[path = "proxy/routing.rs"]
