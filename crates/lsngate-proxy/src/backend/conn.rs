@@ -63,6 +63,10 @@ pub struct BackendConn {
     pub server_params: Vec<(String, String)>,
     /// Named prepared statements on this connection: name → query text.
     pub prepared: HashMap<String, String>,
+    /// What the server's unnamed statement is: the identity (parameter types and text, as in
+    /// `ClientStatement::identity`) of the last `Parse ""` sent here; None when there is none or
+    /// a simple Query dropped it.
+    pub unnamed: Option<String>,
     /// Settings applied on behalf of a client: name → SQL value text.
     pub applied: HashMap<String, String>,
     /// When the connection was opened, for `server_lifetime`.
@@ -99,6 +103,7 @@ impl BackendConn {
             key: (0, Vec::new()),
             server_params: Vec::new(),
             prepared: HashMap::new(),
+            unnamed: None,
             applied: HashMap::new(),
             opened: Instant::now(),
         };
@@ -257,6 +262,8 @@ impl BackendConn {
     /// Runs `sql` as a simple query and discards the result; used for resets. Returns the error
     /// message if the server reported one.
     pub async fn run_simple(&mut self, sql: &str) -> Result<Option<String>, BackendError> {
+        // A simple Query drops the unnamed statement.
+        self.unnamed = None;
         self.send(&[FrontendMessage::Query(sql.into()).to_frame()])
             .await?;
         let mut error = None;
