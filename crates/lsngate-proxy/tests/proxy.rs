@@ -15,5 +15,7 @@ mod routing;
 mod sessions;
 #[path = "proxy/signals.rs"]
 mod signals;
+#[path = "proxy/statements.rs"]
+mod statements;
 #[path = "proxy/support.rs"]
 mod support;
