@@ -11,7 +11,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 use crate::config::NodeUrl;
-use crate::frontend::auth::{md5_response, md5_stored, scram_client_final};
+use crate::frontend::auth::{md5_response, md5_stored, scram_client_final, scram_server_final_ok};
 use crate::net::{BackendMessage, ErrorFields, Frame, FrontendMessage, StartupFrame, decode_frame};
 
 /// Why a backend connection failed; `retry_safe` tells the router whether another node may be
@@ -29,6 +29,11 @@ pub enum BackendError {
         message: String,
         sqlstate: String,
     },
+    /// The server's SCRAM-SHA-256 signature does not match the password in the node URL.
+    #[error(
+        "{node} did not prove that it knows the password of the node URL (SCRAM server signature missing or wrong); check that the URL points at the right server"
+    )]
+    ServerProof { node: String },
     /// The server asked for an authentication method we do not implement.
     #[error(
         "{node} asked for authentication method {code}, which lsngate does not support; use scram-sha-256, md5, password or trust in pg_hba.conf"
@@ -131,6 +136,10 @@ impl BackendConn {
         loop {
             let frame = self.recv().await?;
             match self.parse(&frame)? {
+                // A SCRAM exchange must end with the server's signature before AuthenticationOk.
+                BackendMessage::Authentication { code: 0, .. } if scram.is_some() => {
+                    return Err(self.server_proof());
+                }
                 BackendMessage::Authentication { code: 0, .. } => {}
                 BackendMessage::Authentication { code: 3, .. } => {
                     let mut body = url.password.clone().unwrap_or_default().into_bytes();
@@ -173,7 +182,12 @@ impl BackendConn {
                     .await?;
                     scram = Some((bare, signature));
                 }
-                BackendMessage::Authentication { code: 12, .. } => {}
+                BackendMessage::Authentication { code: 12, data } => {
+                    let (_, signature) = scram.take().ok_or_else(|| self.unsupported(12))?;
+                    if !scram_server_final_ok(&String::from_utf8_lossy(&data), &signature) {
+                        return Err(self.server_proof());
+                    }
+                }
                 BackendMessage::Authentication { code, .. } => return Err(self.unsupported(code)),
                 BackendMessage::ParameterStatus { name, value } => {
                     self.server_params.push((name, value))
@@ -190,6 +204,12 @@ impl BackendConn {
         BackendError::UnsupportedAuth {
             node: self.address.clone(),
             code,
+        }
+    }
+
+    fn server_proof(&self) -> BackendError {
+        BackendError::ServerProof {
+            node: self.address.clone(),
         }
     }
 
