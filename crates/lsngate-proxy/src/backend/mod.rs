@@ -171,7 +171,9 @@ impl Nodes {
         self.primary()
     }
 
-    /// The healthy node detected as primary; before the first check, the configured one.
+    /// The healthy node detected as primary; else one detected as primary earlier; else, while no
+    /// check ever reached the configured primary, that one — so a client gets the reason it cannot
+    /// be reached (refused login, connection refused) instead of "no primary".
     pub fn primary(&self) -> Option<Arc<NodeState>> {
         let detected = self
             .all
@@ -179,6 +181,7 @@ impl Nodes {
             .find(|n| n.healthy() && n.role() == Role::Primary);
         detected
             .or_else(|| self.all.iter().find(|n| n.role() == Role::Primary))
+            .or_else(|| self.all.first().filter(|n| n.role() == Role::Unknown))
             .cloned()
     }
 }

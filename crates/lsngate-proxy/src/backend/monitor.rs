@@ -64,7 +64,7 @@ async fn check_inner(
         let (new_client, connection) = pg_config(&node.url, timeout)
             .connect(tokio_postgres::NoTls)
             .await
-            .map_err(|e| e.to_string())?;
+            .map_err(|e| describe(&e))?;
         tokio::spawn(async move {
             let _ = connection.await;
         });
@@ -75,8 +75,21 @@ async fn check_inner(
         .expect("connected above")
         .query_one("SELECT pg_is_in_recovery()", &[])
         .await
-        .map_err(|e| e.to_string())?;
+        .map_err(|e| describe(&e))?;
     Ok(row.get(0))
+}
+
+/// The error with its causes: tokio-postgres says only "db error" and keeps the server's
+/// message (e.g. `FATAL: password authentication failed ...`) in the source.
+fn describe(e: &tokio_postgres::Error) -> String {
+    let mut text = e.to_string();
+    let mut source = std::error::Error::source(e);
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
 }
 
 /// Runs checks on `node` until `shutdown` turns true.
