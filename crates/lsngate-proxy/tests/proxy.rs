@@ -11,6 +11,8 @@ mod pooling;
 mod psql;
 #[path = "proxy/routing.rs"]
 mod routing;
+#[path = "proxy/server_auth.rs"]
+mod server_auth;
 #[path = "proxy/sessions.rs"]
 mod sessions;
 #[path = "proxy/signals.rs"]
