@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
+use crate::backend::PoolLimits;
 use crate::frontend::auth::{Credential, ScramVerifier, md5_stored};
 
 /// Why a configuration cannot be used.
@@ -162,6 +163,12 @@ pub struct FileConfig {
     pub connect_timeout_ms: Option<u64>,
     /// Milliseconds between health/role checks of every node. Default 1000.
     pub health_interval_ms: Option<u64>,
+    /// Milliseconds an idle pooled server connection may stay unused before it is closed.
+    /// Default 600000 (10 min); 0 = never.
+    pub server_idle_timeout_ms: Option<u64>,
+    /// Milliseconds a server connection may stay open; older ones are closed when they return
+    /// to the pool. Default 3600000 (1 h); 0 = never.
+    pub server_lifetime_ms: Option<u64>,
     /// Largest message accepted from a client, bytes. Default 67108864 (64 MiB).
     pub max_message_size: Option<usize>,
     /// Bytes of a replica reply held back so a 25006 error can be re-run on the primary. Default 1048576.
@@ -321,6 +328,10 @@ pub struct Config {
     pub connect_timeout: Duration,
     /// Interval of health/role checks.
     pub health_interval: Duration,
+    /// How long an idle pooled server connection may stay unused; None = forever.
+    pub server_idle_timeout: Option<Duration>,
+    /// How long a server connection may stay open; None = forever.
+    pub server_lifetime: Option<Duration>,
     /// Largest client message.
     pub max_message_size: usize,
     /// Replica reply bytes held back for a transparent 25006 re-run.
@@ -375,6 +386,8 @@ impl Config {
             acquire_timeout: Duration::from_millis(file.acquire_timeout_ms.unwrap_or(5000)),
             connect_timeout: Duration::from_millis(file.connect_timeout_ms.unwrap_or(5000)),
             health_interval: Duration::from_millis(file.health_interval_ms.unwrap_or(1000).max(10)),
+            server_idle_timeout: limit_ms(file.server_idle_timeout_ms.unwrap_or(600_000)),
+            server_lifetime: limit_ms(file.server_lifetime_ms.unwrap_or(3_600_000)),
             max_message_size: file
                 .max_message_size
                 .unwrap_or(crate::net::DEFAULT_MAX_MESSAGE_LEN)
@@ -401,6 +414,15 @@ impl Config {
             path: path.display().to_string(),
             message: e.to_string(),
         })
+    }
+
+    /// Size, idle timeout and lifetime of the server connection pools.
+    pub fn pool_limits(&self) -> PoolLimits {
+        PoolLimits {
+            size: self.pool_size,
+            idle_timeout: self.server_idle_timeout,
+            lifetime: self.server_lifetime,
+        }
     }
 
     /// The credential a login name must present, if the user exists.
@@ -504,6 +526,11 @@ fn causal_config(file: &FileConfig) -> Result<crate::causal::CausalConfig, Confi
         signed,
         replay_poll: Duration::from_millis(file.replay_poll_ms.unwrap_or(20).max(1)),
     })
+}
+
+/// A time limit in milliseconds where 0 means none.
+fn limit_ms(ms: u64) -> Option<Duration> {
+    (ms > 0).then(|| Duration::from_millis(ms))
 }
 
 fn flags_only_users(
@@ -619,5 +646,25 @@ mod tests {
             Some(Credential::Md5 { .. })
         ));
         assert!(toml::from_str::<FileConfig>("bogus_key = 1").is_err());
+    }
+
+    #[test]
+    fn server_connection_limits_default_and_zero_means_never() {
+        let primary = "postgres://postgres@127.0.0.1:5432/postgres";
+        let file = FileConfig {
+            primary: Some(primary.into()),
+            ..Default::default()
+        };
+        let limits = Config::build(file).unwrap().pool_limits();
+        assert_eq!(limits.size, 20);
+        assert_eq!(limits.idle_timeout, Some(Duration::from_secs(600)));
+        assert_eq!(limits.lifetime, Some(Duration::from_secs(3600)));
+        let text =
+            format!("primary = {primary:?}\nserver_idle_timeout_ms = 0\nserver_lifetime_ms = 1500");
+        let limits = Config::build(toml::from_str(&text).unwrap())
+            .unwrap()
+            .pool_limits();
+        assert_eq!(limits.idle_timeout, None);
+        assert_eq!(limits.lifetime, Some(Duration::from_millis(1500)));
     }
 }

@@ -64,6 +64,14 @@ pub struct ProxyArgs {
     /// Milliseconds between health and role checks of each node [default: 1000].
     #[arg(long)]
     pub health_interval_ms: Option<u64>,
+    /// Milliseconds an idle pooled server connection may stay unused before it is closed;
+    /// 0 = never [default: 600000].
+    #[arg(long)]
+    pub server_idle_timeout_ms: Option<u64>,
+    /// Milliseconds a server connection may stay open; older ones are closed when they return to
+    /// the pool; 0 = never [default: 3600000].
+    #[arg(long)]
+    pub server_lifetime_ms: Option<u64>,
     /// Largest message accepted from a client, in bytes [default: 67108864].
     #[arg(long)]
     pub max_message_size: Option<usize>,
@@ -116,6 +124,7 @@ impl ProxyArgs {
             fallback
         );
         over!(tls_cert, tls_key, tls_mode);
+        over!(server_idle_timeout_ms, server_lifetime_ms);
         if !self.replicas.is_empty() {
             file.replicas = self.replicas.clone();
         }

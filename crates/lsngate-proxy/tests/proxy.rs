@@ -7,13 +7,19 @@ mod causal;
 mod clients;
 #[path = "proxy/faults.rs"]
 mod faults;
+#[path = "proxy/pooling.rs"]
+mod pooling;
 #[path = "proxy/psql.rs"]
 mod psql;
 #[path = "proxy/routing.rs"]
 mod routing;
+#[path = "proxy/server_auth.rs"]
+mod server_auth;
 #[path = "proxy/sessions.rs"]
 mod sessions;
 #[path = "proxy/signals.rs"]
 mod signals;
+#[path = "proxy/statements.rs"]
+mod statements;
 #[path = "proxy/support.rs"]
 mod support;

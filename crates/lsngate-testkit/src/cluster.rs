@@ -60,6 +60,8 @@ pub struct ClusterConfig {
     pub dir: Option<PathBuf>,
     /// Extra `postgresql.conf` lines for every node, `(name, value)`.
     pub settings: Vec<(String, String)>,
+    /// `pg_hba.conf` rules put above initdb's `trust` rules on every node, so they win.
+    pub hba: Vec<String>,
 }
 
 impl Default for ClusterConfig {
@@ -72,6 +74,7 @@ impl Default for ClusterConfig {
             pg_bin: None,
             dir: None,
             settings: Vec::new(),
+            hba: Vec::new(),
         }
     }
 }
@@ -110,6 +113,13 @@ impl ClusterConfig {
     /// Adds `name = 'value'` to every node's `postgresql.conf`.
     pub fn setting(mut self, name: &str, value: &str) -> Self {
         self.settings.push((name.to_string(), value.to_string()));
+        self
+    }
+    /// Puts the rule `line` (e.g. `host all app 127.0.0.1/32 scram-sha-256`) at the top of every
+    /// node's `pg_hba.conf`, above initdb's `trust` rules: the first matching rule wins, so the
+    /// role, database or address it names must authenticate as it says. Rules keep their order.
+    pub fn hba(mut self, line: &str) -> Self {
+        self.hba.push(line.to_string());
         self
     }
 }
@@ -405,6 +415,8 @@ fn init_primary(primary: &Node, tools: &Tools, config: &ClusterConfig) -> Result
     ];
     conf.extend(config.settings.iter().cloned());
     append_conf(primary, &conf)?;
+    // Replicas get the primary's pg_hba.conf with their base backup.
+    prepend_hba(primary, &config.hba)?;
     node_conf(primary)
 }
 
@@ -466,6 +478,23 @@ fn append_conf(node: &Node, settings: &[(String, String)]) -> Result<(), Error> 
             .map_err(|e| Error::io("write postgresql.conf", e))?;
     }
     Ok(())
+}
+
+/// Puts `rules` above the rules already in the node's `pg_hba.conf`.
+fn prepend_hba(node: &Node, rules: &[String]) -> Result<(), Error> {
+    if rules.is_empty() {
+        return Ok(());
+    }
+    let path = node.data_dir().join("pg_hba.conf");
+    let existing = std::fs::read_to_string(&path)
+        .map_err(|e| Error::io(format!("read {}", path.display()), e))?;
+    let mut text = String::from("# lsngate-testkit: ClusterConfig::hba rules\n");
+    for rule in rules {
+        text.push_str(rule);
+        text.push('\n');
+    }
+    text.push_str(&existing);
+    std::fs::write(&path, text).map_err(|e| Error::io(format!("write {}", path.display()), e))
 }
 
 fn on_off(on: bool) -> &'static str {

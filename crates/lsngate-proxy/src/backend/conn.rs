@@ -4,14 +4,14 @@
 //! carries, and its cancel key. It does not decide where queries go.
 
 use std::collections::HashMap;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bytes::BytesMut;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 use crate::config::NodeUrl;
-use crate::frontend::auth::{md5_response, md5_stored, scram_client_final};
+use crate::frontend::auth::{md5_response, md5_stored, scram_client_final, scram_server_final_ok};
 use crate::net::{BackendMessage, ErrorFields, Frame, FrontendMessage, StartupFrame, decode_frame};
 
 /// Why a backend connection failed; `retry_safe` tells the router whether another node may be
@@ -29,6 +29,11 @@ pub enum BackendError {
         message: String,
         sqlstate: String,
     },
+    /// The server's SCRAM-SHA-256 signature does not match the password in the node URL.
+    #[error(
+        "{node} did not prove that it knows the password of the node URL (SCRAM server signature missing or wrong); check that the URL points at the right server"
+    )]
+    ServerProof { node: String },
     /// The server asked for an authentication method we do not implement.
     #[error(
         "{node} asked for authentication method {code}, which lsngate does not support; use scram-sha-256, md5, password or trust in pg_hba.conf"
@@ -63,8 +68,14 @@ pub struct BackendConn {
     pub server_params: Vec<(String, String)>,
     /// Named prepared statements on this connection: name → query text.
     pub prepared: HashMap<String, String>,
+    /// What the server's unnamed statement is: the identity (parameter types and text, as in
+    /// `ClientStatement::identity`) of the last `Parse ""` sent here; None when there is none or
+    /// a simple Query dropped it.
+    pub unnamed: Option<String>,
     /// Settings applied on behalf of a client: name → SQL value text.
     pub applied: HashMap<String, String>,
+    /// When the connection was opened, for `server_lifetime`.
+    pub opened: Instant,
     /// Which server this is and its WAL layout, learned right after login.
     pub facts: ServerFacts,
 }
@@ -139,8 +150,10 @@ impl BackendConn {
             key: (0, Vec::new()),
             server_params: Vec::new(),
             prepared: HashMap::new(),
+            unnamed: None,
             applied: HashMap::new(),
             facts: ServerFacts::default(),
+            opened: Instant::now(),
         };
         let startup = StartupFrame::Startup {
             minor: 0,
@@ -176,6 +189,10 @@ impl BackendConn {
         loop {
             let frame = self.recv().await?;
             match self.parse(&frame)? {
+                // A SCRAM exchange must end with the server's signature before AuthenticationOk.
+                BackendMessage::Authentication { code: 0, .. } if scram.is_some() => {
+                    return Err(self.server_proof());
+                }
                 BackendMessage::Authentication { code: 0, .. } => {}
                 BackendMessage::Authentication { code: 3, .. } => {
                     let mut body = url.password.clone().unwrap_or_default().into_bytes();
@@ -218,7 +235,12 @@ impl BackendConn {
                     .await?;
                     scram = Some((bare, signature));
                 }
-                BackendMessage::Authentication { code: 12, .. } => {}
+                BackendMessage::Authentication { code: 12, data } => {
+                    let (_, signature) = scram.take().ok_or_else(|| self.unsupported(12))?;
+                    if !scram_server_final_ok(&String::from_utf8_lossy(&data), &signature) {
+                        return Err(self.server_proof());
+                    }
+                }
                 BackendMessage::Authentication { code, .. } => return Err(self.unsupported(code)),
                 BackendMessage::ParameterStatus { name, value } => {
                     self.server_params.push((name, value))
@@ -235,6 +257,12 @@ impl BackendConn {
         BackendError::UnsupportedAuth {
             node: self.address.clone(),
             code,
+        }
+    }
+
+    fn server_proof(&self) -> BackendError {
+        BackendError::ServerProof {
+            node: self.address.clone(),
         }
     }
 
@@ -309,6 +337,8 @@ impl BackendConn {
     pub async fn query_row(&mut self, sql: &str) -> Result<Vec<Option<String>>, BackendError> {
         self.send(&[FrontendMessage::Query(sql.into()).to_frame()])
             .await?;
+        // A simple Query drops the unnamed statement.
+        self.unnamed = None;
         let mut row = None;
         let mut error = None;
         loop {
@@ -336,6 +366,8 @@ impl BackendConn {
     /// Runs `sql` as a simple query and discards the result; used for resets. Returns the error
     /// message if the server reported one.
     pub async fn run_simple(&mut self, sql: &str) -> Result<Option<String>, BackendError> {
+        // A simple Query drops the unnamed statement.
+        self.unnamed = None;
         self.send(&[FrontendMessage::Query(sql.into()).to_frame()])
             .await?;
         let mut error = None;
@@ -360,6 +392,14 @@ impl BackendConn {
         let mut probe = [0u8; 1];
         self.read_buf.is_empty()
             && matches!(self.stream.try_read(&mut probe), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock)
+    }
+
+    /// Closes the connection politely: a Terminate if the socket takes it without waiting (so
+    /// the server logs no unexpected EOF), then the socket is dropped.
+    pub fn close(self) {
+        let mut terminate = BytesMut::new();
+        FrontendMessage::Terminate.to_frame().encode(&mut terminate);
+        let _ = self.stream.try_write(&terminate);
     }
 
     /// Whether a whole frame is already buffered (so the client flush can wait for it).

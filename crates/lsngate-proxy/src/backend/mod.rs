@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
 
 pub use conn::{BackendConn, BackendError, ServerFacts};
-pub use pool::{Pool, PoolError, PooledConn};
+pub use pool::{Pool, PoolError, PoolLimits, PooledConn};
 
 use crate::config::NodeUrl;
 
@@ -95,17 +95,29 @@ impl NodeState {
         *self.last_error.lock().expect("error lock") = error;
     }
 
-    /// The pool for `database`, created on first use.
-    pub fn pool(&self, database: &str, size: usize) -> Arc<Pool> {
+    /// The pool for `database`, created on first use with `limits`; an existing pool takes
+    /// over the idle timeout and lifetime of `limits` (its size stays).
+    pub fn pool(&self, database: &str, limits: PoolLimits) -> Arc<Pool> {
         let mut pools = self.pools.lock().expect("pools lock");
         if let Some(pool) = pools.get(database) {
+            pool.set_limits(limits);
             return Arc::clone(pool);
         }
         Arc::clone(
             pools
                 .entry(database.to_string())
-                .or_insert_with(|| Pool::new(self.index, database, size)),
+                .or_insert_with(|| Pool::new(self.index, database, limits)),
         )
+    }
+
+    /// Every pool of this node.
+    pub fn pools(&self) -> Vec<Arc<Pool>> {
+        self.pools
+            .lock()
+            .expect("pools lock")
+            .values()
+            .cloned()
+            .collect()
     }
 
     /// (database, open, idle, size) per pool.
@@ -167,7 +179,9 @@ impl Nodes {
         self.primary()
     }
 
-    /// The healthy node detected as primary; before the first check, the configured one.
+    /// The healthy node detected as primary; else one detected as primary earlier; else, while no
+    /// check ever reached the configured primary, that one — so a client gets the reason it cannot
+    /// be reached (refused login, connection refused) instead of "no primary".
     pub fn primary(&self) -> Option<Arc<NodeState>> {
         let detected = self
             .all
@@ -175,6 +189,7 @@ impl Nodes {
             .find(|n| n.healthy() && n.role() == Role::Primary);
         detected
             .or_else(|| self.all.iter().find(|n| n.role() == Role::Primary))
+            .or_else(|| self.all.first().filter(|n| n.role() == Role::Unknown))
             .cloned()
     }
 }

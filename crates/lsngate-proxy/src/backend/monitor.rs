@@ -103,7 +103,7 @@ async fn poll(
         let (client, connection) = pg_config(&node.url, timeout)
             .connect(tokio_postgres::NoTls)
             .await
-            .map_err(|e| e.to_string())?;
+            .map_err(|e| describe(&e))?;
         tokio::spawn(async move {
             let _ = connection.await;
         });
@@ -130,7 +130,7 @@ async fn poll(
         .client
         .query_one(&p.poll, &[])
         .await
-        .map_err(|e| e.to_string())?;
+        .map_err(|e| describe(&e))?;
     let in_recovery: bool = row.get(0);
     let position: Option<String> = row.get(1);
     let timeline: Option<String> = row.get(2);
@@ -149,6 +149,19 @@ async fn poll(
             }
         }),
     })
+}
+
+/// The error with its causes: tokio-postgres says only "db error" and keeps the server's
+/// message (e.g. `FATAL: password authentication failed ...`) in the source.
+fn describe(e: &tokio_postgres::Error) -> String {
+    let mut text = e.to_string();
+    let mut source = std::error::Error::source(e);
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
 }
 
 /// Polls `node` every `interval` (at once when a session asks for a re-check) until

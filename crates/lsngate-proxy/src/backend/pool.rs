@@ -1,24 +1,85 @@
 //! A pool of server connections for one (node, database): a semaphore caps the size, idle
-//! connections wait in a stack (most recently used first, so the hot ones stay warm). Handing a
-//! connection out and taking it back is all it does; resetting session state is the session's
-//! job because only the session knows what it changed.
+//! connections wait in a stack (most recently used first, so the hot ones stay warm). Idle
+//! connections unused for `server_idle_timeout` and connections open longer than
+//! `server_lifetime` are closed — when a connection is taken or given back, and by the reaper
+//! task between statements. Handing a connection out and taking it back is all it does;
+//! resetting session state is the session's job because only the session knows what it changed.
 
 use std::ops::{Deref, DerefMut};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
 
+use super::Nodes;
 use super::conn::{BackendConn, BackendError};
 use crate::config::NodeUrl;
+
+/// How many connections a pool may hold and how long they live.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PoolLimits {
+    /// Max connections per (node, database); fixed when the pool is created.
+    pub size: usize,
+    /// An idle connection unused for longer than this is closed; None = never.
+    pub idle_timeout: Option<Duration>,
+    /// A connection open for longer than this is closed instead of reused; None = never.
+    pub lifetime: Option<Duration>,
+}
+
+impl PoolLimits {
+    /// Whether a connection opened at `opened` and idle since `idle_since` must be closed.
+    fn expired(&self, opened: Instant, idle_since: Instant, now: Instant) -> bool {
+        let over = |limit: Option<Duration>, since: Instant| {
+            limit.is_some_and(|limit| now.saturating_duration_since(since) > limit)
+        };
+        over(self.idle_timeout, idle_since) || over(self.lifetime, opened)
+    }
+
+    /// How often the reaper looks for expired connections: a quarter of the shorter limit,
+    /// between 10 ms and 1 s.
+    pub fn reap_period(&self) -> Duration {
+        let shortest = [self.idle_timeout, self.lifetime]
+            .into_iter()
+            .flatten()
+            .min()
+            .unwrap_or(Duration::MAX);
+        (shortest / 4).clamp(Duration::from_millis(10), Duration::from_secs(1))
+    }
+}
+
+/// An idle connection and when it came back.
+#[derive(Debug)]
+struct Idle {
+    conn: BackendConn,
+    since: Instant,
+}
+
+/// The idle stack with the limits it is kept to (changed by a reload).
+#[derive(Debug)]
+struct Shelf {
+    conns: Vec<Idle>,
+    limits: PoolLimits,
+}
+
+impl Shelf {
+    /// Takes out every expired connection.
+    fn take_expired(&mut self, now: Instant) -> Vec<BackendConn> {
+        let limits = self.limits;
+        let (expired, kept) = std::mem::take(&mut self.conns)
+            .into_iter()
+            .partition(|idle| limits.expired(idle.conn.opened, idle.since, now));
+        self.conns = kept;
+        expired.into_iter().map(|idle| idle.conn).collect()
+    }
+}
 
 /// Connections of one (node, database).
 #[derive(Debug)]
 pub struct Pool {
     node: usize,
     database: String,
-    idle: Mutex<Vec<BackendConn>>,
+    shelf: Mutex<Shelf>,
     permits: Arc<Semaphore>,
     size: usize,
     open: AtomicUsize,
@@ -44,16 +105,24 @@ pub enum PoolError {
 }
 
 impl Pool {
-    /// An empty pool of at most `size` connections.
-    pub fn new(node: usize, database: &str, size: usize) -> Arc<Pool> {
+    /// An empty pool kept to `limits`.
+    pub fn new(node: usize, database: &str, limits: PoolLimits) -> Arc<Pool> {
         Arc::new(Pool {
             node,
             database: database.to_string(),
-            idle: Mutex::new(Vec::new()),
-            permits: Arc::new(Semaphore::new(size)),
-            size,
+            shelf: Mutex::new(Shelf {
+                conns: Vec::new(),
+                limits,
+            }),
+            permits: Arc::new(Semaphore::new(limits.size)),
+            size: limits.size,
             open: AtomicUsize::new(0),
         })
+    }
+
+    /// Applies a reloaded idle timeout and lifetime; the size of an existing pool stays.
+    pub fn set_limits(&self, limits: PoolLimits) {
+        self.shelf.lock().expect("pool lock").limits = limits;
     }
 
     /// A connection: an idle one, or a new one while under the size limit.
@@ -77,16 +146,21 @@ impl Pool {
                 .map_err(|_| exhausted())?
                 .map_err(|_| exhausted())?,
         };
-        let idle = loop {
-            let candidate = self.idle.lock().expect("pool lock").pop();
-            match candidate {
-                Some(conn) if !conn.is_usable() => {
-                    tracing::debug!(node = %conn.address, "dropping a server connection closed while idle");
-                    self.open.fetch_sub(1, Ordering::Relaxed);
+        let (idle, expired) = {
+            let mut shelf = self.shelf.lock().expect("pool lock");
+            let expired = shelf.take_expired(Instant::now());
+            let mut idle = None;
+            while let Some(candidate) = shelf.conns.pop() {
+                if candidate.conn.is_usable() {
+                    idle = Some(candidate.conn);
+                    break;
                 }
-                other => break other,
+                tracing::debug!(node = %candidate.conn.address, "dropping a server connection closed while idle");
+                self.open.fetch_sub(1, Ordering::Relaxed);
             }
+            (idle, expired)
         };
+        self.close(expired);
         let conn = match idle {
             Some(conn) => conn,
             None => {
@@ -102,19 +176,91 @@ impl Pool {
         })
     }
 
+    /// Takes a connection back: onto the idle stack, or closed when it outlived its lifetime.
+    fn put_back(&self, conn: BackendConn) {
+        let now = Instant::now();
+        let expired = {
+            let mut shelf = self.shelf.lock().expect("pool lock");
+            let mut expired = shelf.take_expired(now);
+            if shelf.limits.expired(conn.opened, now, now) {
+                expired.push(conn);
+            } else {
+                shelf.conns.push(Idle { conn, since: now });
+            }
+            expired
+        };
+        self.close(expired);
+    }
+
+    /// Closes idle connections past their idle timeout or lifetime; returns how many.
+    pub fn close_expired(&self) -> usize {
+        let expired = self
+            .shelf
+            .lock()
+            .expect("pool lock")
+            .take_expired(Instant::now());
+        let closed = expired.len();
+        self.close(expired);
+        closed
+    }
+
     /// (open connections, idle connections, size limit), for /status and /metrics.
     pub fn stats(&self) -> (usize, usize, usize) {
         (
             self.open.load(Ordering::Relaxed),
-            self.idle.lock().expect("pool lock").len(),
+            self.shelf.lock().expect("pool lock").conns.len(),
             self.size,
         )
     }
 
     /// Closes every idle connection (after a failover or reload).
     pub fn clear_idle(&self) {
-        let drained = std::mem::take(&mut *self.idle.lock().expect("pool lock"));
-        self.open.fetch_sub(drained.len(), Ordering::Relaxed);
+        let drained = std::mem::take(&mut self.shelf.lock().expect("pool lock").conns);
+        self.close(drained.into_iter().map(|idle| idle.conn).collect());
+    }
+
+    /// Closes connections that are no longer counted as idle, outside the pool lock.
+    fn close(&self, conns: Vec<BackendConn>) {
+        if conns.is_empty() {
+            return;
+        }
+        self.open.fetch_sub(conns.len(), Ordering::Relaxed);
+        for conn in conns {
+            tracing::debug!(node = %conn.address, database = %self.database, "closing an expired or discarded server connection");
+            conn.close();
+        }
+    }
+}
+
+/// The reaper: closes expired idle connections of every pool, as often as the current limits
+/// ask (see [`PoolLimits::reap_period`]), until `shutdown` turns true. `limits` is read at every
+/// round and handed to every pool, so a reload applies without waiting for a statement.
+pub async fn reap(
+    nodes: &Nodes,
+    limits: impl Fn() -> PoolLimits,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    loop {
+        let limits = limits();
+        let closed: usize = nodes
+            .all
+            .iter()
+            .flat_map(|node| node.pools())
+            .map(|pool| {
+                pool.set_limits(limits);
+                pool.close_expired()
+            })
+            .sum();
+        if closed > 0 {
+            tracing::debug!(closed, "closed expired idle server connections");
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(limits.reap_period()) => {}
+            _ = shutdown.changed() => {}
+        }
+        if *shutdown.borrow() {
+            return;
+        }
     }
 }
 
@@ -127,10 +273,10 @@ pub struct PooledConn {
 }
 
 impl PooledConn {
-    /// Gives the connection back for reuse.
+    /// Gives the connection back for reuse (or closes it when it outlived `server_lifetime`).
     pub fn release(mut self) {
         if let Some(conn) = self.conn.take() {
-            self.pool.idle.lock().expect("pool lock").push(conn);
+            self.pool.put_back(conn);
         }
     }
 }
@@ -157,5 +303,51 @@ impl DerefMut for PooledConn {
         self.conn
             .as_mut()
             .expect("connection present until release")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn expiry_counts_idle_time_and_age_separately() {
+        let limits = PoolLimits {
+            size: 1,
+            idle_timeout: Some(Duration::from_secs(10)),
+            lifetime: Some(Duration::from_secs(60)),
+        };
+        let now = Instant::now() + Duration::from_secs(120);
+        let ago = |secs| now - Duration::from_secs(secs);
+        assert!(
+            !limits.expired(ago(30), ago(5), now),
+            "young and recently used"
+        );
+        assert!(limits.expired(ago(30), ago(11), now), "idle too long");
+        assert!(limits.expired(ago(61), ago(1), now), "open too long");
+        let never = PoolLimits {
+            idle_timeout: None,
+            lifetime: None,
+            ..limits
+        };
+        assert!(!never.expired(ago(120), ago(120), now));
+    }
+
+    #[test]
+    fn reap_period_follows_the_shorter_limit_within_bounds() {
+        let limits = |idle: Option<u64>, life: Option<u64>| PoolLimits {
+            size: 1,
+            idle_timeout: idle.map(Duration::from_millis),
+            lifetime: life.map(Duration::from_millis),
+        };
+        let ms = Duration::from_millis;
+        assert_eq!(
+            limits(Some(600_000), Some(3_600_000)).reap_period(),
+            ms(1000)
+        );
+        assert_eq!(limits(Some(400), Some(3_600_000)).reap_period(), ms(100));
+        assert_eq!(limits(None, Some(200)).reap_period(), ms(50));
+        assert_eq!(limits(Some(1), None).reap_period(), ms(10));
+        assert_eq!(limits(None, None).reap_period(), ms(1000));
     }
 }

@@ -28,6 +28,7 @@ pub const REPLAY_SQL: &str = "SELECT pg_is_in_recovery()::text, pg_last_wal_repl
 
 const POSITION_STATEMENT: &str = "lsngate_position";
 const REPLAY_STATEMENT: &str = "lsngate_replayed";
+const WAIT_STATEMENT: &str = "lsngate_wait";
 const PORTAL: &str = "lsngate";
 
 /// Which proxy statement a segment runs.
@@ -100,9 +101,40 @@ pub fn forget_probes(prepared: &mut HashMap<String, String>) {
 }
 
 /// `WAIT FOR LSN` (PostgreSQL ≥ 19) for `floor`, at most `timeout` (never less than 1 ms:
-/// 0 would mean forever), answering a status row instead of raising.
-pub fn wait_for(floor: Lsn, timeout: Duration) -> Frame {
-    FrontendMessage::Query(wait_for_sql(floor, timeout)).to_frame()
+/// 0 would mean forever), answering a status row instead of raising. Sent over the extended
+/// protocol as a named statement (the LSN is a literal: no parameters), so the client's unnamed
+/// statement and portal survive it; a simple Query would drop them.
+pub fn wait_for(floor: Lsn, timeout: Duration) -> Vec<Frame> {
+    vec![
+        FrontendMessage::Close {
+            kind: b'S',
+            name: WAIT_STATEMENT.into(),
+        }
+        .to_frame(),
+        FrontendMessage::Parse {
+            statement: WAIT_STATEMENT.into(),
+            query: wait_for_sql(floor, timeout),
+            param_types: Vec::new(),
+        }
+        .to_frame(),
+        FrontendMessage::Close {
+            kind: b'P',
+            name: PORTAL.into(),
+        }
+        .to_frame(),
+        FrontendMessage::Bind {
+            portal: PORTAL.into(),
+            statement: WAIT_STATEMENT.into(),
+            rest: Bytes::from_static(&[0, 0, 0, 0, 0, 0]),
+        }
+        .to_frame(),
+        FrontendMessage::Execute {
+            portal: PORTAL.into(),
+            max_rows: 0,
+        }
+        .to_frame(),
+        FrontendMessage::Sync.to_frame(),
+    ]
 }
 
 /// The text of [`wait_for`].
@@ -165,8 +197,12 @@ mod tests {
 
     #[test]
     fn waits_never_ask_for_forever() {
-        let frame = wait_for(Lsn::new(0x3000060), Duration::ZERO);
-        let text = String::from_utf8_lossy(&frame.body).into_owned();
+        let frames = wait_for(Lsn::new(0x3000060), Duration::ZERO);
+        assert_eq!(
+            frames.iter().map(|f| f.tag).collect::<Vec<_>>(),
+            b"CPCBES".to_vec()
+        );
+        let text = String::from_utf8_lossy(&frames[1].body).into_owned();
         assert!(
             text.contains("'0/03000060'") && text.contains("TIMEOUT '1ms'"),
             "{text}"

@@ -243,6 +243,17 @@ pub fn scram_client_final(
     ))
 }
 
+/// Whether the server-final message (`v=<ServerSignature>`) carries the signature the password
+/// predicts: only a server that knows the verifier can send it.
+pub fn scram_server_final_ok(server_final: &str, expected_signature: &[u8]) -> bool {
+    server_final
+        .split(',')
+        .next()
+        .and_then(|v| v.strip_prefix("v="))
+        .and_then(|v| B64.decode(v).ok())
+        .is_some_and(|signature| signature == expected_signature)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -258,7 +269,11 @@ mod tests {
             let result = exchange.finish("app", &verifier, &client_final);
             assert_eq!(result.is_ok(), ok, "{password}");
             if ok {
-                assert_eq!(result.unwrap(), format!("v={}", B64.encode(server_sig)));
+                let server_final = result.unwrap();
+                assert_eq!(server_final, format!("v={}", B64.encode(&server_sig)));
+                assert!(scram_server_final_ok(&server_final, &server_sig));
+                assert!(!scram_server_final_ok(&server_final, &server_sig[1..]));
+                assert!(!scram_server_final_ok("e=invalid-proof", &server_sig));
             }
         }
     }

@@ -11,9 +11,9 @@ use std::sync::Arc;
 
 use super::causal::{CausalRead, Discard, Verdict};
 use super::router::{Class, session_set};
-use super::session::Session;
+use super::session::{ClientStatement, Session};
 use super::{CancelTarget, Proxy};
-use crate::backend::{BackendError, NodeState, PooledConn, Role, Target};
+use crate::backend::{BackendConn, BackendError, NodeState, PooledConn, Role, Target};
 use crate::causal::sql::{Probe, probe_segment, wait_for};
 use crate::net::backend::build;
 use crate::net::{ErrorFields, Frame, FrontendMessage};
@@ -181,6 +181,67 @@ fn settings_sql(
     (!sql.is_empty()).then_some(sql)
 }
 
+/// The `Parse ""` a flight needs in front when it binds or describes the unnamed statement without
+/// parsing it, and the server's unnamed statement is not the client's (another client parsed
+/// one there, a simple Query dropped it, or the client parsed it on another connection). Tracks
+/// what `conn`'s unnamed statement is once the flight has run; injects nothing unless `may_inject`.
+fn unnamed_preparation(
+    conn: &mut BackendConn,
+    client: Option<&ClientStatement>,
+    flight: &[FrontendMessage],
+    may_inject: bool,
+) -> Option<Frame> {
+    let parses_unnamed = flight
+        .iter()
+        .any(|m| matches!(m, FrontendMessage::Parse { statement, .. } if statement.is_empty()));
+    let mut checked = !may_inject || parses_unnamed;
+    let mut parse = None;
+    for m in flight {
+        match m {
+            FrontendMessage::Parse {
+                statement,
+                query,
+                param_types,
+            } if statement.is_empty() => conn.unnamed = Some(format!("{param_types:?}|{query}")),
+            FrontendMessage::Bind { statement, .. }
+            | FrontendMessage::Describe {
+                kind: b'S',
+                name: statement,
+            } if statement.is_empty() && !checked => {
+                checked = true;
+                let Some(s) = client else { continue };
+                if conn.unnamed.as_deref() != Some(s.identity().as_str()) {
+                    let message = FrontendMessage::Parse {
+                        statement: String::new(),
+                        query: s.query.clone(),
+                        param_types: s.param_types.clone(),
+                    };
+                    parse = Some(message.to_frame());
+                    conn.unnamed = Some(s.identity());
+                }
+            }
+            FrontendMessage::Close { kind: b'S', name } if name.is_empty() => conn.unnamed = None,
+            FrontendMessage::Query(_) => conn.unnamed = None,
+            _ => {}
+        }
+    }
+    parse
+}
+
+/// Whether the flight leaves the client without an unnamed statement (its last `Parse ""` is
+/// followed by a `Close` of it).
+fn closes_unnamed(flight: &[FrontendMessage]) -> bool {
+    flight
+        .iter()
+        .rev()
+        .find_map(|m| match m {
+            FrontendMessage::Parse { statement, .. } if statement.is_empty() => Some(false),
+            FrontendMessage::Close { kind: b'S', name } if name.is_empty() => Some(true),
+            _ => None,
+        })
+        .unwrap_or(false)
+}
+
 impl Proxy {
     /// ParameterStatus values to report at login, from a primary connection.
     pub async fn server_params(&self, database: &str) -> anyhow::Result<Vec<(String, String)>> {
@@ -189,7 +250,7 @@ impl Proxy {
             .nodes
             .pick(Target::Primary)
             .ok_or_else(|| anyhow::anyhow!(no_primary()))?;
-        let pool = node.pool(database, config.pool_size);
+        let pool = node.pool(database, config.pool_limits());
         let conn = pool
             .acquire(&node.url, config.acquire_timeout, config.connect_timeout)
             .await?;
@@ -271,7 +332,7 @@ impl Session {
                     .pick(target)
                     .ok_or_else(|| anyhow::anyhow!(no_primary()))?,
             };
-            let pool = node.pool(&self.database, config.pool_size);
+            let pool = node.pool(&self.database, config.pool_limits());
             match pool
                 .acquire(&node.url, config.acquire_timeout, config.connect_timeout)
                 .await
@@ -327,15 +388,27 @@ impl Session {
         let conn = &mut attached.conn;
         let mut frames = Vec::new();
         if attached.open || attached.copy_in {
+            unnamed_preparation(conn, self.unnamed.as_ref(), flight, false);
+            if closes_unnamed(flight) {
+                self.unnamed = None;
+            }
             return frames;
         }
         let differs = self.settings != conn.applied;
         if let Some(sql) = settings_sql(&self.settings, &conn.applied).filter(|_| differs) {
             frames.push(FrontendMessage::Query(sql).to_frame());
             conn.applied = self.settings.clone();
+            // A simple Query drops the unnamed statement.
+            conn.unnamed = None;
             attached.expect.push_back(Owner::Proxy(Duty::Prepare));
         }
         let mut statements = Vec::new();
+        statements.extend(unnamed_preparation(
+            conn,
+            self.unnamed.as_ref(),
+            flight,
+            true,
+        ));
         let mut defined_here = HashSet::new();
         for m in flight {
             match m {
@@ -394,6 +467,9 @@ impl Session {
             frames.extend(statements);
             frames.push(FrontendMessage::Sync.to_frame());
             attached.expect.push_back(Owner::Proxy(Duty::Prepare));
+        }
+        if closes_unnamed(flight) {
+            self.unnamed = None;
         }
         frames
     }
@@ -529,7 +605,7 @@ impl Session {
             {
                 let wait = facts.has_wait_for() && !fast;
                 if wait {
-                    frames.push(wait_for(floor.lsn, budget));
+                    frames.extend(wait_for(floor.lsn, budget));
                 } else {
                     frames.extend(probe_segment(Probe::Replay, &mut attached.conn.prepared));
                 }
@@ -598,6 +674,23 @@ mod tests {
             "SET application_name = 'app';RESET search_path;"
         );
         assert_eq!(settings_sql(&wanted, &wanted), None);
+    }
+
+    #[test]
+    fn closes_unnamed_looks_at_the_last_parse_or_close_of_it() {
+        let parse = FrontendMessage::Parse {
+            statement: String::new(),
+            query: "SELECT 1".into(),
+            param_types: vec![],
+        };
+        let close = |name: &str| FrontendMessage::Close {
+            kind: b'S',
+            name: name.into(),
+        };
+        let sync = FrontendMessage::Sync;
+        assert!(closes_unnamed(&[parse.clone(), close(""), sync.clone()]));
+        assert!(!closes_unnamed(&[close(""), parse, sync.clone()]));
+        assert!(!closes_unnamed(&[close("s1"), sync]));
     }
 
     #[test]

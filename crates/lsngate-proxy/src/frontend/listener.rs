@@ -50,6 +50,10 @@ impl Proxy {
                 stop,
             ));
         }
+        let (reaped, stop) = (Arc::clone(&self), shutdown.clone());
+        tokio::spawn(async move {
+            crate::backend::pool::reap(&reaped.nodes, || reaped.config().pool_limits(), stop).await
+        });
         if let Some(admin) = config.admin_listen {
             let admin_listener = TcpListener::bind(admin).await?;
             tokio::spawn(crate::admin::serve(

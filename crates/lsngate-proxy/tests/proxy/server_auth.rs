@@ -1,0 +1,183 @@
+//! The proxy logging into servers with SCRAM-SHA-256: a role whose pg_hba.conf rule demands
+//! scram-sha-256 over TCP, its password in the node URLs, reads on the replica and writes on the
+//! primary through the proxy; a wrong password gives clients a clear error and the proxy keeps
+//! serving, so fixing the password on the server is enough.
+
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use crate::support::*;
+use lsngate_proxy::FileConfig;
+use lsngate_proxy::config::UserEntry;
+use lsngate_testkit::{Cluster, ClusterConfig, Node};
+
+const ROLE: &str = "scram_app";
+
+fn node_url(node: &Node, password: &str) -> String {
+    format!(
+        "postgres://{ROLE}:{password}@127.0.0.1:{}/postgres",
+        node.port()
+    )
+}
+
+/// A proxy in front of `cluster` that logs into every node as ROLE with `password`; clients log
+/// in as `app` / `client-pw`.
+fn proxy_config(cluster: &Cluster, password: &str) -> FileConfig {
+    let mut file = file_config(cluster);
+    file.primary = Some(node_url(cluster.primary(), password));
+    file.replicas = cluster
+        .replicas()
+        .iter()
+        .map(|n| node_url(n, password))
+        .collect();
+    file.users = vec![UserEntry {
+        name: "app".into(),
+        password: Some("client-pw".into()),
+        verifier: None,
+        auth: "scram-sha-256".into(),
+    }];
+    file
+}
+
+fn client_conninfo(proxy: &TestProxy) -> String {
+    format!(
+        "host=127.0.0.1 port={} user=app password=client-pw dbname=postgres",
+        proxy.addr.port()
+    )
+}
+
+/// (current_user, pg_is_in_recovery()) of the server that ran the statement.
+async fn who_and_where(client: &tokio_postgres::Client, sql: &str) -> (String, bool) {
+    let row = client.query_one(sql, &[]).await.unwrap();
+    (row.get(0), row.get(1))
+}
+
+async fn try_connect(conninfo: &str) -> Result<tokio_postgres::Client, tokio_postgres::Error> {
+    let (client, connection) = tokio_postgres::connect(conninfo, tokio_postgres::NoTls).await?;
+    tokio::spawn(async move {
+        let _ = connection.await;
+    });
+    Ok(client)
+}
+
+#[test]
+fn the_proxy_logs_into_servers_with_scram_and_reports_a_wrong_password() {
+    let cluster = Cluster::start(
+        &ClusterConfig::default()
+            .replicas(1)
+            .setting("password_encryption", "scram-sha-256")
+            .hba(&format!("host all {ROLE} 127.0.0.1/32 scram-sha-256")),
+    )
+    .unwrap();
+    let primary = cluster.primary();
+    primary
+        .sql(&format!(
+            "CREATE ROLE {ROLE} LOGIN PASSWORD 'backend-s3cret'"
+        ))
+        .unwrap();
+    assert_eq!(
+        primary
+            .sql(&format!(
+                "SELECT rolpassword LIKE 'SCRAM-SHA-256$%' FROM pg_authid WHERE rolname = '{ROLE}'"
+            ))
+            .unwrap(),
+        "t",
+        "the role has a SCRAM verifier"
+    );
+    primary
+        .sql(&format!(
+            "CREATE TABLE scram_t (id int); GRANT SELECT, INSERT ON scram_t TO {ROLE}"
+        ))
+        .unwrap();
+    caught_up(&cluster);
+    // The rule is in force on both nodes: no password, no login.
+    for node in cluster.nodes() {
+        let conninfo = format!(
+            "host=127.0.0.1 port={} user={ROLE} dbname=postgres",
+            node.port()
+        );
+        let mut psql = Command::new(cluster.pg_bin().tool("psql"));
+        psql.args(["-X", "-w", "-d", &conninfo, "-c", "SELECT 1"])
+            .env_remove("PGPASSWORD");
+        let output = run(&mut psql);
+        let (_, stderr) = texts(&output);
+        assert!(
+            !output.status.success() && stderr.contains("password"),
+            "{}: {stderr}",
+            node.name()
+        );
+    }
+
+    let proxy = TestProxy::with(proxy_config(&cluster, "backend-s3cret"));
+    rt().block_on(async {
+        let client = connect(&client_conninfo(&proxy)).await;
+        let sql = "SELECT current_user::text, pg_is_in_recovery()";
+        assert_eq!(
+            who_and_where(&client, sql).await,
+            (ROLE.to_string(), true),
+            "a read on the replica"
+        );
+        client
+            .execute("INSERT INTO scram_t VALUES (1)", &[])
+            .await
+            .unwrap();
+        client.batch_execute("BEGIN").await.unwrap();
+        assert_eq!(
+            who_and_where(&client, sql).await,
+            (ROLE.to_string(), false),
+            "a transaction on the primary"
+        );
+        client.batch_execute("COMMIT").await.unwrap();
+    });
+    assert_eq!(primary.sql("SELECT count(*) FROM scram_t").unwrap(), "1");
+    drop(proxy);
+
+    let proxy = TestProxy::with(proxy_config(&cluster, "not-the-password"));
+    rt().block_on(async {
+        for attempt in 0..2 {
+            let error = match try_connect(&client_conninfo(&proxy)).await {
+                Ok(client) => client.batch_execute("SELECT 1").await.unwrap_err(),
+                Err(e) => e,
+            };
+            let text = format!("{error:?}");
+            assert!(
+                text.contains("password authentication failed")
+                    && text.contains("check the user/password in the node URL"),
+                "attempt {attempt}: {text}"
+            );
+        }
+    });
+    let status = proxy.http_get("/status");
+    assert!(
+        status.starts_with("HTTP/1.1 200") && status.contains("password authentication failed"),
+        "{status}"
+    );
+    // The proxy kept running: once the server accepts that password, the same proxy serves.
+    primary
+        .sql(&format!("ALTER ROLE {ROLE} PASSWORD 'not-the-password'"))
+        .unwrap();
+    caught_up(&cluster);
+    rt().block_on(async {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let attempt = async {
+                let client = try_connect(&client_conninfo(&proxy)).await?;
+                client
+                    .query_one("SELECT count(*) FROM scram_t", &[])
+                    .await
+                    .map(|row| row.get::<_, i64>(0))
+            };
+            match attempt.await {
+                Ok(count) => {
+                    assert_eq!(count, 1);
+                    break;
+                }
+                Err(e) if Instant::now() < deadline => {
+                    let _ = e;
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
+                Err(e) => panic!("the proxy never served after the password was fixed: {e:?}"),
+            }
+        }
+    });
+}
