@@ -1,6 +1,7 @@
 //! Starts a throwaway cluster (primary + 2 replicas, from lsngate-testkit) and an lsngate proxy
 //! in front of it, prints the URLs, and runs until Ctrl-C. For trying the proxy by hand:
-//! `cargo run -p lsngate-proxy --example demo_cluster`.
+//! `cargo run -p lsngate-proxy --example demo_cluster [APPLY_DELAY_MS]` — a delay
+//! (`recovery_min_apply_delay` on the replicas) makes stale reads easy to see.
 
 use std::time::Duration;
 
@@ -10,7 +11,17 @@ use lsngate_testkit::{Cluster, ClusterConfig};
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     tracing_subscriber_init();
-    let cluster = Cluster::start(&ClusterConfig::default().replicas(2))?;
+    let delay: u64 = match std::env::args().nth(1) {
+        Some(ms) => ms.parse().map_err(|_| {
+            anyhow::anyhow!("APPLY_DELAY_MS must be a number of milliseconds, got {ms:?}")
+        })?,
+        None => 0,
+    };
+    let cluster = Cluster::start(
+        &ClusterConfig::default()
+            .replicas(2)
+            .apply_delay(Duration::from_millis(delay)),
+    )?;
     cluster.wait_streaming(Duration::from_secs(30))?;
     let file = FileConfig {
         listen: Some("127.0.0.1:6432".parse()?),

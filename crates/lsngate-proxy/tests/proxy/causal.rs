@@ -174,7 +174,10 @@ fn the_budget_decides_who_serves_not_whether_the_read_is_fresh() {
         } else {
             // A check that answers late on a loaded machine may still find the row replayed and
             // serve it (fresh, just late): the budget routes, it is not a correctness bound.
-            assert!(replica < 10, "a 20 ms budget cannot cover a 50 ms delay: {replica}/20");
+            assert!(
+                replica < 10,
+                "a 20 ms budget cannot cover a 50 ms delay: {replica}/20"
+            );
             assert!(outcomes["fallback"].as_u64().unwrap() >= 10, "{outcomes}");
         }
     }
