@@ -1,9 +1,11 @@
 //! Benchmark (not a test): `pgbench -S` and a mixed read/write script against the primary
-//! directly, through Debian's PgBouncer (transaction mode) and through lsngate (primary only,
-//! and primary + replica), same clients, one run side by side. Prints a table with TPS and
-//! latency ratios, then JSON.
+//! directly, through Debian's PgBouncer (transaction mode) and through lsngate — primary only as
+//! a plain pooler (consistency eventual, the like-for-like comparison), primary + replica with
+//! plain read/write splitting, and primary + replica with causal reads (consistency session, the
+//! default) — same clients, one run side by side. Prints a table with TPS and latency ratios,
+//! then JSON.
 //!
-//! `cargo run --release -p lsngate-proxy --example bench_pgbouncer -- [seconds] [clients]`
+//! `cargo run --release -p lsngate-proxy --example bench_pgbouncer -- [seconds] [clients] [proxy threads]`
 //! Needs pgbouncer (scripts/install/proxy.sh) and runs it as the testkit's server user.
 
 use std::path::Path;
@@ -115,9 +117,12 @@ fn free_port() -> u16 {
 fn start_lsngate(
     cluster: &Cluster,
     with_replica: bool,
+    consistency: &str,
     pool: usize,
+    threads: usize,
 ) -> (u16, tokio::sync::watch::Sender<bool>) {
     let file = FileConfig {
+        consistency: Some(consistency.into()),
         listen: Some("127.0.0.1:0".parse().unwrap()),
         primary: Some(cluster.primary_url()),
         replicas: if with_replica {
@@ -135,7 +140,7 @@ fn start_lsngate(
     let (stop, stop_rx) = tokio::sync::watch::channel(false);
     std::thread::spawn(move || {
         let runtime = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
+            .worker_threads(threads)
             .enable_all()
             .build()
             .unwrap();
@@ -152,6 +157,7 @@ fn main() {
     let args: Vec<String> = std::env::args().collect();
     let seconds: u64 = args.get(1).and_then(|s| s.parse().ok()).unwrap_or(10);
     let clients: usize = args.get(2).and_then(|s| s.parse().ok()).unwrap_or(8);
+    let threads: usize = args.get(3).and_then(|s| s.parse().ok()).unwrap_or(2);
     let pool = clients.min(16);
     let cluster = Cluster::start(&ClusterConfig::default().replicas(1)).expect("start cluster");
     cluster.wait_streaming(Duration::from_secs(30)).unwrap();
@@ -164,13 +170,15 @@ fn main() {
         std::env::temp_dir().join(format!("lsngate-pgbouncer-{}", std::process::id()));
     let bouncer_port = free_port();
     let mut bouncer = start_pgbouncer(&bouncer_dir, primary_port, bouncer_port, pool);
-    let (lsn_primary_port, stop_a) = start_lsngate(&cluster, false, pool);
-    let (lsn_split_port, stop_b) = start_lsngate(&cluster, true, pool);
-    let targets: [(&'static str, u16); 4] = [
+    let (lsn_primary_port, stop_a) = start_lsngate(&cluster, false, "eventual", pool, threads);
+    let (lsn_split_port, stop_b) = start_lsngate(&cluster, true, "eventual", pool, threads);
+    let (lsn_causal_port, stop_c) = start_lsngate(&cluster, true, "session", pool, threads);
+    let targets: [(&'static str, u16); 5] = [
         ("direct (primary)", primary_port),
         ("pgbouncer (transaction)", bouncer_port),
         ("lsngate (primary only)", lsn_primary_port),
         ("lsngate (primary + replica)", lsn_split_port),
+        ("lsngate (replica, causal)", lsn_causal_port),
     ];
     let (c, t) = (clients.to_string(), seconds.to_string());
     let script_arg = format!("-f{}", script.display());
@@ -212,12 +220,13 @@ fn main() {
     let _ = bouncer.wait();
     let _ = stop_a.send(true);
     let _ = stop_b.send(true);
-    print_table(&results, clients, seconds);
+    let _ = stop_c.send(true);
+    print_table(&results, clients, seconds, threads);
 }
 
-fn print_table(results: &[Measured], clients: usize, seconds: u64) {
+fn print_table(results: &[Measured], clients: usize, seconds: u64, threads: usize) {
     println!(
-        "\npgbench, {clients} clients, {seconds} s per run, scale 10, -M simple, loopback, 2 cores shared by everything\n"
+        "\npgbench, {clients} clients, {seconds} s per run, scale 10, -M simple, loopback, 2 cores shared by everything, lsngate on {threads} runtime thread(s)\n"
     );
     println!("| workload | target | TPS | avg latency | TPS vs pgbouncer | latency vs pgbouncer |");
     println!("|---|---|---:|---:|---:|---:|");

@@ -130,10 +130,11 @@ impl Causal {
     /// Counts a finished read (for the breaker's rate and the statistics).
     pub fn record(&self, outcome: Outcome) {
         self.stats.record(outcome);
-        let mut guard = self.guard.lock().expect("guard lock");
-        guard.record(self.now(), outcome.fell_back());
-        let rate = guard.fallback_rate(self.now());
-        metrics::gauge!("lsngate_proxy_fallback_rate").set(rate);
+        let now = self.now();
+        self.guard
+            .lock()
+            .expect("guard lock")
+            .record(now, outcome.fell_back());
     }
 
     /// Asks for a primary slot for one fallback read; on `Ok` call [`Causal::release`] after.

@@ -56,11 +56,28 @@ pub const WAIT_BUCKETS_MS: [f64; 12] = [
 ];
 
 /// Read outcomes and wait times.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct Stats {
     outcomes: [AtomicU64; 6],
     waits: [AtomicU64; 13],
     wait_micros: AtomicU64,
+    /// Prometheus counters per outcome, looked up once (a lookup per read costs a hash and a lock).
+    counters: [metrics::Counter; 6],
+    wait_histogram: metrics::Histogram,
+}
+
+impl Default for Stats {
+    fn default() -> Self {
+        Stats {
+            outcomes: Default::default(),
+            waits: Default::default(),
+            wait_micros: AtomicU64::new(0),
+            counters: Outcome::ALL.map(
+                |o| metrics::counter!("lsngate_proxy_causal_reads_total", "outcome" => o.as_str()),
+            ),
+            wait_histogram: metrics::histogram!("lsngate_proxy_wait_seconds"),
+        }
+    }
 }
 
 impl Stats {
@@ -68,8 +85,7 @@ impl Stats {
     pub fn record(&self, outcome: Outcome) {
         let i = Outcome::ALL.iter().position(|o| *o == outcome).unwrap_or(0);
         self.outcomes[i].fetch_add(1, Ordering::Relaxed);
-        metrics::counter!("lsngate_proxy_causal_reads_total", "outcome" => outcome.as_str())
-            .increment(1);
+        self.counters[i].increment(1);
     }
 
     /// Records how long a read waited for its floor on a replica (successful or not).
@@ -82,7 +98,7 @@ impl Stats {
         self.waits[bucket].fetch_add(1, Ordering::Relaxed);
         self.wait_micros
             .fetch_add(waited.as_micros() as u64, Ordering::Relaxed);
-        metrics::histogram!("lsngate_proxy_wait_seconds").record(waited.as_secs_f64());
+        self.wait_histogram.record(waited.as_secs_f64());
     }
 
     /// (outcome, count) pairs.

@@ -147,7 +147,8 @@ impl Watcher {
         lock(&self.nodes).get(&node).and_then(|v| v.timeline)
     }
 
-    /// Routing input: every node detected as a replica, with what is known of it. A replica
+    /// Routing input: every node detected as a replica, with what is known of it (time lag is
+    /// left out: routing does not use it and it costs a walk over the WAL clock). A replica
     /// receiving another timeline than `floor_timeline` does not serve this read: `WAIT FOR LSN`
     /// compares numbers only.
     pub fn replicas(
@@ -156,7 +157,6 @@ impl Watcher {
         floor_timeline: Option<u32>,
     ) -> Vec<(Arc<NodeState>, ReplicaState)> {
         let primary = self.primary_position();
-        let now = Instant::now();
         nodes
             .iter()
             .filter(|n| n.role() == Role::Replica)
@@ -174,7 +174,7 @@ impl Watcher {
                         (Some(p), Some(r)) => Some(p.bytes_since(r)),
                         _ => None,
                     },
-                    lag: replayed.and_then(|r| self.lag_behind(r, now)),
+                    lag: None,
                 };
                 (Arc::clone(n), state)
             })
@@ -187,6 +187,7 @@ impl Watcher {
             .iter()
             .map(|(i, v)| (*i, v.servers.len()))
             .collect();
+        let now = Instant::now();
         self.replicas(nodes, None)
             .into_iter()
             .map(|(node, state)| ReplicaView {
@@ -194,7 +195,10 @@ impl Watcher {
                 address: node.url.address(),
                 replayed: state.replayed.map(|l| l.to_string()),
                 lag_bytes: state.lag_bytes,
-                lag_ms: state.lag.map(|d| d.as_secs_f64() * 1000.0),
+                lag_ms: state
+                    .replayed
+                    .and_then(|r| self.lag_behind(r, now))
+                    .map(|d| d.as_secs_f64() * 1000.0),
                 timeline: self.node_timeline(node.index),
                 servers_seen: servers.get(&node.index).copied().unwrap_or(0),
             })

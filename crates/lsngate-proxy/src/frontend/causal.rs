@@ -162,6 +162,24 @@ impl Session {
                     .await;
             }
         };
+        if floor.is_none() {
+            // Any healthy replica will do (no watcher lookups on this path).
+            let node = self.proxy.nodes.pick(Target::Replica);
+            let outcome = match &node {
+                Some(n) if n.role() == crate::backend::Role::Replica => Outcome::Replica,
+                _ => Outcome::NoReplica,
+            };
+            self.proxy.causal.record(outcome);
+            let route = match node.filter(|_| outcome == Outcome::Replica) {
+                Some(node) => Route {
+                    target: Some(Target::Replica),
+                    node: Some(node),
+                    read: None,
+                },
+                None => Route::to(Some(Target::Primary)),
+            };
+            return self.dispatch_to(flight, class, route).await;
+        }
         let causal = &self.proxy.causal;
         let older_timeline = match (
             floor.and_then(|f| f.timeline),
@@ -203,12 +221,24 @@ impl Session {
                     // know (behind a load balancer) is counted again as its fallback.
                     self.proxy.causal.record(Outcome::Replica);
                 }
+                let node = Some(replicas[index].0.clone());
+                let CausalRead {
+                    floor,
+                    flight,
+                    class,
+                } = read;
+                // Without a floor nothing can fail a wait: no copy of the flight is kept.
+                let read = floor.map(|floor| CausalRead {
+                    floor: Some(floor),
+                    flight: flight.clone(),
+                    class,
+                });
                 let route = Route {
                     target: Some(Target::Replica),
-                    node: Some(replicas[index].0.clone()),
-                    read: Some(read.clone()),
+                    node,
+                    read,
                 };
-                self.dispatch_to(read.flight, read.class, route).await
+                self.dispatch_to(flight, class, route).await
             }
             // A Flush-ended flight in a fast mode: no policy answer fits a half flight.
             Decision::Primary(PrimaryReason::NotCaughtUp) if !synced => {

@@ -477,10 +477,12 @@ impl Session {
     /// Whether the flight may run `COPY … FROM STDIN` (the server then reads what follows as
     /// COPY data, so nothing of the proxy's may ride behind it).
     fn may_copy_in(&self, flight: &[FrontendMessage]) -> bool {
-        let mentions = |sql: &str| {
-            let lower = sql.to_ascii_lowercase();
-            lower.contains("copy") && lower.contains("stdin")
+        let has = |sql: &str, word: &[u8]| {
+            sql.as_bytes()
+                .windows(word.len())
+                .any(|w| w.eq_ignore_ascii_case(word))
         };
+        let mentions = |sql: &str| has(sql, b"copy") && has(sql, b"stdin");
         flight.iter().any(|m| match m {
             FrontendMessage::Query(sql) | FrontendMessage::Parse { query: sql, .. } => {
                 mentions(sql)
@@ -576,7 +578,9 @@ impl Session {
         }
         let mut frames = self.preparation(&flight);
         self.note_session_effects(&flight, class);
-        let copy_in = class == Some(Class::Write) && self.may_copy_in(&flight);
+        let copy_in = self.floors.mode.tracks_positions()
+            && class == Some(Class::Write)
+            && self.may_copy_in(&flight);
         let retry_allowed = self.config.retry_buffer_size > 0;
         let status = self.status;
         let tracks = self.floors.mode.tracks_positions();
