@@ -35,7 +35,7 @@ pub fn prometheus() -> Option<&'static PrometheusHandle> {
 pub fn status(proxy: &Proxy) -> serde_json::Value {
     let nodes: Vec<_> = proxy
         .nodes
-        .all
+        .all()
         .iter()
         .map(|n| {
             let pools: Vec<_> = n
@@ -90,12 +90,12 @@ pub fn causal_status(proxy: &Proxy) -> serde_json::Value {
             "position": causal.watcher.primary_position().map(|l| l.to_string()),
             "timeline": causal.watcher.primary_timeline(),
         },
-        "replicas": causal.watcher.views(&proxy.nodes.all),
+        "replicas": causal.watcher.views(&proxy.nodes.all()),
     })
 }
 
 fn refresh_gauges(proxy: &Proxy) {
-    for n in &proxy.nodes.all {
+    for n in proxy.nodes.all().iter() {
         let address = n.url.address();
         let role = format!("{:?}", n.role()).to_lowercase();
         metrics::gauge!("lsngate_proxy_node_up", "node" => address.clone(), "role" => role)
@@ -109,7 +109,7 @@ fn refresh_gauges(proxy: &Proxy) {
     }
     metrics::gauge!("lsngate_proxy_connected_clients").set(proxy.client_count() as f64);
     let causal = &proxy.causal;
-    for view in causal.watcher.views(&proxy.nodes.all) {
+    for view in causal.watcher.views(&proxy.nodes.all()) {
         let labels = [("node", view.address.clone())];
         if let Some(lsn) = view
             .replayed

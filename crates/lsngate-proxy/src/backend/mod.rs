@@ -51,6 +51,8 @@ pub struct NodeState {
     pools: Mutex<HashMap<String, Arc<Pool>>>,
     /// Wakes the node's monitor for an immediate re-check (a wait said `not in recovery`).
     pub recheck: tokio::sync::Notify,
+    /// Removed from the config by a reload: its monitor stops, nothing new is routed to it.
+    retired: AtomicBool,
 }
 
 impl NodeState {
@@ -61,6 +63,23 @@ impl NodeState {
             2 => Role::Replica,
             _ => Role::Unknown,
         }
+    }
+
+    /// Marks the node removed: its monitor stops at its next wake-up and idle connections close.
+    pub fn retire(&self) {
+        self.retired.store(true, Ordering::Relaxed);
+        self.healthy.store(false, Ordering::Relaxed);
+        self.pools
+            .lock()
+            .expect("pools lock")
+            .values()
+            .for_each(|p| p.clear_idle());
+        self.recheck.notify_one();
+    }
+
+    /// Whether a reload removed this node.
+    pub fn is_retired(&self) -> bool {
+        self.retired.load(Ordering::Relaxed)
     }
 
     /// Asks the monitor to poll this node now (its role may have changed).
@@ -135,61 +154,112 @@ impl NodeState {
     }
 }
 
-/// Every configured node.
+/// Every configured node. The list is replaced as a whole when a reload changes it; a node whose
+/// URL stays keeps its state, pools and index.
 #[derive(Debug)]
 pub struct Nodes {
-    /// The nodes in config order.
-    pub all: Vec<Arc<NodeState>>,
+    current: std::sync::RwLock<Arc<Vec<Arc<NodeState>>>>,
+    next_index: std::sync::atomic::AtomicUsize,
+}
+
+fn node_state(index: usize, url: &NodeUrl) -> Arc<NodeState> {
+    Arc::new(NodeState {
+        index,
+        url: url.clone(),
+        role: AtomicU8::new(0),
+        healthy: AtomicBool::new(false),
+        last_error: Mutex::new(None),
+        pools: Mutex::new(HashMap::new()),
+        recheck: tokio::sync::Notify::new(),
+        retired: AtomicBool::new(false),
+    })
 }
 
 impl Nodes {
-    /// Nodes for these URLs, roles unknown until the first check.
+    /// Nodes for these URLs (indexes 0.. in config order), roles unknown until the first check.
     pub fn new(urls: &[NodeUrl]) -> Nodes {
         let all = urls
             .iter()
             .enumerate()
-            .map(|(index, url)| {
-                Arc::new(NodeState {
-                    index,
-                    url: url.clone(),
-                    role: AtomicU8::new(0),
-                    healthy: AtomicBool::new(false),
-                    last_error: Mutex::new(None),
-                    pools: Mutex::new(HashMap::new()),
-                    recheck: tokio::sync::Notify::new(),
-                })
+            .map(|(index, url)| node_state(index, url))
+            .collect();
+        Nodes {
+            current: std::sync::RwLock::new(Arc::new(all)),
+            next_index: std::sync::atomic::AtomicUsize::new(urls.len()),
+        }
+    }
+
+    /// The nodes now, in config order (a snapshot).
+    pub fn all(&self) -> Arc<Vec<Arc<NodeState>>> {
+        Arc::clone(&self.current.read().expect("nodes lock"))
+    }
+
+    /// The node with this index, while it is configured.
+    pub fn get(&self, index: usize) -> Option<Arc<NodeState>> {
+        self.all().iter().find(|n| n.index == index).cloned()
+    }
+
+    /// Replaces the node list with `urls`: nodes whose URL stays are kept (state, pools, index),
+    /// new URLs get new nodes, the others are retired (their monitors stop, idle connections
+    /// close; connections in use finish their work). Returns (added, retired).
+    pub fn replace(&self, urls: &[NodeUrl]) -> (Vec<Arc<NodeState>>, Vec<Arc<NodeState>>) {
+        let mut current = self.current.write().expect("nodes lock");
+        let mut added = Vec::new();
+        let next: Vec<Arc<NodeState>> = urls
+            .iter()
+            .map(|url| match current.iter().find(|n| &n.url == url) {
+                Some(kept) => Arc::clone(kept),
+                None => {
+                    let index = self.next_index.fetch_add(1, Ordering::Relaxed);
+                    let node = node_state(index, url);
+                    added.push(Arc::clone(&node));
+                    node
+                }
             })
             .collect();
-        Nodes { all }
+        let retired: Vec<Arc<NodeState>> = current
+            .iter()
+            .filter(|n| !next.iter().any(|k| k.index == n.index))
+            .cloned()
+            .collect();
+        for node in &retired {
+            node.retire();
+        }
+        *current = Arc::new(next);
+        (added, retired)
     }
 
     /// The node to use for `target` (a uniformly random healthy replica), or None when no
     /// primary is known.
     pub fn pick(&self, target: Target) -> Option<Arc<NodeState>> {
+        let all = self.all();
         if target == Target::Replica {
             let serving = |n: &&Arc<NodeState>| n.healthy() && n.role() == Role::Replica;
-            let count = self.all.iter().filter(serving).count();
+            let count = all.iter().filter(serving).count();
             if count > 0 {
                 // Random, not round robin: drivers send two flights per statement (prepare,
                 // then execute), and a strict rotation would give every execute the same replica.
                 let i = rand::random_range(0..count);
-                return self.all.iter().filter(serving).nth(i).cloned();
+                return all.iter().filter(serving).nth(i).cloned();
             }
         }
-        self.primary()
+        Self::primary_of(&all)
     }
 
     /// The healthy node detected as primary; else one detected as primary earlier; else, while no
     /// check ever reached the configured primary, that one — so a client gets the reason it cannot
     /// be reached (refused login, connection refused) instead of "no primary".
     pub fn primary(&self) -> Option<Arc<NodeState>> {
-        let detected = self
-            .all
+        Self::primary_of(&self.all())
+    }
+
+    fn primary_of(all: &[Arc<NodeState>]) -> Option<Arc<NodeState>> {
+        let detected = all
             .iter()
             .find(|n| n.healthy() && n.role() == Role::Primary);
         detected
-            .or_else(|| self.all.iter().find(|n| n.role() == Role::Primary))
-            .or_else(|| self.all.first().filter(|n| n.role() == Role::Unknown))
+            .or_else(|| all.iter().find(|n| n.role() == Role::Primary))
+            .or_else(|| all.first().filter(|n| n.role() == Role::Unknown))
             .cloned()
     }
 }

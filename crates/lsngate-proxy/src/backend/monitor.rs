@@ -175,6 +175,10 @@ pub async fn watch_node(
 ) {
     let mut probe = None;
     loop {
+        if node.is_retired() {
+            tracing::info!(node = %node.url.address(), "node removed from the config; its monitor stops");
+            return;
+        }
         check(&node, &proxy.causal.watcher, &mut probe, timeout).await;
         tokio::select! {
             _ = tokio::time::sleep(interval) => {}

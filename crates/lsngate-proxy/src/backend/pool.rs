@@ -243,7 +243,7 @@ pub async fn reap(
     loop {
         let limits = limits();
         let closed: usize = nodes
-            .all
+            .all()
             .iter()
             .flat_map(|node| node.pools())
             .map(|pool| {

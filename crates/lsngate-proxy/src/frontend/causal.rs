@@ -190,7 +190,7 @@ impl Session {
         };
         let replicas = causal
             .watcher
-            .replicas(&self.proxy.nodes.all, floor.and_then(|f| f.timeline));
+            .replicas(&self.proxy.nodes.all(), floor.and_then(|f| f.timeline));
         let states: Vec<_> = replicas.iter().map(|(_, s)| *s).collect();
         // A flight ending in Flush (Parse/Describe before a later Bind/Execute/Sync) cannot be
         // discarded and re-run: it waits first (`send_flight`) and never falls back by policy.
@@ -322,7 +322,7 @@ impl Session {
             .proxy
             .causal
             .watcher
-            .views(&self.proxy.nodes.all)
+            .views(&self.proxy.nodes.all())
             .into_iter()
             .map(|v| {
                 format!(
@@ -441,7 +441,7 @@ impl Session {
                     return Settled::Passed;
                 }
                 Answer::Promoted => {
-                    if let Some(n) = self.proxy.nodes.all.get(node) {
+                    if let Some(n) = self.proxy.nodes.get(node) {
                         n.request_check();
                     }
                     return Settled::NotYet;
@@ -476,7 +476,7 @@ impl Session {
         let node = self
             .backend
             .as_ref()
-            .and_then(|b| self.proxy.nodes.all.get(b.conn.node).cloned());
+            .and_then(|b| self.proxy.nodes.get(b.conn.node));
         let stale = self.config.causal.fallback == Fallback::Stale;
         match (settled, node) {
             (Settled::Passed, Some(node)) => {

@@ -31,7 +31,7 @@ impl Proxy {
         let config = self.config();
         let check_timeout = config.connect_timeout;
         let mut first_checks = JoinSet::new();
-        for node in &self.nodes.all {
+        for node in self.nodes.all().iter() {
             let (node, proxy) = (Arc::clone(node), Arc::clone(&self));
             first_checks.spawn(async move {
                 let watcher = &proxy.causal.watcher;
@@ -39,16 +39,10 @@ impl Proxy {
             });
         }
         first_checks.join_all().await;
-        let poll = config.health_interval.min(config.causal.replay_poll);
-        for node in &self.nodes.all {
-            let (node, stop) = (Arc::clone(node), shutdown.clone());
-            tokio::spawn(crate::backend::monitor::watch_node(
-                node,
-                Arc::clone(&self),
-                poll,
-                check_timeout,
-                stop,
-            ));
+        *self.monitors.lock().expect("monitors lock") =
+            Some((shutdown.clone(), tokio::runtime::Handle::current()));
+        for node in self.nodes.all().iter() {
+            self.watch(Arc::clone(node));
         }
         let (reaped, stop) = (Arc::clone(&self), shutdown.clone());
         tokio::spawn(async move {

@@ -49,6 +49,9 @@ pub struct Proxy {
     pub(crate) queries: [metrics::Counter; 2],
     /// Causal-read state shared by the sessions (watcher, guard, statistics, floors).
     pub causal: crate::causal::Causal,
+    /// Shutdown signal for node monitors, once serving (monitors of nodes a reload adds use it).
+    pub(crate) monitors:
+        Mutex<Option<(tokio::sync::watch::Receiver<bool>, tokio::runtime::Handle)>>,
 }
 
 impl Proxy {
@@ -62,6 +65,7 @@ impl Proxy {
             ],
             nodes: Nodes::new(&config.nodes),
             causal: crate::causal::Causal::new(&config.causal),
+            monitors: Mutex::new(None),
             config: RwLock::new(Arc::new(config)),
             classes: ClassCache::default(),
             cancels: Mutex::new(HashMap::new()),
@@ -74,17 +78,39 @@ impl Proxy {
         Arc::clone(&self.config.read().expect("config lock"))
     }
 
-    /// Swaps in a new config. Users, pool limits for new pools, timeouts, routing functions take
-    /// effect at once; a changed node list needs a restart and is reported as such.
-    pub fn reload(&self, config: Config) {
+    /// Swaps in a new config. Users, pool limits, timeouts, routing functions and the node list
+    /// take effect at once: added nodes are checked and monitored, removed ones retired (their
+    /// connections in use finish their work). Causal modes and budgets apply to new clients; the
+    /// fallback guard's limits stay as started.
+    pub fn reload(self: &Arc<Self>, config: Config) {
         if config.nodes != self.config().nodes {
-            tracing::warn!(
-                "SIGHUP: the node list changed; restart the proxy to apply it (other settings reloaded)"
-            );
+            let (added, retired) = self.nodes.replace(&config.nodes);
+            for node in &retired {
+                tracing::warn!(node = %node.url.address(), "SIGHUP: node removed from the config");
+            }
+            for node in added {
+                tracing::warn!(node = %node.url.address(), "SIGHUP: node added to the config");
+                self.watch(node);
+            }
         }
         *self.config.write().expect("config lock") = Arc::new(config);
         self.classes.clear();
         tracing::info!("configuration reloaded");
+    }
+
+    /// Starts the monitor of `node` (once serving; before that `serve` starts them all).
+    fn watch(self: &Arc<Self>, node: Arc<crate::backend::NodeState>) {
+        let Some((stop, runtime)) = self.monitors.lock().expect("monitors lock").clone() else {
+            return;
+        };
+        let config = self.config();
+        runtime.spawn(crate::backend::monitor::watch_node(
+            node,
+            Arc::clone(self),
+            config.health_interval.min(config.causal.replay_poll),
+            config.connect_timeout,
+            stop,
+        ));
     }
 
     /// Connected clients right now.

@@ -253,7 +253,7 @@ impl Session {
                     self.on_served(lsn);
                 }
                 if text(0).as_deref() == Some("false")
-                    && let Some(n) = self.proxy.nodes.all.get(node)
+                    && let Some(n) = self.proxy.nodes.get(node)
                 {
                     n.request_check();
                 }
@@ -308,7 +308,7 @@ impl Session {
             }
             Answer::Promoted => {
                 tracing::warn!(node = %attached.conn.address, "replica answered `not in recovery`; re-detecting roles");
-                if let Some(n) = self.proxy.nodes.all.get(node) {
+                if let Some(n) = self.proxy.nodes.get(node) {
                     n.request_check();
                 }
                 attached.discard = Some(Discard::Rerun);
@@ -376,7 +376,7 @@ impl Session {
             if let Some(read) = attached.read.filter(|_| unseen) {
                 metrics::counter!("lsngate_proxy_retries_total", "reason" => "replica_lost")
                     .increment(1);
-                if let Some(n) = self.proxy.nodes.all.get(attached.conn.node) {
+                if let Some(n) = self.proxy.nodes.get(attached.conn.node) {
                     n.request_check();
                 }
                 return Box::pin(self.fall_back(read)).await;

@@ -148,3 +148,57 @@ async fn connect_checked(conninfo: &str) -> Result<tokio_postgres::Client, Strin
     });
     Ok(client)
 }
+
+#[test]
+fn a_reload_that_changes_the_node_list_applies_without_a_restart() {
+    let cluster = Cluster::start(&ClusterConfig::default().replicas(2)).unwrap();
+    cluster.wait_streaming(Duration::from_secs(30)).unwrap();
+    let mut file = file_config(&cluster);
+    file.replicas = vec![cluster.replica_urls()[0].clone()];
+    let proxy = TestProxy::with(file.clone());
+    let (first, second) = (
+        cluster.replica(0).port() as i32,
+        cluster.replica(1).port() as i32,
+    );
+    let ports = |proxy: &TestProxy| {
+        rt().block_on(async {
+            let client = connect(&proxy.conninfo()).await;
+            let mut seen = std::collections::BTreeSet::new();
+            for _ in 0..20 {
+                let row = client
+                    .query_one("SELECT inet_server_port()", &[])
+                    .await
+                    .unwrap();
+                seen.insert(row.get::<_, i32>(0));
+            }
+            seen
+        })
+    };
+    assert_eq!(
+        ports(&proxy),
+        [first].into(),
+        "only the configured replica serves"
+    );
+    file.replicas = vec![cluster.replica_urls()[1].clone()];
+    let mut reloaded = lsngate_proxy::Config::build(file).unwrap();
+    reloaded.listen = proxy.addr;
+    proxy.proxy.reload(reloaded);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let seen = ports(&proxy);
+        if seen == [second].into() {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "reads never moved to the added replica: {seen:?}; {}",
+            proxy.http_get("/status")
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let status = proxy.http_get("/status");
+    assert!(
+        status.contains(&format!(":{second}\"")) && !status.contains(&format!(":{first}\"")),
+        "{status}"
+    );
+}
