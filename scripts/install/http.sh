@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Test dependencies of crates/lsngate-http: Debian's headless Chromium and redis-server (both from
 # apt), and playwright-core (npm, pinned by crates/lsngate-http/e2e/package-lock.json) to drive the
-# browser. Idempotent: does nothing that is already done.
+# browser. crates/lsngate-proxy's dashboard test renders the admin page with the same Chromium
+# (and its dashboard_screenshot example uses the same playwright-core). Idempotent: does nothing
+# that is already done.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 

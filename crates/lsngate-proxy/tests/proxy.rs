@@ -5,6 +5,8 @@
 mod causal;
 #[path = "proxy/clients.rs"]
 mod clients;
+#[path = "proxy/dashboard.rs"]
+mod dashboard;
 #[path = "proxy/faults.rs"]
 mod faults;
 #[path = "proxy/pooling.rs"]

@@ -1,7 +1,8 @@
 //! The admin HTTP port: `GET /metrics` (Prometheus text from the `metrics` facade, plus pool and
-//! node gauges refreshed at scrape time) and `GET /status` (JSON: nodes, roles, health, pools,
-//! clients). A deliberately tiny HTTP/1.1 responder — one request per connection, GET only — not
-//! a web framework.
+//! node gauges refreshed at scrape time), `GET /status` (JSON: nodes, roles, health, pools,
+//! clients, causal reads) and `GET /dashboard` (a self-contained HTML page that polls /status).
+//! A deliberately tiny HTTP/1.1 responder — one request per connection, GET only — not a web
+//! framework.
 
 use std::sync::{Arc, OnceLock};
 
@@ -11,6 +12,10 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 
 use crate::frontend::Proxy;
+
+/// The live dashboard: one static page (markup, style and script inline, nothing fetched from
+/// elsewhere) that polls `/status` every 500 ms; see `dashboard.html`.
+const DASHBOARD: &str = include_str!("dashboard.html");
 
 static PROMETHEUS: OnceLock<Option<PrometheusHandle>> = OnceLock::new();
 
@@ -163,7 +168,8 @@ async fn respond(proxy: &Proxy, mut stream: TcpStream) -> std::io::Result<()> {
         .next()
         .unwrap_or_default()
         .to_string();
-    let path = line.split_whitespace().nth(1).unwrap_or("/");
+    let target = line.split_whitespace().nth(1).unwrap_or("/");
+    let path = target.split('?').next().unwrap_or(target);
     let (code, content_type, body) = match path {
         "/metrics" => {
             refresh_gauges(proxy);
@@ -177,14 +183,15 @@ async fn respond(proxy: &Proxy, mut stream: TcpStream) -> std::io::Result<()> {
             "application/json",
             serde_json::to_string_pretty(&status(proxy)).unwrap_or_default(),
         ),
+        "/dashboard" => ("200 OK", "text/html; charset=utf-8", DASHBOARD.to_string()),
         _ => (
             "404 Not Found",
             "text/plain",
-            "try /metrics or /status\n".to_string(),
+            "try /metrics, /status or /dashboard\n".to_string(),
         ),
     };
     let head = format!(
-        "HTTP/1.1 {code}\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        "HTTP/1.1 {code}\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\nCache-Control: no-store\r\nConnection: close\r\n\r\n",
         body.len()
     );
     stream.write_all(head.as_bytes()).await?;
