@@ -6,7 +6,7 @@
 //! raises what a server itself reported, so a shortcut taken from it ("already replayed, read at
 //! once") is never wrong for that server. It does no I/O itself.
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -23,8 +23,14 @@ struct SlotState {
     role: Role,
     lag: Option<Duration>,
     timeline: Option<u32>,
-    servers: HashSet<Arc<ServerId>>,
+    /// Servers seen behind the URL, with when they last reported.
+    servers: HashMap<Arc<ServerId>, Instant>,
 }
+
+/// A server not heard of for this long no longer counts for its URL (it was restarted — a new
+/// postmaster start time is a new server — or a load balancer stopped sending there). Only
+/// routing forgets it; a read that reaches it again is checked against its own position.
+const SERVER_FORGOTTEN_AFTER: Duration = Duration::from_secs(5);
 
 /// Public snapshot of one replica, for dashboards and tests.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -89,7 +95,7 @@ impl Watcher {
             *known = (*known).max(lsn);
         }
         let mut state = lock(&self.slots[slot]);
-        state.servers.insert(server.clone());
+        state.servers.insert(server.clone(), Instant::now());
         state.healthy = true;
         if state.role == Role::Unknown {
             state.role = Role::Standby;
@@ -175,7 +181,12 @@ impl Watcher {
     /// Lowest replayed position over the servers seen behind `slot`.
     fn slot_replayed(&self, state: &SlotState) -> Option<Lsn> {
         let map = lock(&self.replayed);
-        let mut positions = state.servers.iter().map(|s| map.get(s).copied());
+        let now = Instant::now();
+        let mut positions = state
+            .servers
+            .iter()
+            .filter(|(_, seen)| now.saturating_duration_since(**seen) < SERVER_FORGOTTEN_AFTER)
+            .map(|(s, _)| map.get(s).copied());
         let first = positions.next()??;
         positions.try_fold(first, |low, p| p.map(|p| low.min(p)))
     }
@@ -285,6 +296,27 @@ mod tests {
         assert_eq!(
             watcher.status(&[("replica0".into(), "x".into())])[0].servers_seen,
             2
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_restarted_server_stops_holding_its_url_back() {
+        let watcher = Watcher::new(1);
+        let (old, new) = (Arc::new(ServerId::test("1")), Arc::new(ServerId::test("2")));
+        watcher.observe_replayed(0, &old, lsn(70));
+        watcher.observe_replayed(0, &new, lsn(100));
+        assert_eq!(watcher.states(None)[0].replayed, Some(lsn(70)));
+        tokio::time::advance(Duration::from_secs(6)).await;
+        watcher.observe_replayed(0, &new, lsn(120));
+        assert_eq!(
+            watcher.states(None)[0].replayed,
+            Some(lsn(120)),
+            "the server gone for 6 s no longer counts"
+        );
+        assert_eq!(
+            watcher.replayed(&old),
+            Some(lsn(70)),
+            "its own position is kept"
         );
     }
 
