@@ -40,7 +40,13 @@ async fn main() -> anyhow::Result<()> {
     println!("admin     http://127.0.0.1:9187/status  http://127.0.0.1:9187/metrics");
     let (stop, stop_rx) = tokio::sync::watch::channel(false);
     tokio::spawn(async move {
-        let _ = tokio::signal::ctrl_c().await;
+        // Ctrl-C or SIGTERM: return normally, so the cluster is torn down.
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+            .expect("SIGTERM handler");
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {}
+            _ = term.recv() => {}
+        }
         let _ = stop.send(true);
     });
     Proxy::new(config).serve(listener, stop_rx).await

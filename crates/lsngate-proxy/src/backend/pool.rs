@@ -66,6 +66,14 @@ impl Shelf {
     /// Takes out every expired connection.
     fn take_expired(&mut self, now: Instant) -> Vec<BackendConn> {
         let limits = self.limits;
+        // The common case (nothing expired) allocates nothing: this runs on every checkout.
+        if !self
+            .conns
+            .iter()
+            .any(|idle| limits.expired(idle.conn.opened, idle.since, now))
+        {
+            return Vec::new();
+        }
         let (expired, kept) = std::mem::take(&mut self.conns)
             .into_iter()
             .partition(|idle| limits.expired(idle.conn.opened, idle.since, now));
@@ -73,6 +81,10 @@ impl Shelf {
         expired.into_iter().map(|idle| idle.conn).collect()
     }
 }
+
+/// Idle connections back in the pool for longer than this are probed (a non-blocking read for an
+/// EOF or FATAL the server left) before reuse.
+const PROBE_AFTER: Duration = Duration::from_secs(1);
 
 /// Connections of one (node, database).
 #[derive(Debug)]
@@ -148,10 +160,15 @@ impl Pool {
         };
         let (idle, expired) = {
             let mut shelf = self.shelf.lock().expect("pool lock");
-            let expired = shelf.take_expired(Instant::now());
+            let now = Instant::now();
+            let expired = shelf.take_expired(now);
             let mut idle = None;
             while let Some(candidate) = shelf.conns.pop() {
-                if candidate.conn.is_usable() {
+                // Probing costs a syscall per checkout; a connection back for less than
+                // PROBE_AFTER is taken as is (a server that closed it just now fails that one
+                // statement with a clear error, and reads are re-run elsewhere).
+                let fresh = now.saturating_duration_since(candidate.since) < PROBE_AFTER;
+                if fresh || candidate.conn.is_usable() {
                     idle = Some(candidate.conn);
                     break;
                 }
