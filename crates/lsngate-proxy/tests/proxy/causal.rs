@@ -658,3 +658,68 @@ fn after_a_failover_old_floors_read_the_new_primary_and_an_orphaned_replica_serv
     println!("after failover: {}", causal);
     assert_eq!(causal["primary"]["timeline"], 2);
 }
+
+#[test]
+fn reads_never_go_backwards_across_replicas_with_different_lag() {
+    let cluster = Cluster::start(&ClusterConfig::default().replicas(2)).unwrap();
+    cluster.wait_streaming(Duration::from_secs(30)).unwrap();
+    let t = unique("monotonic");
+    cluster
+        .primary()
+        .sql(&format!(
+            "CREATE TABLE {t} (id int PRIMARY KEY, n bigint); INSERT INTO {t} VALUES (1, 0)"
+        ))
+        .unwrap();
+    caught_up(&cluster);
+    cluster
+        .replica(0)
+        .set_apply_delay(Duration::from_millis(150))
+        .unwrap();
+    let proxy = proxy_with(&cluster, |_| {});
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let writer = {
+        let (url, stop, t) = (cluster.primary().conninfo(), stop.clone(), t.clone());
+        std::thread::spawn(move || {
+            rt().block_on(async {
+                let client = connect(&url).await;
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    client
+                        .batch_execute(&format!("UPDATE {t} SET n = n + 1 WHERE id = 1"))
+                        .await
+                        .unwrap();
+                    tokio::time::sleep(Duration::from_millis(2)).await;
+                }
+            })
+        })
+    };
+    let backwards = |mode: &'static str| {
+        let conninfo = format!(
+            "{} options='-c lsngate.consistency={mode}'",
+            proxy.conninfo()
+        );
+        let t = t.clone();
+        rt().block_on(async move {
+            let client = connect(&conninfo).await;
+            let select = client
+                .prepare(&format!("SELECT n FROM {t} WHERE id = 1"))
+                .await
+                .unwrap();
+            let (mut last, mut backwards) = (0i64, 0);
+            for _ in 0..300 {
+                let n: i64 = client.query_one(&select, &[]).await.unwrap().get(0);
+                if n < last {
+                    backwards += 1;
+                }
+                last = last.max(n);
+            }
+            backwards
+        })
+    };
+    let control = backwards("eventual");
+    let session = backwards("session");
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    writer.join().unwrap();
+    println!("reads that went backwards: eventual {control}/300, session {session}/300");
+    assert_eq!(session, 0, "session mode keeps reads monotonic");
+    cluster.replica(0).set_apply_delay(Duration::ZERO).unwrap();
+}
