@@ -214,6 +214,10 @@ pub struct FileConfig {
     pub token_ttl_s: Option<u64>,
     /// Milliseconds between position polls of every node (also role and health). Default 20.
     pub replay_poll_ms: Option<u64>,
+    /// Reads without a floor skip replicas lagging more than this many ms. Default: no bound.
+    pub max_replica_lag_ms: Option<u64>,
+    /// Reads without a floor skip replicas more than this many bytes behind. Default: no bound.
+    pub max_replica_lag_bytes: Option<u64>,
 }
 
 /// A parsed libpq URL of one node.
@@ -525,6 +529,10 @@ fn causal_config(file: &FileConfig) -> Result<crate::causal::CausalConfig, Confi
         tokens,
         signed,
         replay_poll: Duration::from_millis(file.replay_poll_ms.unwrap_or(20).max(1)),
+        lag_bound: lsngate_core::LagBound {
+            max_bytes: file.max_replica_lag_bytes,
+            max_lag: file.max_replica_lag_ms.map(Duration::from_millis),
+        },
     })
 }
 

@@ -48,6 +48,8 @@ pub struct CausalConfig {
     pub signed: bool,
     /// How often every node's replay / insert position is polled.
     pub replay_poll: Duration,
+    /// Lag bound for reads without a floor (none by default).
+    pub lag_bound: lsngate_core::LagBound,
 }
 
 impl Default for CausalConfig {
@@ -61,6 +63,7 @@ impl Default for CausalConfig {
             tokens: TokenCodec::unsigned(),
             signed: false,
             replay_poll: Duration::from_millis(20),
+            lag_bound: lsngate_core::LagBound::default(),
         }
     }
 }

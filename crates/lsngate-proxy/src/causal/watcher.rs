@@ -147,16 +147,17 @@ impl Watcher {
         lock(&self.nodes).get(&node).and_then(|v| v.timeline)
     }
 
-    /// Routing input: every node detected as a replica, with what is known of it (time lag is
-    /// left out: routing does not use it and it costs a walk over the WAL clock). A replica
-    /// receiving another timeline than `floor_timeline` does not serve this read: `WAIT FOR LSN`
-    /// compares numbers only.
+    /// Routing input: every node detected as a replica, with what is known of it (time lag only
+    /// `with_lag`: it costs a walk over the WAL clock). A replica receiving another timeline than
+    /// `floor_timeline` does not serve this read: `WAIT FOR LSN` compares numbers only.
     pub fn replicas(
         &self,
         nodes: &[Arc<NodeState>],
         floor_timeline: Option<u32>,
+        with_lag: bool,
     ) -> Vec<(Arc<NodeState>, ReplicaState)> {
         let primary = self.primary_position();
+        let now = Instant::now();
         nodes
             .iter()
             .filter(|n| n.role() == Role::Replica)
@@ -174,7 +175,9 @@ impl Watcher {
                         (Some(p), Some(r)) => Some(p.bytes_since(r)),
                         _ => None,
                     },
-                    lag: None,
+                    lag: replayed
+                        .filter(|_| with_lag)
+                        .and_then(|r| self.lag_behind(r, now)),
                 };
                 (Arc::clone(n), state)
             })
@@ -188,7 +191,7 @@ impl Watcher {
             .map(|(i, v)| (*i, v.servers.len()))
             .collect();
         let now = Instant::now();
-        self.replicas(nodes, None)
+        self.replicas(nodes, None, false)
             .into_iter()
             .map(|(node, state)| ReplicaView {
                 node: node.index,

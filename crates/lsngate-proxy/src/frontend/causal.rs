@@ -162,7 +162,9 @@ impl Session {
                     .await;
             }
         };
-        if floor.is_none() {
+        let lag_bound = self.config.causal.lag_bound;
+        let bounded = lag_bound.max_bytes.is_some() || lag_bound.max_lag.is_some();
+        if floor.is_none() && !bounded {
             // Any healthy replica will do (no watcher lookups on this path).
             let node = self.proxy.nodes.pick(Target::Replica);
             let outcome = match &node {
@@ -188,9 +190,11 @@ impl Session {
             (Some(floor), Some(primary)) => floor < primary,
             _ => false,
         };
-        let replicas = causal
-            .watcher
-            .replicas(&self.proxy.nodes.all(), floor.and_then(|f| f.timeline));
+        let replicas = causal.watcher.replicas(
+            &self.proxy.nodes.all(),
+            floor.and_then(|f| f.timeline),
+            bounded,
+        );
         let states: Vec<_> = replicas.iter().map(|(_, s)| *s).collect();
         // A flight ending in Flush (Parse/Describe before a later Bind/Execute/Sync) cannot be
         // discarded and re-run: it waits first (`send_flight`) and never falls back by policy.
@@ -201,7 +205,7 @@ impl Session {
         let request = ReadRequest {
             floor: floor.map(|f| f.lsn),
             may_wait: !self.floors.mode.fast,
-            lag_bound: Default::default(),
+            lag_bound,
             spin: rand::random::<u32>() as usize,
         };
         let read = CausalRead {

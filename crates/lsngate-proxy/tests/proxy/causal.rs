@@ -723,3 +723,45 @@ fn reads_never_go_backwards_across_replicas_with_different_lag() {
     assert_eq!(session, 0, "session mode keeps reads monotonic");
     cluster.replica(0).set_apply_delay(Duration::ZERO).unwrap();
 }
+
+#[test]
+fn reads_without_a_floor_skip_replicas_over_the_lag_bound() {
+    let cluster = Cluster::start(&ClusterConfig::default().replicas(2)).unwrap();
+    cluster.wait_streaming(Duration::from_secs(30)).unwrap();
+    let proxy = proxy_with(&cluster, |f| {
+        f.consistency = Some("eventual".into());
+        f.max_replica_lag_bytes = Some(64 * 1024);
+    });
+    cluster.replica(0).pause_replay().unwrap();
+    cluster
+        .primary()
+        .sql("CREATE TABLE lagging AS SELECT g AS id, repeat('x', 100) AS pad FROM generate_series(1, 20000) g")
+        .unwrap();
+    // The watcher learns the lag from its polls.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !status(&proxy)["causal"]["replicas"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|r| r["lag_bytes"].as_u64().unwrap_or(0) > 64 * 1024)
+    {
+        assert!(
+            Instant::now() < deadline,
+            "the paused replica's lag never showed"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let paused = cluster.replica(0).port() as i32;
+    rt().block_on(async {
+        let client = connect(&proxy.conninfo()).await;
+        for _ in 0..30 {
+            let port: i32 = client
+                .query_one("SELECT inet_server_port()", &[])
+                .await
+                .unwrap()
+                .get(0);
+            assert_ne!(port, paused, "a replica over the lag bound served a read");
+        }
+    });
+    cluster.replica(0).resume_replay().unwrap();
+}
