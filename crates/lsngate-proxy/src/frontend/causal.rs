@@ -91,6 +91,8 @@ pub enum Discard {
     Rerun,
     /// …the same server is polled for the floor and read again (PostgreSQL ≤ 18).
     Poll(Floor, Instant),
+    /// …the client gets this error: its cancel request hit the wait in front of its read.
+    Cancelled(String),
 }
 
 /// What a verdict row said.
@@ -412,7 +414,11 @@ impl Session {
     pub(super) async fn settle_floor(&mut self, floor: Floor, deadline: Instant) -> Settled {
         let fast = self.floors.mode.fast;
         let mut pause = Duration::from_millis(1);
+        let cancels = self.cancel_requests();
         loop {
+            if self.cancel_requests() != cancels {
+                return Settled::Cancelled;
+            }
             let Some(attached) = self.backend.as_mut() else {
                 return Settled::Lost;
             };
@@ -482,6 +488,13 @@ impl Session {
             .as_ref()
             .and_then(|b| self.proxy.nodes.get(b.conn.node));
         let stale = self.config.causal.fallback == Fallback::Stale;
+        if settled == Settled::Cancelled {
+            self.release_backend();
+            let message = "canceling statement due to user request (while lsngate waited for a replica to replay the read's floor)";
+            return self
+                .answer_flight_error(&read.flight, "57014", message)
+                .await;
+        }
         match (settled, node) {
             (Settled::Passed, Some(node)) => {
                 self.proxy.causal.record(Outcome::Waited);
@@ -509,6 +522,11 @@ impl Session {
         }
     }
 
+    /// Cancel requests the client has sent so far.
+    pub(super) fn cancel_requests(&self) -> u64 {
+        self.cancel_slot.lock().expect("cancel slot").requests
+    }
+
     /// Flags the answer about to be relayed as possibly stale (fallback = stale).
     pub(super) fn serve_stale(&mut self, replica: &str, floor: Floor) {
         self.proxy.causal.record(Outcome::Stale);
@@ -525,6 +543,8 @@ impl Session {
 /// How waiting for a floor on the attached replica ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Settled {
+    /// The client sent a cancel request meanwhile.
+    Cancelled,
     /// The floor is replayed there.
     Passed,
     /// Not within the deadline (or the server was promoted).

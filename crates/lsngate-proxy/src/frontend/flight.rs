@@ -103,6 +103,8 @@ pub struct Attached {
     pub discard: Option<Discard>,
     /// Values of the DataRow of the proxy segment in progress.
     pub probe_row: Option<Vec<Option<String>>>,
+    /// A cancel request (57014 "user request") hit the proxy segment in progress.
+    pub probe_cancelled: Option<String>,
     /// Hold the client's last ReadyForQuery until the trailing position is known: the client
     /// then never sees a floor-raising reply before the floor is raised, nor a backend still
     /// busy after its ReadyForQuery (transaction pooling hands it on at once).
@@ -130,6 +132,7 @@ impl Attached {
             verdict: None,
             discard: None,
             probe_row: None,
+            probe_cancelled: None,
             hold_ready: false,
             held_ready: None,
             deferred: Vec::new(),
@@ -338,7 +341,7 @@ impl Session {
                 .await
             {
                 Ok(conn) => {
-                    *self.cancel_slot.lock().expect("cancel slot") = Some(CancelTarget {
+                    self.cancel_slot.lock().expect("cancel slot").target = Some(CancelTarget {
                         address: conn.address.clone(),
                         pid: conn.key.0,
                         secret: conn.key.1.clone(),
@@ -366,7 +369,7 @@ impl Session {
 
     pub(super) fn release_backend(&mut self) {
         if let Some(attached) = self.backend.take() {
-            *self.cancel_slot.lock().expect("cancel slot") = None;
+            self.cancel_slot.lock().expect("cancel slot").target = None;
             attached.conn.release();
         }
     }

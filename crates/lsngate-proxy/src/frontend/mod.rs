@@ -31,8 +31,17 @@ pub struct CancelTarget {
     pub secret: Vec<u8>,
 }
 
+/// What a client's cancel key leads to.
+#[derive(Debug, Default)]
+pub struct CancelState {
+    /// The server connection running the client's statement, if any.
+    pub target: Option<CancelTarget>,
+    /// Cancel requests received so far (the proxy's own waits and polls watch this).
+    pub requests: u64,
+}
+
 /// A client's slot in the cancel registry.
-pub type CancelSlot = Arc<Mutex<Option<CancelTarget>>>;
+pub type CancelSlot = Arc<Mutex<CancelState>>;
 
 /// State shared by every session of one proxy.
 #[derive(Debug)]
@@ -129,7 +138,7 @@ impl Proxy {
     }
 
     pub(crate) fn register_cancel(&self) -> ((i32, i32), CancelSlot) {
-        let slot: CancelSlot = Arc::new(Mutex::new(None));
+        let slot: CancelSlot = Arc::new(Mutex::new(CancelState::default()));
         let mut cancels = self.cancels.lock().expect("cancel lock");
         loop {
             let key = (rand::random::<i32>() & 0x7fff_ffff, rand::random::<i32>());
@@ -152,6 +161,8 @@ impl Proxy {
             .get(&key)
             .cloned()?;
 
-        slot.lock().expect("cancel slot lock").clone()
+        let mut state = slot.lock().expect("cancel slot lock");
+        state.requests += 1;
+        state.target.clone()
     }
 }

@@ -227,6 +227,16 @@ impl Session {
                 if matches!(duty, Duty::Served | Duty::Position { .. }) {
                     crate::causal::sql::forget_probes(&mut attached.conn.prepared);
                 }
+                // The client's cancel lands on whatever runs on its server connection, which may
+                // be the wait: the client asked to stop, so it gets the cancel, not a fallback.
+                // (A statement_timeout, also 57014, falls back like a timed-out wait.)
+                let message = e.get(b'M').unwrap_or_default();
+                if duty == Duty::Verdict
+                    && e.sqlstate() == Some("57014")
+                    && message.contains("user request")
+                {
+                    attached.probe_cancelled = Some(message.to_string());
+                }
                 tracing::warn!(node = %attached.conn.address, ?duty, "statement lsngate added failed: {:?}", e.get(b'M'));
                 return Ok(());
             }
@@ -297,6 +307,11 @@ impl Session {
         let causal = &self.proxy.causal;
         let answer = read_answer(row.as_deref(), verdict.wait, verdict.floor.lsn);
         causal.stats.record_wait(verdict.sent.elapsed());
+        if let Some(message) = attached.probe_cancelled.take() {
+            attached.discard = Some(Discard::Cancelled(message));
+            attached.retry = None;
+            return Ok(());
+        }
         match answer {
             Answer::Passed => {
                 causal
@@ -354,6 +369,12 @@ impl Session {
             Some(Discard::Poll(floor, started)) => {
                 Box::pin(self.poll_then_read(read, floor, started)).await
             }
+            Some(Discard::Cancelled(message)) => {
+                self.answer_flight_error(&read.flight, "57014", &message)
+                    .await?;
+                self.maybe_release();
+                Ok(())
+            }
             _ => Box::pin(self.fall_back(read)).await,
         }
     }
@@ -364,7 +385,7 @@ impl Session {
         let Some(attached) = self.backend.take() else {
             return Ok(());
         };
-        *self.cancel_slot.lock().expect("cancel slot") = None;
+        self.cancel_slot.lock().expect("cancel slot").target = None;
         metrics::counter!("lsngate_proxy_errors_total", "kind" => "backend_lost").increment(1);
         tracing::warn!("backend lost mid-flight: {error}");
         if attached.target == Target::Replica {

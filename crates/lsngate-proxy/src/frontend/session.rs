@@ -615,7 +615,7 @@ impl Session {
         let Some(mut attached) = self.backend.take() else {
             return;
         };
-        *self.cancel_slot.lock().expect("cancel slot") = None;
+        self.cancel_slot.lock().expect("cancel slot").target = None;
         self.end_fallback();
         if attached.awaiting_replies() || self.status != b'I' {
             return;

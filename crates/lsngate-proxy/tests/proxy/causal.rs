@@ -765,3 +765,42 @@ fn reads_without_a_floor_skip_replicas_over_the_lag_bound() {
     });
     cluster.replica(0).resume_replay().unwrap();
 }
+
+#[test]
+fn a_cancel_stops_a_read_waiting_for_its_floor() {
+    let cluster = Cluster::start(&ClusterConfig::default().replicas(1)).unwrap();
+    cluster.wait_streaming(Duration::from_secs(30)).unwrap();
+    let t = unique("cancel");
+    create(&cluster, &t);
+    let proxy = proxy_with(&cluster, |f| f.wait_timeout_ms = Some(20_000));
+    cluster.replica(0).pause_replay().unwrap();
+    rt().block_on(async {
+        let client = connect(&proxy.conninfo()).await;
+        let select = client
+            .prepare(&format!("SELECT v FROM {t} WHERE id = 1"))
+            .await
+            .unwrap();
+        client
+            .batch_execute(&format!("INSERT INTO {t} VALUES (1, 1)"))
+            .await
+            .unwrap();
+        let token = client.cancel_token();
+        let canceller = tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            token.cancel_query(tokio_postgres::NoTls).await.unwrap();
+        });
+        let started = Instant::now();
+        let err = client.query(&select, &[]).await.unwrap_err();
+        let waited = started.elapsed();
+        canceller.await.unwrap();
+        let db = err.as_db_error().expect("a server error");
+        assert_eq!(db.code().code(), "57014", "{db:?}");
+        assert!(
+            waited < Duration::from_secs(10),
+            "the cancel did not stop the wait: {waited:?}"
+        );
+        // Not a fallback: nothing was read for the cancelled statement.
+        assert_eq!(status(&proxy)["causal"]["outcomes"]["fallback"], 0);
+    });
+    cluster.replica(0).resume_replay().unwrap();
+}
