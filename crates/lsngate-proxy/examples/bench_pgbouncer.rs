@@ -83,7 +83,7 @@ fn start_pgbouncer(dir: &Path, primary_port: u16, port: u16, pool: usize) -> Chi
     if unsafe { libc_geteuid() } == 0 {
         command.args(["-u", SERVER_USER]);
     }
-    let child = command
+    let mut child = command
         .arg(dir.join("pgbouncer.ini"))
         .stdout(Stdio::null())
         .stderr(Stdio::null())
@@ -95,6 +95,8 @@ fn start_pgbouncer(dir: &Path, primary_port: u16, port: u16, pool: usize) -> Chi
         }
         std::thread::sleep(Duration::from_millis(50));
     }
+    let _ = child.kill();
+    let _ = child.wait();
     panic!(
         "pgbouncer did not start; see {}/pgbouncer.log",
         dir.display()

@@ -347,13 +347,13 @@ impl Cluster {
 
 impl Drop for Cluster {
     fn drop(&mut self) {
-        if !self.detached {
-            if let Err(e) = self.teardown() {
-                eprintln!(
-                    "lsngate-testkit: stopping cluster {}: {e}",
-                    self.dir.display()
-                );
-            }
+        if !self.detached
+            && let Err(e) = self.teardown()
+        {
+            eprintln!(
+                "lsngate-testkit: stopping cluster {}: {e}",
+                self.dir.display()
+            );
         }
     }
 }

@@ -40,10 +40,10 @@ impl PgBin {
     /// The first usable installation in the documented order.
     pub fn detect() -> Result<PgBin, Error> {
         let mut candidates = vec![PathBuf::from(BUNDLE_BIN)];
-        if let Ok(out) = Command::new("pg_config").arg("--bindir").output() {
-            if out.status.success() {
-                candidates.push(PathBuf::from(String::from_utf8_lossy(&out.stdout).trim()));
-            }
+        if let Ok(out) = Command::new("pg_config").arg("--bindir").output()
+            && out.status.success()
+        {
+            candidates.push(PathBuf::from(String::from_utf8_lossy(&out.stdout).trim()));
         }
         let mut debian: Vec<PgBin> = std::fs::read_dir("/usr/lib/postgresql")
             .into_iter()

@@ -92,7 +92,7 @@ async fn start_demo(delay: Duration) -> Running {
     Running {
         base,
         stop,
-        cluster: cluster,
+        cluster,
     }
 }
 
