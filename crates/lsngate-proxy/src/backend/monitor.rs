@@ -74,6 +74,7 @@ pub async fn check(
     match outcome {
         Ok(seen) => {
             let server = &probe.as_ref().expect("polled").server;
+            watcher.observe_monitored(node.index, server);
             match (seen.role, seen.position) {
                 (Role::Replica, Some(lsn)) => watcher.observe_replayed(node.index, server, lsn),
                 (Role::Primary, Some(lsn)) => {
@@ -164,6 +165,9 @@ fn describe(e: &tokio_postgres::Error) -> String {
     text
 }
 
+/// Poll period of a node while reads wait on it.
+const WAITER_POLL: Duration = Duration::from_millis(2);
+
 /// Polls `node` every `interval` (at once when a session asks for a re-check) until
 /// `shutdown` turns true.
 pub async fn watch_node(
@@ -180,8 +184,15 @@ pub async fn watch_node(
             return;
         }
         check(&node, &proxy.causal.watcher, &mut probe, timeout).await;
+        // Reads waiting for this node's replay (PostgreSQL ≤ 18) are served by fast polls here,
+        // one query for all of them instead of one per read.
+        let period = if proxy.causal.watcher.waiters(node.index) > 0 {
+            WAITER_POLL.min(interval)
+        } else {
+            interval
+        };
         tokio::select! {
-            _ = tokio::time::sleep(interval) => {}
+            _ = tokio::time::sleep(period) => {}
             _ = node.recheck.notified() => {}
             _ = shutdown.changed() => {}
         }

@@ -26,6 +26,10 @@ struct NodeView {
     /// Servers seen behind the address, with when they last reported.
     servers: HashMap<ServerId, Instant>,
     timeline: Option<u32>,
+    /// The server the node monitor's own connection reached.
+    monitored: Option<ServerId>,
+    /// Reads waiting for this node's monitor to see their floor (PostgreSQL ≤ 18).
+    waiters: usize,
 }
 
 /// A server not heard of for this long no longer counts for its address (it was restarted, or
@@ -40,6 +44,8 @@ pub struct Watcher {
     nodes: Mutex<HashMap<usize, NodeView>>,
     clock: Mutex<VecDeque<(Instant, Lsn)>>,
     primary_timeline: Mutex<Option<u32>>,
+    /// Woken at every replay observation, for reads waiting on the monitor's polls.
+    replay_seen: tokio::sync::Notify,
 }
 
 const CLOCK_SAMPLES: usize = 4096;
@@ -76,6 +82,55 @@ impl Watcher {
             .or_default()
             .servers
             .insert(server.clone(), Instant::now());
+        self.replay_seen.notify_waiters();
+    }
+
+    /// The node monitor's connection reached `server`.
+    pub fn observe_monitored(&self, node: usize, server: &ServerId) {
+        lock(&self.nodes).entry(node).or_default().monitored = Some(server.clone());
+    }
+
+    /// Whether node `node`'s monitor polls `server` (so its polls can serve that server's waiters).
+    pub fn monitors(&self, node: usize, server: &str) -> bool {
+        lock(&self.nodes)
+            .get(&node)
+            .and_then(|v| v.monitored.as_deref())
+            .is_some_and(|m| m == server)
+    }
+
+    /// Waits until `server` (polled by node `node`'s monitor) is known to have replayed `floor`,
+    /// or `deadline`. While it waits, the node counts a waiter, and its monitor polls fast.
+    pub async fn wait_replayed(
+        &self,
+        node: usize,
+        server: &str,
+        floor: Lsn,
+        deadline: Instant,
+    ) -> bool {
+        struct Waiting<'a>(&'a Watcher, usize);
+        impl Drop for Waiting<'_> {
+            fn drop(&mut self) {
+                if let Some(v) = lock(&self.0.nodes).get_mut(&self.1) {
+                    v.waiters = v.waiters.saturating_sub(1);
+                }
+            }
+        }
+        lock(&self.nodes).entry(node).or_default().waiters += 1;
+        let _waiting = Waiting(self, node);
+        loop {
+            let seen = self.replay_seen.notified();
+            if self.replayed(server).is_some_and(|r| r >= floor) {
+                return true;
+            }
+            if tokio::time::timeout_at(deadline, seen).await.is_err() {
+                return self.replayed(server).is_some_and(|r| r >= floor);
+            }
+        }
+    }
+
+    /// Reads waiting on node `node`'s monitor right now.
+    pub fn waiters(&self, node: usize) -> usize {
+        lock(&self.nodes).get(&node).map_or(0, |v| v.waiters)
     }
 
     /// The timeline node `node` receives (replicas) or writes (primary).
@@ -238,6 +293,30 @@ mod tests {
             Some(Lsn::new(70)),
             "an address fronting two servers routes on the lower one"
         );
+    }
+
+    #[tokio::test]
+    async fn waiters_are_counted_and_woken_by_the_monitors_observation() {
+        let watcher = std::sync::Arc::new(Watcher::default());
+        let server: ServerId = "a".into();
+        watcher.observe_monitored(1, &server);
+        assert!(watcher.monitors(1, "a") && !watcher.monitors(1, "b"));
+        let waiting = {
+            let watcher = std::sync::Arc::clone(&watcher);
+            tokio::spawn(async move {
+                let deadline = Instant::now() + Duration::from_secs(10);
+                watcher.wait_replayed(1, "a", Lsn::new(100), deadline).await
+            })
+        };
+        while watcher.waiters(1) == 0 {
+            tokio::task::yield_now().await;
+        }
+        watcher.observe_replayed(1, &server, Lsn::new(99));
+        watcher.observe_replayed(1, &server, Lsn::new(100));
+        assert!(waiting.await.unwrap(), "woken once the floor was observed");
+        assert_eq!(watcher.waiters(1), 0, "the waiter unregistered");
+        let deadline = Instant::now() + Duration::from_millis(20);
+        assert!(!watcher.wait_replayed(1, "a", Lsn::new(500), deadline).await);
     }
 
     #[test]

@@ -407,10 +407,13 @@ impl Session {
         }
     }
 
-    /// Waits on the attached replica, in round trips of its own, until it replays `floor` or
-    /// `deadline` passes: one `WAIT FOR LSN` on PostgreSQL ≥ 19, replay checks with backoff
-    /// below (a single check in the fast modes). A replica that fails or stays silent past the
-    /// deadline is dropped (`Settled::Lost`).
+    /// Waits on the attached replica until it replays `floor` or `deadline` passes: one
+    /// `WAIT FOR LSN` on PostgreSQL ≥ 19. Below, a replay check on this connection; when it fails
+    /// and the node's monitor polls this very server, the read waits on the monitor's polls (fast
+    /// while anyone waits: one query for all waiting reads) and confirms with one more check;
+    /// otherwise (a load balancer put this connection elsewhere) it polls here with backoff. The
+    /// fast modes check once. A replica that fails or stays silent past the deadline is dropped
+    /// (`Settled::Lost`); a cancel request from the client ends it (`Settled::Cancelled`).
     pub(super) async fn settle_floor(&mut self, floor: Floor, deadline: Instant) -> Settled {
         let fast = self.floors.mode.fast;
         let mut pause = Duration::from_millis(1);
@@ -444,14 +447,15 @@ impl Session {
                     return Settled::Lost;
                 }
             };
-            let watcher = &self.proxy.causal.watcher;
+            let proxy = std::sync::Arc::clone(&self.proxy);
+            let watcher = &proxy.causal.watcher;
             match read_answer(Some(&row), wait, floor.lsn) {
                 Answer::Passed => {
                     watcher.observe_replayed(node, &server, floor.lsn);
                     return Settled::Passed;
                 }
                 Answer::Promoted => {
-                    if let Some(n) = self.proxy.nodes.get(node) {
+                    if let Some(n) = proxy.nodes.get(node) {
                         n.request_check();
                     }
                     return Settled::NotYet;
@@ -460,12 +464,22 @@ impl Session {
                     if let Some(r) = replayed {
                         watcher.observe_replayed(node, &server, r);
                     }
-                    let now = Instant::now();
-                    if wait || fast || now >= deadline {
+                    if wait || fast || Instant::now() >= deadline {
                         return Settled::NotYet;
                     }
-                    tokio::time::sleep(pause.min(deadline - now)).await;
-                    pause = (pause * 2).min(Duration::from_millis(10));
+                    if watcher.monitors(node, &server) {
+                        if let Some(n) = proxy.nodes.get(node) {
+                            n.request_check();
+                        }
+                        // Woken by any observation; re-checked on this connection after.
+                        let until = deadline.min(Instant::now() + Duration::from_millis(100));
+                        watcher.wait_replayed(node, &server, floor.lsn, until).await;
+                    } else {
+                        let now = Instant::now();
+                        tokio::time::sleep(pause.min(deadline.saturating_duration_since(now)))
+                            .await;
+                        pause = (pause * 2).min(Duration::from_millis(10));
+                    }
                 }
             }
         }
