@@ -7,6 +7,7 @@
 //! and the read-load experiment (reads on a replica stretch its replay).
 
 mod chart;
+mod proxy;
 mod read_load;
 mod report;
 mod strategy;
@@ -19,6 +20,7 @@ use std::time::Duration;
 use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
 
+use proxy::BenchProxy;
 use report::{Document, Skipped};
 use strategy::{Session, Strategy};
 use target::Target;
@@ -43,10 +45,12 @@ pub struct BenchArgs {
     #[arg(long, default_value_t = 8)]
     workers: usize,
     /// Strategies to run, comma-separated [default: every one the server supports]: primary,
-    /// replica, sleep:<ms>, sync-on, remote-apply, waitfor, poll, lsngate.
+    /// replica, sleep:<ms>, sync-on, remote-apply, waitfor, poll, lsngate, proxy-session,
+    /// proxy-token (the last two through an lsngate proxy the bench starts on 127.0.0.1).
     #[arg(long, value_delimiter = ',')]
     strategies: Vec<Strategy>,
-    /// Wait budget per read for waitfor, poll and lsngate in the main table (e.g. 1s, 500ms).
+    /// Wait budget per read for waitfor, poll, lsngate and the proxy in the main table (e.g. 1s,
+    /// 500ms).
     #[arg(long, value_parser = duration::parse, default_value = "1s")]
     timeout: Duration,
     /// recovery_min_apply_delay on the local cluster's replicas for the main table and the sweep.
@@ -102,8 +106,11 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
     let environment = target.environment(&args);
     report::print_environment(&environment);
 
+    let (runnable, proxy) = start_proxy(&target, &args, runnable, &mut skipped).await;
     target.prepare_schema().await?;
-    let sessions = target.sessions(args.workers, args.timeout).await?;
+    let sessions = target
+        .sessions(args.workers, args.timeout, proxy.as_ref())
+        .await?;
     let mut results = Vec::new();
     let mut chart_series = Vec::new();
     let plan = Plan {
@@ -114,9 +121,15 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
     for strategy in &runnable {
         let label = strategy.to_string();
         let bar = progress(&args, &label, plan.ops);
+        let proxy_before = proxy.as_ref().map(BenchProxy::outcomes);
         let samples = workload::run(strategy, &sessions, plan, &bar).await?;
         bar.finish_and_clear();
-        let row = report::summarize(&label, &samples);
+        let mut row = report::summarize(&label, &samples);
+        if strategy.uses_proxy()
+            && let (Some(proxy), Some(before)) = (&proxy, proxy_before)
+        {
+            row.proxy_outcomes = Some(proxy.outcomes().since(before));
+        }
         chart_series.push(chart::Series {
             label: format!("{label}: {}/{} stale", row.stale, row.ops),
             latencies_ms: samples
@@ -153,8 +166,12 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
     };
 
     target.drop_schema().await?;
-    // The gate's monitor stops with the last session, before the cluster goes away.
+    // The gate's monitor stops with the last session, and the proxy drains once its clients
+    // are gone, before the cluster goes away.
     drop(sessions);
+    if let Some(proxy) = proxy {
+        proxy.shutdown().await?;
+    }
     let document = Document {
         environment,
         results,
@@ -188,7 +205,43 @@ fn default_strategies() -> Vec<Strategy> {
         Strategy::WaitFor,
         Strategy::Poll,
         Strategy::Lsngate,
+        Strategy::ProxySession,
+        Strategy::ProxyToken,
     ]
+}
+
+/// Starts the in-process proxy when a proxy strategy is to run. When the proxy cannot be set up
+/// for these URLs, the proxy strategies are skipped with the reason and the rest runs.
+async fn start_proxy(
+    target: &Target,
+    args: &BenchArgs,
+    runnable: Vec<Strategy>,
+    skipped: &mut Vec<Skipped>,
+) -> (Vec<Strategy>, Option<BenchProxy>) {
+    if !runnable.iter().any(Strategy::uses_proxy) {
+        return (runnable, None);
+    }
+    let started = BenchProxy::start(
+        target.primary_url(),
+        target.replica_urls(),
+        args.workers,
+        args.timeout,
+    )
+    .await;
+    match started {
+        Ok(proxy) => (runnable, Some(proxy)),
+        Err(e) => {
+            let (proxied, rest): (Vec<_>, Vec<_>) =
+                runnable.into_iter().partition(Strategy::uses_proxy);
+            for strategy in proxied {
+                skipped.push(Skipped {
+                    strategy: strategy.to_string(),
+                    reason: format!("{e:#}"),
+                });
+            }
+            (rest, None)
+        }
+    }
 }
 
 async fn run_sweep(
