@@ -20,7 +20,7 @@ use std::time::Duration;
 use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
 
-use proxy::BenchProxy;
+use proxy::{BenchProxy, ProxyClients, ProxySetup};
 use report::{Document, Skipped};
 use strategy::{Session, Strategy};
 use target::Target;
@@ -106,11 +106,9 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
     let environment = target.environment(&args);
     report::print_environment(&environment);
 
-    let (runnable, proxy) = start_proxy(&target, &args, runnable, &mut skipped).await;
+    let (runnable, proxy_setup) = proxy_setup(&target, &args, runnable, &mut skipped);
     target.prepare_schema().await?;
-    let sessions = target
-        .sessions(args.workers, args.timeout, proxy.as_ref())
-        .await?;
+    let mut sessions = target.sessions(args.workers, args.timeout).await?;
     let mut results = Vec::new();
     let mut chart_series = Vec::new();
     let plan = Plan {
@@ -121,14 +119,19 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
     for strategy in &runnable {
         let label = strategy.to_string();
         let bar = progress(&args, &label, plan.ops);
-        let proxy_before = proxy.as_ref().map(BenchProxy::outcomes);
+        let proxy = match (&proxy_setup, strategy.uses_proxy()) {
+            (Some(setup), true) => Some(attach_proxy(setup, &mut sessions).await?),
+            _ => None,
+        };
         let samples = workload::run(strategy, &sessions, plan, &bar).await?;
         bar.finish_and_clear();
         let mut row = report::summarize(&label, &samples);
-        if strategy.uses_proxy()
-            && let (Some(proxy), Some(before)) = (&proxy, proxy_before)
-        {
-            row.proxy_outcomes = Some(proxy.outcomes().since(before));
+        if let Some(proxy) = proxy {
+            row.proxy_outcomes = Some(proxy.outcomes());
+            for session in &mut sessions {
+                session.proxy = None;
+            }
+            proxy.shutdown().await?;
         }
         chart_series.push(chart::Series {
             label: format!("{label}: {}/{} stale", row.stale, row.ops),
@@ -166,12 +169,8 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
     };
 
     target.drop_schema().await?;
-    // The gate's monitor stops with the last session, and the proxy drains once its clients
-    // are gone, before the cluster goes away.
+    // The gate's monitor stops with the last session, before the cluster goes away.
     drop(sessions);
-    if let Some(proxy) = proxy {
-        proxy.shutdown().await?;
-    }
     let document = Document {
         environment,
         results,
@@ -210,26 +209,25 @@ fn default_strategies() -> Vec<Strategy> {
     ]
 }
 
-/// Starts the in-process proxy when a proxy strategy is to run. When the proxy cannot be set up
-/// for these URLs, the proxy strategies are skipped with the reason and the rest runs.
-async fn start_proxy(
+/// The proxy's setup when a proxy strategy is to run. When the proxy cannot be configured for
+/// these URLs, the proxy strategies are skipped with the reason and the rest runs.
+fn proxy_setup(
     target: &Target,
     args: &BenchArgs,
     runnable: Vec<Strategy>,
     skipped: &mut Vec<Skipped>,
-) -> (Vec<Strategy>, Option<BenchProxy>) {
+) -> (Vec<Strategy>, Option<ProxySetup>) {
     if !runnable.iter().any(Strategy::uses_proxy) {
         return (runnable, None);
     }
-    let started = BenchProxy::start(
+    let setup = ProxySetup::new(
         target.primary_url(),
         target.replica_urls(),
         args.workers,
         args.timeout,
-    )
-    .await;
-    match started {
-        Ok(proxy) => (runnable, Some(proxy)),
+    );
+    match setup {
+        Ok(setup) => (runnable, Some(setup)),
         Err(e) => {
             let (proxied, rest): (Vec<_>, Vec<_>) =
                 runnable.into_iter().partition(Strategy::uses_proxy);
@@ -242,6 +240,15 @@ async fn start_proxy(
             (rest, None)
         }
     }
+}
+
+/// Starts a fresh proxy for one proxy strategy and gives every worker its connections through it.
+async fn attach_proxy(setup: &ProxySetup, sessions: &mut [Session]) -> anyhow::Result<BenchProxy> {
+    let proxy = BenchProxy::start(setup).await?;
+    for session in sessions.iter_mut() {
+        session.proxy = Some(ProxyClients::open(&proxy).await?);
+    }
+    Ok(proxy)
 }
 
 async fn run_sweep(

@@ -23,26 +23,25 @@ const READ_WHERE_SERVED: &str =
     "SELECT payload, pg_is_in_recovery() FROM lsngate_bench WHERE id = $1";
 
 /// How long the proxy may take to drain when the benchmark is done.
-const DRAIN_LIMIT: Duration = Duration::from_secs(10);
+const DRAIN_LIMIT: Duration = Duration::from_secs(40);
 
-/// The proxy as the benchmark runs it.
-pub struct BenchProxy {
-    proxy: Arc<Proxy>,
-    /// Where clients connect: the primary URL's user, password and database, the proxy's address.
+/// What the proxy is started with for each proxy strategy: its config and where clients log in.
+#[derive(Debug, Clone)]
+pub struct ProxySetup {
+    config: Config,
+    /// The primary URL's user, password and database (the proxy's address is added at start).
     client: tokio_postgres::Config,
-    stop: watch::Sender<bool>,
-    serving: JoinHandle<anyhow::Result<()>>,
 }
 
-impl BenchProxy {
-    /// Checks that the proxy can be configured for these URLs (libpq URL form, which the proxy
-    /// needs) and starts it; the error says why it cannot run here.
-    pub async fn start(
+impl ProxySetup {
+    /// The proxy's config for this cluster; the error says why the proxy cannot run here (it
+    /// needs libpq URLs, for example).
+    pub fn new(
         primary_url: &str,
         replica_urls: &[String],
         workers: usize,
         budget: Duration,
-    ) -> anyhow::Result<BenchProxy> {
+    ) -> anyhow::Result<ProxySetup> {
         let file = FileConfig {
             // Loopback: clients log in as the primary URL's user (trust without a password).
             listen: Some(SocketAddr::from(([127, 0, 0, 1], 0))),
@@ -56,14 +55,36 @@ impl BenchProxy {
             breaker_ratio: Some(1.0),
             ..FileConfig::default()
         };
-        let mut config = Config::build(file)
+        let config = Config::build(file)
             .map_err(|e| anyhow::anyhow!("the proxy cannot be configured for these URLs: {e}"))?;
+        Ok(ProxySetup {
+            config,
+            client: client_config(primary_url)?,
+        })
+    }
+}
+
+/// The proxy as the benchmark runs it: started for one proxy strategy and shut down after it, so
+/// its background polling of the nodes does not weigh on the other strategies' numbers.
+pub struct BenchProxy {
+    proxy: Arc<Proxy>,
+    /// Where clients connect: the primary URL's user, password and database, the proxy's address.
+    client: tokio_postgres::Config,
+    stop: watch::Sender<bool>,
+    serving: JoinHandle<anyhow::Result<()>>,
+}
+
+impl BenchProxy {
+    /// Starts a fresh proxy (its outcome counters at zero) on 127.0.0.1:0.
+    pub async fn start(setup: &ProxySetup) -> anyhow::Result<BenchProxy> {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
             .await
             .context("binding the proxy's listener on 127.0.0.1:0")?;
         let addr = listener.local_addr()?;
+        let mut config = setup.config.clone();
         config.listen = addr;
-        let client = client_config(primary_url, addr)?;
+        let mut client = setup.client.clone();
+        client.host(addr.ip().to_string()).port(addr.port());
         let proxy = Proxy::new(config);
         let (stop, stop_rx) = watch::channel(false);
         let serving = tokio::spawn(Arc::clone(&proxy).serve(listener, stop_rx));
@@ -123,15 +144,13 @@ impl BenchProxy {
     }
 }
 
-/// The primary URL's credentials and database, pointed at the proxy.
-fn client_config(primary_url: &str, proxy: SocketAddr) -> anyhow::Result<tokio_postgres::Config> {
+/// The primary URL's credentials and database, for logging in to the proxy.
+fn client_config(primary_url: &str) -> anyhow::Result<tokio_postgres::Config> {
     let primary: tokio_postgres::Config = primary_url
         .parse()
         .with_context(|| format!("invalid primary URL {primary_url:?}"))?;
     let mut config = tokio_postgres::Config::new();
     config
-        .host(proxy.ip().to_string())
-        .port(proxy.port())
         .application_name("lsngate-bench")
         .connect_timeout(Duration::from_secs(5));
     if let Some(user) = primary.get_user() {
@@ -146,8 +165,9 @@ fn client_config(primary_url: &str, proxy: SocketAddr) -> anyhow::Result<tokio_p
     Ok(config)
 }
 
-/// How the proxy's causal reads ended over one strategy's run (its `/status` `causal.outcomes`),
-/// warm-up reads included; also the JSON `results[].proxy_outcomes`.
+/// How the proxy's causal reads ended over one strategy's run (its `/status` `causal.outcomes`;
+/// the proxy is fresh for each run), warm-up reads included; also the JSON
+/// `results[].proxy_outcomes`.
 #[derive(Debug, Clone, Copy, Default, Serialize)]
 pub struct ProxyOutcomes {
     /// A replica already known to have the floor served the read.
@@ -162,20 +182,6 @@ pub struct ProxyOutcomes {
     pub stale: u64,
     /// The client got an error instead.
     pub error: u64,
-}
-
-impl ProxyOutcomes {
-    /// What happened between `before` and `self`.
-    pub fn since(self, before: ProxyOutcomes) -> ProxyOutcomes {
-        ProxyOutcomes {
-            replica: self.replica.saturating_sub(before.replica),
-            waited: self.waited.saturating_sub(before.waited),
-            fallback: self.fallback.saturating_sub(before.fallback),
-            no_replica: self.no_replica.saturating_sub(before.no_replica),
-            stale: self.stale.saturating_sub(before.stale),
-            error: self.error.saturating_sub(before.error),
-        }
-    }
 }
 
 /// One worker's connections through the proxy, statements prepared once.

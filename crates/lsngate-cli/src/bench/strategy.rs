@@ -119,7 +119,7 @@ pub struct Session {
     pub gate: lsngate::Gate,
     pub primary: Client,
     pub replicas: Vec<Client>,
-    /// Connections through the lsngate proxy, when a proxy strategy runs.
+    /// Connections through the lsngate proxy, while a proxy strategy runs.
     pub proxy: Option<ProxyClients>,
     insert: Statement,
     read_primary: Statement,
@@ -139,7 +139,6 @@ impl Session {
         gate: lsngate::Gate,
         primary: Client,
         replicas: Vec<Client>,
-        proxy: Option<ProxyClients>,
     ) -> anyhow::Result<Session> {
         let mut read_replica = Vec::new();
         let mut replayed = Vec::new();
@@ -154,7 +153,7 @@ impl Session {
             current_lsn: primary.prepare(CURRENT_LSN).await?,
             primary,
             replicas,
-            proxy,
+            proxy: None,
             read_replica,
             replayed,
         })

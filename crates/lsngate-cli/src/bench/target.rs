@@ -7,7 +7,6 @@ use lsngate_testkit::{Cluster, ClusterConfig, SyncMode};
 use tokio_postgres::Client;
 
 use super::BenchArgs;
-use super::proxy::{BenchProxy, ProxyClients};
 use super::report::{Environment, Skipped};
 use super::strategy::{Session, Strategy};
 use crate::pg;
@@ -192,14 +191,8 @@ impl Target {
     }
 
     /// One session (a connection to every node, statements prepared) per worker, all sharing
-    /// one lsngate gate with a pool slot per worker; with `proxy`, each also has its connections
-    /// through the proxy.
-    pub async fn sessions(
-        &self,
-        workers: usize,
-        budget: Duration,
-        proxy: Option<&BenchProxy>,
-    ) -> anyhow::Result<Vec<Session>> {
+    /// one lsngate gate with a pool slot per worker.
+    pub async fn sessions(&self, workers: usize, budget: Duration) -> anyhow::Result<Vec<Session>> {
         let config = lsngate::Config::new(&self.primary_url)
             .replicas(self.replica_urls.iter().cloned())
             .budget(budget)
@@ -218,11 +211,7 @@ impl Target {
             for url in &self.replica_urls {
                 replicas.push(pg::connect(url).await?);
             }
-            let proxy_clients = match proxy {
-                Some(proxy) => Some(ProxyClients::open(proxy).await?),
-                None => None,
-            };
-            sessions.push(Session::prepare(gate.clone(), primary, replicas, proxy_clients).await?);
+            sessions.push(Session::prepare(gate.clone(), primary, replicas).await?);
         }
         Ok(sessions)
     }
