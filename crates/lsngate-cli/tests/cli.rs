@@ -1,5 +1,6 @@
-//! The `lsngate` binary end to end on real clusters: `bench` (strategies, JSON schema),
-//! `lag` (verdicts for healthy, paused and stopped replicas) and `cluster up|status|down`.
+//! The `lsngate` binary end to end on real clusters: `bench` (strategies, the proxy's included,
+//! JSON schema), `lag` (verdicts for healthy, paused and stopped replicas) and
+//! `cluster up|status|down`.
 //! The server version follows LSNGATE_PG_BIN like every other test.
 
 use std::process::{Command, Output};
@@ -76,6 +77,9 @@ fn bench_runs_every_strategy_and_writes_the_documented_json() {
         "sync-on",
         "remote-apply",
         "poll",
+        "lsngate",
+        "proxy-session",
+        "proxy-token",
     ];
     if major >= 19 {
         expected.push("waitfor");
@@ -100,12 +104,47 @@ fn bench_runs_every_strategy_and_writes_the_documented_json() {
         assert!(row["p95_ms"].as_f64() <= row["p99_ms"].as_f64());
     }
     // Safe strategies are never stale; primary never uses a replica; the replica strategies do.
-    for name in ["primary", "remote-apply", "poll", "waitfor", "lsngate"] {
+    for name in [
+        "primary",
+        "remote-apply",
+        "poll",
+        "waitfor",
+        "lsngate",
+        "proxy-session",
+        "proxy-token",
+    ] {
         if let Some(row) = by_name(name) {
             assert_eq!(row["stale"], 0, "{name} must never be stale: {row}");
         }
     }
     assert_eq!(by_name("primary").unwrap()["served_by_replica"], 0);
+    // Through the proxy every read is served by a replica or falls back to the primary, and the
+    // proxy's own outcome counts come with the row.
+    for name in ["proxy-session", "proxy-token"] {
+        let row = by_name(name).unwrap();
+        assert_eq!(
+            row["served_by_replica"].as_u64().unwrap() + row["fallbacks"].as_u64().unwrap(),
+            60,
+            "{row}"
+        );
+        let outcomes = &row["proxy_outcomes"];
+        for key in [
+            "replica",
+            "waited",
+            "fallback",
+            "no_replica",
+            "stale",
+            "error",
+        ] {
+            assert!(outcomes[key].is_u64(), "{name}.proxy_outcomes.{key}: {row}");
+        }
+        assert_eq!(outcomes["stale"], 0, "{row}");
+        assert_eq!(outcomes["error"], 0, "{row}");
+    }
+    assert!(
+        by_name("lsngate").unwrap().get("proxy_outcomes").is_none(),
+        "only the proxy strategies report the proxy's outcomes"
+    );
     let naive = by_name("replica").unwrap();
     assert_eq!(naive["served_by_replica"], 60);
     assert!(
@@ -156,11 +195,17 @@ fn bench_runs_every_strategy_and_writes_the_documented_json() {
     assert!(read_load[1]["reads_per_second"].as_f64().unwrap() > 0.0);
     let chart = std::fs::read_to_string(&svg).unwrap();
     assert!(chart.starts_with("<svg") && chart.contains("primary: 0/60 stale"));
+    assert!(
+        chart.contains("proxy-session: 0/60 stale") && chart.contains("proxy-token: 0/60 stale"),
+        "the proxy strategies are charted like the rest"
+    );
 }
 
 #[test]
 fn bench_against_an_existing_cluster_says_what_it_cannot_run() {
     let cluster = Cluster::start(&ClusterConfig::default().replicas(1)).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("bench.json");
     let output = lsngate(&[
         "bench",
         "--primary",
@@ -172,10 +217,12 @@ fn bench_against_an_existing_cluster_says_what_it_cannot_run() {
         "--workers",
         "2",
         "--strategies",
-        "primary,sync-on,poll",
+        "primary,sync-on,poll,proxy-session,proxy-token",
         "--read-load",
         "0",
         "--quiet",
+        "--json",
+        json.to_str().unwrap(),
     ]);
     let text = String::from_utf8_lossy(&output.stdout);
     assert!(
@@ -187,6 +234,18 @@ fn bench_against_an_existing_cluster_says_what_it_cannot_run() {
         !text.contains("Wait budget sweep"),
         "no sweep on an existing cluster unless asked"
     );
+    // The proxy strategies run there too: the bench's proxy points at the given URLs.
+    let doc: Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    for name in ["proxy-session", "proxy-token"] {
+        let row = doc["results"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|r| r["strategy"] == name)
+            .unwrap_or_else(|| panic!("no {name} result: {doc}"));
+        assert_eq!(row["ops"], 16, "{row}");
+        assert_eq!(row["stale"], 0, "{name} must never be stale: {row}");
+    }
 }
 
 #[test]

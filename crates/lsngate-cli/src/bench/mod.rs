@@ -7,6 +7,7 @@
 //! and the read-load experiment (reads on a replica stretch its replay).
 
 mod chart;
+mod proxy;
 mod read_load;
 mod report;
 mod strategy;
@@ -19,6 +20,7 @@ use std::time::Duration;
 use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
 
+use proxy::{BenchProxy, ProxyClients, ProxySetup};
 use report::{Document, Skipped};
 use strategy::{Session, Strategy};
 use target::Target;
@@ -43,10 +45,12 @@ pub struct BenchArgs {
     #[arg(long, default_value_t = 8)]
     workers: usize,
     /// Strategies to run, comma-separated [default: every one the server supports]: primary,
-    /// replica, sleep:<ms>, sync-on, remote-apply, waitfor, poll, lsngate.
+    /// replica, sleep:<ms>, sync-on, remote-apply, waitfor, poll, lsngate, proxy-session,
+    /// proxy-token (the last two through an lsngate proxy the bench starts on 127.0.0.1).
     #[arg(long, value_delimiter = ',')]
     strategies: Vec<Strategy>,
-    /// Wait budget per read for waitfor, poll and lsngate in the main table (e.g. 1s, 500ms).
+    /// Wait budget per read for waitfor, poll, lsngate and the proxy in the main table (e.g. 1s,
+    /// 500ms).
     #[arg(long, value_parser = duration::parse, default_value = "1s")]
     timeout: Duration,
     /// recovery_min_apply_delay on the local cluster's replicas for the main table and the sweep.
@@ -102,8 +106,9 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
     let environment = target.environment(&args);
     report::print_environment(&environment);
 
+    let (runnable, proxy_setup) = proxy_setup(&target, &args, runnable, &mut skipped);
     target.prepare_schema().await?;
-    let sessions = target.sessions(args.workers, args.timeout).await?;
+    let mut sessions = target.sessions(args.workers, args.timeout).await?;
     let mut results = Vec::new();
     let mut chart_series = Vec::new();
     let plan = Plan {
@@ -114,9 +119,20 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
     for strategy in &runnable {
         let label = strategy.to_string();
         let bar = progress(&args, &label, plan.ops);
+        let proxy = match (&proxy_setup, strategy.uses_proxy()) {
+            (Some(setup), true) => Some(attach_proxy(setup, &mut sessions).await?),
+            _ => None,
+        };
         let samples = workload::run(strategy, &sessions, plan, &bar).await?;
         bar.finish_and_clear();
-        let row = report::summarize(&label, &samples);
+        let mut row = report::summarize(&label, &samples);
+        if let Some(proxy) = proxy {
+            row.proxy_outcomes = Some(proxy.outcomes());
+            for session in &mut sessions {
+                session.proxy = None;
+            }
+            proxy.shutdown().await?;
+        }
         chart_series.push(chart::Series {
             label: format!("{label}: {}/{} stale", row.stale, row.ops),
             latencies_ms: samples
@@ -188,7 +204,51 @@ fn default_strategies() -> Vec<Strategy> {
         Strategy::WaitFor,
         Strategy::Poll,
         Strategy::Lsngate,
+        Strategy::ProxySession,
+        Strategy::ProxyToken,
     ]
+}
+
+/// The proxy's setup when a proxy strategy is to run. When the proxy cannot be configured for
+/// these URLs, the proxy strategies are skipped with the reason and the rest runs.
+fn proxy_setup(
+    target: &Target,
+    args: &BenchArgs,
+    runnable: Vec<Strategy>,
+    skipped: &mut Vec<Skipped>,
+) -> (Vec<Strategy>, Option<ProxySetup>) {
+    if !runnable.iter().any(Strategy::uses_proxy) {
+        return (runnable, None);
+    }
+    let setup = ProxySetup::new(
+        target.primary_url(),
+        target.replica_urls(),
+        args.workers,
+        args.timeout,
+    );
+    match setup {
+        Ok(setup) => (runnable, Some(setup)),
+        Err(e) => {
+            let (proxied, rest): (Vec<_>, Vec<_>) =
+                runnable.into_iter().partition(Strategy::uses_proxy);
+            for strategy in proxied {
+                skipped.push(Skipped {
+                    strategy: strategy.to_string(),
+                    reason: format!("{e:#}"),
+                });
+            }
+            (rest, None)
+        }
+    }
+}
+
+/// Starts a fresh proxy for one proxy strategy and gives every worker its connections through it.
+async fn attach_proxy(setup: &ProxySetup, sessions: &mut [Session]) -> anyhow::Result<BenchProxy> {
+    let proxy = BenchProxy::start(setup).await?;
+    for session in sessions.iter_mut() {
+        session.proxy = Some(ProxyClients::open(&proxy).await?);
+    }
+    Ok(proxy)
 }
 
 async fn run_sweep(

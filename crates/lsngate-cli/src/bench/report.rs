@@ -3,6 +3,7 @@
 
 use serde::Serialize;
 
+use super::proxy::ProxyOutcomes;
 use super::workload::Sample;
 
 /// One row of the main table; also the JSON `results[]` entry.
@@ -17,6 +18,9 @@ pub struct ResultRow {
     pub p95_ms: f64,
     pub p99_ms: f64,
     pub e2e_p50_ms: f64,
+    /// For the proxy strategies: the proxy's own count of how its causal reads ended.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub proxy_outcomes: Option<ProxyOutcomes>,
 }
 
 /// One row of the timeout sweep; also the JSON `sweep[]` entry.
@@ -98,6 +102,7 @@ pub fn summarize(strategy: &str, samples: &[Sample]) -> ResultRow {
         p95_ms: round(percentile(&read, 95.0)),
         p99_ms: round(percentile(&read, 99.0)),
         e2e_p50_ms: round(percentile(&e2e, 50.0)),
+        proxy_outcomes: None,
     }
 }
 
@@ -177,6 +182,14 @@ pub fn print_results(rows: &[ResultRow]) {
         ]);
     }
     println!("{table}");
+    for row in rows {
+        if let Some(o) = &row.proxy_outcomes {
+            println!(
+                "{}: the proxy's causal reads (its /status outcomes, warm-up reads included): replica {}, waited {}, fallback {}, no_replica {}, stale {}, error {}",
+                row.strategy, o.replica, o.waited, o.fallback, o.no_replica, o.stale, o.error
+            );
+        }
+    }
 }
 
 pub fn print_sweep(rows: &[SweepRow]) {

@@ -10,6 +10,8 @@ use std::time::{Duration, Instant};
 use lsngate_core::Lsn;
 use tokio_postgres::{Client, SimpleQueryMessage, Statement};
 
+use super::proxy::ProxyClients;
+
 /// One strategy, as named on the command line.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Strategy {
@@ -31,6 +33,12 @@ pub enum Strategy {
     /// The lsngate library: the token comes back with the write (same flight), the read goes
     /// straight to a replica known to have it, or waits and reads in one flight.
     Lsngate,
+    /// The lsngate proxy in session mode: write, then read on the same proxy connection; the
+    /// proxy makes the read see the write.
+    ProxySession,
+    /// The lsngate proxy in token mode: write on one connection, `SHOW lsngate.commit_lsn` there
+    /// (answered by the proxy), read on another with the position as a comment floor.
+    ProxyToken,
 }
 
 impl std::str::FromStr for Strategy {
@@ -44,6 +52,8 @@ impl std::str::FromStr for Strategy {
             "waitfor" => Strategy::WaitFor,
             "poll" => Strategy::Poll,
             "lsngate" => Strategy::Lsngate,
+            "proxy-session" => Strategy::ProxySession,
+            "proxy-token" => Strategy::ProxyToken,
             other => match other.strip_prefix("sleep:") {
                 Some(delay) => Strategy::Sleep(crate::duration::parse(delay)?),
                 None => {
@@ -68,13 +78,14 @@ impl std::fmt::Display for Strategy {
             Strategy::WaitFor => write!(f, "waitfor"),
             Strategy::Poll => write!(f, "poll"),
             Strategy::Lsngate => write!(f, "lsngate"),
+            Strategy::ProxySession => write!(f, "proxy-session"),
+            Strategy::ProxyToken => write!(f, "proxy-token"),
         }
     }
 }
 
 impl Strategy {
-    pub const NAMES: &'static str =
-        "primary, replica, sleep:<ms>, sync-on, remote-apply, waitfor, poll, lsngate";
+    pub const NAMES: &'static str = "primary, replica, sleep:<ms>, sync-on, remote-apply, waitfor, poll, lsngate, proxy-session, proxy-token";
 
     /// The `synchronous_commit` a worker's primary session uses for this strategy's writes.
     /// `local` keeps the others as fast as plain asynchronous replication when the cluster has a
@@ -95,6 +106,11 @@ impl Strategy {
     pub fn has_budget(&self) -> bool {
         matches!(self, Strategy::WaitFor | Strategy::Poll | Strategy::Lsngate)
     }
+
+    /// Whether the strategy goes through the in-process lsngate proxy.
+    pub fn uses_proxy(&self) -> bool {
+        matches!(self, Strategy::ProxySession | Strategy::ProxyToken)
+    }
 }
 
 /// One worker's connections and prepared statements.
@@ -103,6 +119,8 @@ pub struct Session {
     pub gate: lsngate::Gate,
     pub primary: Client,
     pub replicas: Vec<Client>,
+    /// Connections through the lsngate proxy, while a proxy strategy runs.
+    pub proxy: Option<ProxyClients>,
     insert: Statement,
     read_primary: Statement,
     read_replica: Vec<Statement>,
@@ -135,9 +153,17 @@ impl Session {
             current_lsn: primary.prepare(CURRENT_LSN).await?,
             primary,
             replicas,
+            proxy: None,
             read_replica,
             replayed,
         })
+    }
+
+    /// The worker's proxy connections; an error when the proxy was not started.
+    fn proxy(&self) -> anyhow::Result<&ProxyClients> {
+        self.proxy
+            .as_ref()
+            .ok_or_else(|| anyhow::anyhow!("no proxy connections: the proxy was not started"))
     }
 
     pub async fn set_synchronous_commit(&self, value: &str) -> anyhow::Result<()> {
@@ -220,7 +246,8 @@ impl Session {
     }
 }
 
-/// The write every strategy does; `lsngate` also gets its token from the same flight.
+/// The write every strategy does (through the proxy for the proxy strategies); `lsngate` also
+/// gets its token from the same flight.
 pub async fn write(
     strategy: &Strategy,
     session: &Session,
@@ -234,7 +261,12 @@ pub async fn write(
             Some(token),
         ));
     }
-    Ok((session.insert(payload).await?, None))
+    let id = match strategy {
+        Strategy::ProxySession => session.proxy()?.session_insert(payload).await?,
+        Strategy::ProxyToken => session.proxy()?.token_insert(payload).await?,
+        _ => session.insert(payload).await?,
+    };
+    Ok((id, None))
 }
 
 /// What one read-after-write gave.
@@ -246,7 +278,7 @@ pub struct ReadResult {
 }
 
 /// Reads row `id` (written with `payload`) back under `strategy`, on replica `replica` (the
-/// library picks its own replica).
+/// library and the proxy pick their own replica).
 pub async fn read_back(
     strategy: &Strategy,
     session: &Session,
@@ -294,6 +326,21 @@ pub async fn read_back(
                 stale: seen.as_deref() != Some(payload),
                 served_by_replica: matches!(read.served.by, lsngate::ServedBy::Replica(_)),
                 fallback: read.served.fallback.is_some(),
+            }
+        }
+        Strategy::ProxySession | Strategy::ProxyToken => {
+            let proxy = session.proxy()?;
+            let read = if *strategy == Strategy::ProxySession {
+                proxy.session_read(id).await?
+            } else {
+                let floor = proxy.commit_lsn().await?;
+                proxy.token_read(floor, id).await?
+            };
+            // The proxy sends the read to a replica; the primary serves it only as a fallback.
+            ReadResult {
+                stale: read.seen.as_deref() != Some(payload),
+                served_by_replica: read.on_replica,
+                fallback: !read.on_replica,
             }
         }
         Strategy::WaitFor | Strategy::Poll => {
