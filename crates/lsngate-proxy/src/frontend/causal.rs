@@ -221,12 +221,19 @@ impl Session {
                 self.proxy.causal.record(Outcome::Fallback);
                 self.read_primary(read).await
             }
-            Decision::Replica { index, wait } => {
-                if !wait || floor.is_none() {
-                    // Counted as served at once; a failed check on a server the watcher did not
-                    // know (behind a load balancer) is counted again as its fallback.
-                    self.proxy.causal.record(Outcome::Replica);
-                }
+            Decision::Replica { index, .. } if floor.is_none() => {
+                // No floor, only a lag bound: nothing to wait for.
+                self.proxy.causal.record(Outcome::Replica);
+                let route = Route {
+                    target: Some(Target::Replica),
+                    node: Some(replicas[index].0.clone()),
+                    read: None,
+                };
+                self.dispatch_to(read.flight, read.class, route).await
+            }
+            Decision::Replica { index, .. } => {
+                // Counted where it is decided: `send_flight` (no wait needed on the server the
+                // connection reached), the verdict (waited or not), or the fallback.
                 let node = Some(replicas[index].0.clone());
                 let CausalRead {
                     floor,
@@ -513,10 +520,11 @@ impl Session {
             (Settled::Passed, Some(node)) => {
                 self.proxy.causal.record(Outcome::Waited);
                 self.report_stale(false);
+                // The floor is confirmed on this server: sent as a plain read (counted above).
                 let route = Route {
                     target: Some(Target::Replica),
                     node: Some(node),
-                    read: Some(read.clone()),
+                    read: None,
                 };
                 self.dispatch_to(read.flight, read.class, route).await
             }

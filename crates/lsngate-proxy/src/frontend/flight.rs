@@ -573,11 +573,16 @@ impl Session {
             let settled = self.settle_floor(floor, deadline).await;
             self.proxy.causal.stats.record_wait(started.elapsed());
             if settled != super::causal::Settled::Passed {
+                self.proxy.causal.record(crate::causal::Outcome::Fallback);
                 self.release_backend();
                 let route = Route::to(Some(Target::Primary));
                 return Box::pin(self.dispatch_to(flight, class, route)).await;
             }
+            self.proxy.causal.record(crate::causal::Outcome::Waited);
             needs_verdict = false;
+        } else if read.as_ref().is_some_and(|r| r.floor.is_some()) && !needs_verdict {
+            // The server this connection reached already has the floor: no wait.
+            self.proxy.causal.record(crate::causal::Outcome::Replica);
         }
         let mut frames = self.preparation(&flight);
         self.note_session_effects(&flight, class);

@@ -96,6 +96,16 @@ fn psycopg_8_workers_x_1000_insert_then_read_never_miss_their_row() {
     );
     assert_eq!(reads, 8000);
     assert_eq!(stale, 0, "a read missed its own connection's insert");
+    let outcomes = status(&proxy)["causal"]["outcomes"].clone();
+    let counted: u64 = outcomes
+        .as_object()
+        .unwrap()
+        .values()
+        .map(|v| v.as_u64().unwrap())
+        .sum();
+    // Counted per flight: 8000 reads, plus the one Parse+Sync flight per connection with which
+    // psycopg prepares the read after its fifth use.
+    assert_eq!(counted, 8008, "every read flight counted once: {outcomes}");
     assert!(
         replica * 2 > reads,
         "most reads must be served by the replicas (else 0 stale proves nothing): {replica}/{reads}"
