@@ -490,18 +490,25 @@ async fn read_cancelled_by_a_recovery_conflict_falls_back() {
         .unwrap()
         .token;
     let primary = cluster.primary().clone();
+    let replica = cluster.replica(0).clone();
+    // The lock is taken only once the read runs on the replica (a fixed delay raced with the
+    // read's own wait on a loaded machine, and the lock replayed before the read began).
     let locker = tokio::task::spawn_blocking(move || {
-        std::thread::sleep(Duration::from_millis(300));
+        let running = "SELECT count(*) FROM pg_stat_activity WHERE state = 'active' \
+                       AND query LIKE 'SELECT count(*) FROM rw_conflict, pg_sleep%'";
+        replica
+            .wait_until(
+                "the read runs on the replica",
+                Duration::from_secs(30),
+                || Ok(replica.sql(running)? == "1"),
+            )
+            .unwrap();
         primary
             .sql("BEGIN; LOCK TABLE rw_conflict IN ACCESS EXCLUSIVE MODE; COMMIT")
             .unwrap();
     });
     let read = gate
-        .query_after(
-            &token,
-            "SELECT count(*) FROM rw_conflict, pg_sleep(1.5)",
-            &[],
-        )
+        .query_after(&token, "SELECT count(*) FROM rw_conflict, pg_sleep(3)", &[])
         .await
         .unwrap();
     locker.await.unwrap();
