@@ -4,12 +4,14 @@
 
 #![warn(missing_docs)]
 
+pub mod clock;
 pub mod guard;
 pub mod lsn;
 pub mod route;
 pub mod token;
 pub mod wal;
 
+pub use clock::WalClock;
 pub use guard::{BreakerState, Fallback, GuardConfig, PrimaryGuard, Refusal, WhenGuarded};
 pub use lsn::{Lsn, LsnParseError};
 pub use route::{Decision, LagBound, PrimaryReason, ReadRequest, ReplicaState, Role, route};

@@ -292,7 +292,8 @@ fn redact(url: &str) -> String {
     }
 }
 
-fn percent_decode(s: &str) -> String {
+/// Decodes `%XX` escapes (URLs, sqlcommenter values); invalid escapes stay as written.
+pub(crate) fn percent_decode(s: &str) -> String {
     let bytes = s.as_bytes();
     let mut out = Vec::with_capacity(bytes.len());
     let mut i = 0;

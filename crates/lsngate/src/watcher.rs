@@ -6,11 +6,11 @@
 //! raises what a server itself reported, so a shortcut taken from it ("already replayed, read at
 //! once") is never wrong for that server. It does no I/O itself.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use lsngate_core::{Lsn, ReplicaState, Role};
+use lsngate_core::{Lsn, ReplicaState, Role, WalClock};
 use tokio::time::Instant;
 
 use crate::error::ReplicaPosition;
@@ -58,8 +58,9 @@ pub struct ReplicaStatus {
 pub(crate) struct Watcher {
     replayed: Mutex<HashMap<Arc<ServerId>, Lsn>>,
     slots: Vec<Mutex<SlotState>>,
-    /// (when, primary insert position) samples: the primary's WAL clock.
-    clock: Mutex<VecDeque<(Instant, Lsn)>>,
+    /// The primary's WAL clock, its times since `origin`.
+    clock: Mutex<WalClock>,
+    origin: Instant,
     primary_timeline: Mutex<Option<u32>>,
 }
 
@@ -77,7 +78,8 @@ impl Watcher {
                     })
                 })
                 .collect(),
-            clock: Mutex::new(VecDeque::new()),
+            clock: Mutex::new(WalClock::new(CLOCK_SAMPLES)),
+            origin: Instant::now(),
             primary_timeline: Mutex::new(None),
         }
     }
@@ -142,14 +144,8 @@ impl Watcher {
 
     /// The primary was at `lsn` at `when`, on `timeline`.
     pub fn observe_primary(&self, when: Instant, lsn: Lsn, timeline: Option<u32>) {
-        let mut clock = lock(&self.clock);
-        if clock.back().is_none_or(|&(_, last)| lsn > last) {
-            clock.push_back((when, lsn));
-            if clock.len() > CLOCK_SAMPLES {
-                clock.pop_front();
-            }
-        }
-        drop(clock);
+        let at = when.saturating_duration_since(self.origin);
+        lock(&self.clock).observe(at, lsn);
         if let Some(timeline) = timeline {
             *lock(&self.primary_timeline) = Some(timeline);
         }
@@ -162,20 +158,14 @@ impl Watcher {
 
     /// The primary's last sampled position.
     pub fn primary_position(&self) -> Option<Lsn> {
-        lock(&self.clock).back().map(|&(_, lsn)| lsn)
+        lock(&self.clock).latest()
     }
 
     /// How long ago the primary first wrote past `replayed`: zero when the replica has all the
     /// primary's known WAL. Unlike `now() - pg_last_xact_replay_timestamp()` this does not grow
     /// while the primary is idle.
     pub fn lag_behind(&self, replayed: Lsn, now: Instant) -> Option<Duration> {
-        let clock = lock(&self.clock);
-        let &(_, latest) = clock.back()?;
-        if replayed >= latest {
-            return Some(Duration::ZERO);
-        }
-        let first_missing = clock.iter().find(|&&(_, lsn)| lsn > replayed)?;
-        Some(now.saturating_duration_since(first_missing.0))
+        lock(&self.clock).lag_behind(replayed, now.saturating_duration_since(self.origin))
     }
 
     /// Lowest replayed position over the servers seen behind `slot`.

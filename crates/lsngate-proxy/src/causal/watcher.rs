@@ -9,11 +9,11 @@
 //! over the servers behind an address, and the read checks the server its connection reached.
 //! No I/O here.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use lsngate_core::{Lsn, ReplicaState, Role as CoreRole};
+use lsngate_core::{Lsn, ReplicaState, Role as CoreRole, WalClock};
 use tokio::time::Instant;
 
 use crate::backend::{NodeState, Role};
@@ -38,17 +38,32 @@ struct NodeView {
 const SERVER_FORGOTTEN_AFTER: Duration = Duration::from_secs(5);
 
 /// Replay knowledge shared by every session of a proxy.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct Watcher {
     replayed: Mutex<HashMap<ServerId, Lsn>>,
     nodes: Mutex<HashMap<usize, NodeView>>,
-    clock: Mutex<VecDeque<(Instant, Lsn)>>,
+    /// The primary's WAL clock, its times since `origin`.
+    clock: Mutex<WalClock>,
+    origin: Instant,
     primary_timeline: Mutex<Option<u32>>,
     /// Woken at every replay observation, for reads waiting on the monitor's polls.
     replay_seen: tokio::sync::Notify,
 }
 
 const CLOCK_SAMPLES: usize = 4096;
+
+impl Default for Watcher {
+    fn default() -> Self {
+        Watcher {
+            replayed: Mutex::default(),
+            nodes: Mutex::default(),
+            clock: Mutex::new(WalClock::new(CLOCK_SAMPLES)),
+            origin: Instant::now(),
+            primary_timeline: Mutex::default(),
+            replay_seen: tokio::sync::Notify::new(),
+        }
+    }
+}
 
 /// One replica as routing and the dashboard see it.
 #[derive(Debug, Clone, serde::Serialize)]
@@ -142,14 +157,8 @@ impl Watcher {
 
     /// The primary was at `lsn` at `when`, on `timeline`.
     pub fn observe_primary(&self, when: Instant, lsn: Lsn, timeline: Option<u32>) {
-        let mut clock = lock(&self.clock);
-        if clock.back().is_none_or(|&(_, last)| lsn > last) {
-            clock.push_back((when, lsn));
-            if clock.len() > CLOCK_SAMPLES {
-                clock.pop_front();
-            }
-        }
-        drop(clock);
+        let at = when.saturating_duration_since(self.origin);
+        lock(&self.clock).observe(at, lsn);
         if timeline.is_some() {
             let mut known = lock(&self.primary_timeline);
             *known = (*known).max(timeline);
@@ -168,19 +177,13 @@ impl Watcher {
 
     /// The primary's last sampled position.
     pub fn primary_position(&self) -> Option<Lsn> {
-        lock(&self.clock).back().map(|&(_, lsn)| lsn)
+        lock(&self.clock).latest()
     }
 
     /// How long ago the primary first wrote past `replayed` (zero when caught up). Unlike
     /// `now() - pg_last_xact_replay_timestamp()` this does not grow while the primary is idle.
     pub fn lag_behind(&self, replayed: Lsn, now: Instant) -> Option<Duration> {
-        let clock = lock(&self.clock);
-        let &(_, latest) = clock.back()?;
-        if replayed >= latest {
-            return Some(Duration::ZERO);
-        }
-        let first_missing = clock.iter().find(|&&(_, lsn)| lsn > replayed)?;
-        Some(now.saturating_duration_since(first_missing.0))
+        lock(&self.clock).lag_behind(replayed, now.saturating_duration_since(self.origin))
     }
 
     /// Lowest replayed position over the servers seen behind `node`.

@@ -251,33 +251,14 @@ fn parse_hint_comment(inner: &str) -> Option<Hints> {
         let value = value.trim().trim_matches('\'').trim();
         match key.trim().to_ascii_lowercase().as_str() {
             "lsngate:route" | "lsngate_route" => hints.route = Some(RouteHint::parse(value)?),
-            "lsngate_min_lsn" | "lsngate:min_lsn" => hints.min_lsn = Some(percent_decode(value)),
+            "lsngate_min_lsn" | "lsngate:min_lsn" => {
+                hints.min_lsn = Some(crate::config::percent_decode(value))
+            }
             _ => return None,
         }
         any = true;
     }
     any.then_some(hints)
-}
-
-/// sqlcommenter URL-encodes values (`0%2F3F8A120`).
-fn percent_decode(value: &str) -> String {
-    let bytes = value.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        if bytes[i] == b'%'
-            && let Some(b) = value
-                .get(i + 1..i + 3)
-                .and_then(|h| u8::from_str_radix(h, 16).ok())
-        {
-            out.push(b);
-            i += 3;
-            continue;
-        }
-        out.push(bytes[i]);
-        i += 1;
-    }
-    String::from_utf8_lossy(&out).into_owned()
 }
 
 /// Parses a session `SET name = value` / `SET name TO value` into (name, value as SQL text).

@@ -151,21 +151,31 @@ fn is_setting_name(name: &str) -> bool {
             .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '.')
 }
 
+/// The `name=value` pairs of a startup `options` string (`-c name=value`, `-cname=value`,
+/// `--name=value`).
+fn option_pairs(options: &str) -> Vec<(&str, &str)> {
+    let mut pairs = Vec::new();
+    let mut words = options.split_whitespace();
+    while let Some(word) = words.next() {
+        let pair = if word == "-c" {
+            words.next()
+        } else {
+            word.strip_prefix("--").or(word.strip_prefix("-c"))
+        };
+        if let Some(pair) = pair.and_then(|p| p.split_once('=')) {
+            pairs.push(pair);
+        }
+    }
+    pairs
+}
+
 /// `-c lsngate.name=value` pairs in the startup `options`: the proxy's own settings.
 fn startup_lsngate(params: &[(String, String)]) -> Vec<(String, String)> {
     let mut found = Vec::new();
     for (name, value) in params {
         if name == "options" {
-            let mut words = value.split_whitespace();
-            while let Some(word) = words.next() {
-                let pair = if word == "-c" {
-                    words.next()
-                } else {
-                    word.strip_prefix("--").or(word.strip_prefix("-c"))
-                };
-                if let Some((k, v)) = pair.and_then(|p| p.split_once('='))
-                    && let Some(k) = k.to_ascii_lowercase().strip_prefix("lsngate.")
-                {
+            for (k, v) in option_pairs(value) {
+                if let Some(k) = k.to_ascii_lowercase().strip_prefix("lsngate.") {
                     found.push((k.replace('-', "_"), v.to_string()));
                 }
             }
@@ -181,17 +191,8 @@ fn startup_settings(params: &[(String, String)]) -> HashMap<String, String> {
     let mut settings = HashMap::new();
     for (name, value) in params {
         if name == "options" {
-            let mut words = value.split_whitespace();
-            while let Some(word) = words.next() {
-                let pair = if word == "-c" {
-                    words.next()
-                } else {
-                    word.strip_prefix("--").or(word.strip_prefix("-c"))
-                };
-                if let Some((k, v)) = pair.and_then(|p| p.split_once('='))
-                    && is_setting_name(k)
-                    && !k.starts_with("lsngate.")
-                {
+            for (k, v) in option_pairs(value) {
+                if is_setting_name(k) && !k.to_ascii_lowercase().starts_with("lsngate.") {
                     settings.insert(k.to_ascii_lowercase().replace('-', "_"), quote_literal(v));
                 }
             }

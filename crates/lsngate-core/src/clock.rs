@@ -1,0 +1,88 @@
+//! The primary's WAL clock: samples of (when, primary position) that turn a replica's replay
+//! position into a time lag — how long ago the primary first wrote WAL the replica lacks. Unlike
+//! `now() - pg_last_xact_replay_timestamp()` this does not grow while the primary is idle.
+//!
+//! Pure: times are durations since any fixed origin the caller keeps (its own `Instant`), so a
+//! test drives it with plain numbers.
+
+use std::collections::VecDeque;
+use std::time::Duration;
+
+use crate::lsn::Lsn;
+
+/// Rising (time, position) samples of the primary, at most `capacity` of them.
+#[derive(Debug, Clone)]
+pub struct WalClock {
+    samples: VecDeque<(Duration, Lsn)>,
+    capacity: usize,
+}
+
+impl WalClock {
+    /// An empty clock keeping at most `capacity` samples (the oldest go first).
+    pub fn new(capacity: usize) -> WalClock {
+        WalClock {
+            samples: VecDeque::new(),
+            capacity: capacity.max(1),
+        }
+    }
+
+    /// The primary was at `lsn` at time `at`. Only positions past the last one are kept.
+    pub fn observe(&mut self, at: Duration, lsn: Lsn) {
+        if self.samples.back().is_none_or(|&(_, last)| lsn > last) {
+            self.samples.push_back((at, lsn));
+            if self.samples.len() > self.capacity {
+                self.samples.pop_front();
+            }
+        }
+    }
+
+    /// The last sampled position.
+    pub fn latest(&self) -> Option<Lsn> {
+        self.samples.back().map(|&(_, lsn)| lsn)
+    }
+
+    /// How long before `now` the primary first wrote past `replayed`: zero when the replica has
+    /// all the primary's known WAL; `None` before any sample (or when the gap is older than the
+    /// samples kept).
+    pub fn lag_behind(&self, replayed: Lsn, now: Duration) -> Option<Duration> {
+        let latest = self.latest()?;
+        if replayed >= latest {
+            return Some(Duration::ZERO);
+        }
+        let first_missing = self.samples.iter().find(|&&(_, lsn)| lsn > replayed)?;
+        Some(now.saturating_sub(first_missing.0))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lag_is_the_age_of_the_first_missing_write() {
+        let s = Duration::from_secs;
+        let mut clock = WalClock::new(8);
+        assert_eq!(clock.lag_behind(Lsn::new(10), s(0)), None, "no samples yet");
+        clock.observe(s(0), Lsn::new(100));
+        clock.observe(s(1), Lsn::new(200));
+        clock.observe(s(1), Lsn::new(150));
+        clock.observe(s(2), Lsn::new(300));
+        assert_eq!(clock.latest(), Some(Lsn::new(300)), "positions only rise");
+        assert_eq!(clock.lag_behind(Lsn::new(300), s(3)), Some(Duration::ZERO));
+        assert_eq!(clock.lag_behind(Lsn::new(150), s(3)), Some(s(2)));
+        assert_eq!(clock.lag_behind(Lsn::new(50), s(3)), Some(s(3)));
+    }
+
+    #[test]
+    fn the_oldest_samples_go_first() {
+        let mut clock = WalClock::new(2);
+        for i in 1..=3u64 {
+            clock.observe(Duration::from_secs(i), Lsn::new(i * 100));
+        }
+        assert_eq!(
+            clock.lag_behind(Lsn::new(150), Duration::from_secs(5)),
+            Some(Duration::from_secs(3)),
+            "the sample at 1 s was dropped"
+        );
+    }
+}
