@@ -45,7 +45,7 @@ fn main() -> anyhow::Result<()> {
         Command::Cluster(command) => cluster::run(command),
         Command::Bench(args) => runtime()?.block_on(bench::run(args)),
         Command::Lag(args) => runtime()?.block_on(lag::run(args)),
-        Command::Proxy(args) => runtime()?.block_on(lsngate_proxy::run_cli(args)),
+        Command::Proxy(args) => lsngate_proxy::main(args),
     }
 }
 

@@ -5,7 +5,11 @@
 //! default) — same clients, one run side by side. Prints a table with TPS and latency ratios,
 //! then JSON.
 //!
-//! `cargo run --release -p lsngate-proxy --example bench_pgbouncer -- [seconds] [clients] [proxy threads]`
+//! `cargo run --release -p lsngate-proxy --example bench_pgbouncer -- [seconds] [clients] [proxy threads] [rounds]`
+//!
+//! Each round runs every target once, interleaved; the table shows medians over the rounds and
+//! the CPU time the pooler itself used per transaction (from /proc), which is far steadier than
+//! TPS on a machine where the pooler, pgbench and PostgreSQL share two cores.
 //! Needs pgbouncer (scripts/install/proxy.sh) and runs it as the testkit's server user.
 
 use std::path::Path;
@@ -27,6 +31,54 @@ struct Measured {
     workload: &'static str,
     tps: f64,
     latency_ms: f64,
+    /// CPU the pooler itself spent per transaction (user + system), in microseconds.
+    cpu_us: Option<f64>,
+}
+
+unsafe extern "C" {
+    fn sysconf(name: i32) -> i64;
+}
+
+/// User + system CPU ticks of one `/proc/.../stat` file.
+fn stat_ticks(path: &Path) -> u64 {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    // Fields after the parenthesised command name; utime and stime are fields 14 and 15.
+    let rest = text.rsplit_once(')').map(|(_, r)| r).unwrap_or("");
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let field = |i: usize| {
+        fields
+            .get(i)
+            .and_then(|f| f.parse::<u64>().ok())
+            .unwrap_or(0)
+    };
+    field(11) + field(12)
+}
+
+/// CPU seconds used so far by a pooler: a process, or this process's threads with one name.
+fn pooler_cpu(pooler: &Pooler) -> f64 {
+    const SC_CLK_TCK: i32 = 2;
+    let ticks = match pooler {
+        Pooler::None => return 0.0,
+        Pooler::Process(pid) => stat_ticks(Path::new(&format!("/proc/{pid}/stat"))),
+        Pooler::Threads(name) => std::fs::read_dir("/proc/self/task")
+            .unwrap()
+            .flatten()
+            .filter(|task| {
+                std::fs::read_to_string(task.path().join("comm"))
+                    .is_ok_and(|comm| comm.trim() == *name)
+            })
+            .map(|task| stat_ticks(&task.path().join("stat")))
+            .sum(),
+    };
+    ticks as f64 / unsafe { sysconf(SC_CLK_TCK) } as f64
+}
+
+/// Whose CPU a run is charged to.
+#[derive(Clone, Copy)]
+enum Pooler {
+    None,
+    Process(u32),
+    Threads(&'static str),
 }
 
 fn pgbench(cluster: &Cluster, port: u16, args: &[&str]) -> (f64, f64) {
@@ -122,6 +174,7 @@ fn start_lsngate(
     consistency: &str,
     pool: usize,
     threads: usize,
+    name: &'static str,
 ) -> (u16, tokio::sync::watch::Sender<bool>) {
     let file = FileConfig {
         consistency: Some(consistency.into()),
@@ -140,17 +193,30 @@ fn start_lsngate(
     listener.set_nonblocking(true).unwrap();
     let port = listener.local_addr().unwrap().port();
     let (stop, stop_rx) = tokio::sync::watch::channel(false);
-    std::thread::spawn(move || {
-        let runtime = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(threads)
-            .enable_all()
-            .build()
-            .unwrap();
-        runtime.block_on(async move {
-            let listener = tokio::net::TcpListener::from_std(listener).unwrap();
-            Proxy::new(config).serve(listener, stop_rx).await.unwrap();
-        });
-    });
+    std::thread::Builder::new()
+        .name(name.into())
+        .spawn(move || {
+            // As `lsngate proxy --threads N` runs it (1 = tokio's current-thread scheduler), with
+            // the worker threads named so their CPU time can be read from /proc.
+            let runtime = if threads <= 1 {
+                tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .unwrap()
+            } else {
+                tokio::runtime::Builder::new_multi_thread()
+                    .worker_threads(threads)
+                    .thread_name(name)
+                    .enable_all()
+                    .build()
+                    .unwrap()
+            };
+            runtime.block_on(async move {
+                let listener = tokio::net::TcpListener::from_std(listener).unwrap();
+                Proxy::new(config).serve(listener, stop_rx).await.unwrap();
+            });
+        })
+        .unwrap();
     std::thread::sleep(Duration::from_millis(500));
     (port, stop)
 }
@@ -159,7 +225,8 @@ fn main() {
     let args: Vec<String> = std::env::args().collect();
     let seconds: u64 = args.get(1).and_then(|s| s.parse().ok()).unwrap_or(10);
     let clients: usize = args.get(2).and_then(|s| s.parse().ok()).unwrap_or(8);
-    let threads: usize = args.get(3).and_then(|s| s.parse().ok()).unwrap_or(2);
+    let threads: usize = args.get(3).and_then(|s| s.parse().ok()).unwrap_or(1);
+    let rounds: usize = args.get(4).and_then(|s| s.parse().ok()).unwrap_or(3);
     let pool = clients.min(16);
     let cluster = Cluster::start(&ClusterConfig::default().replicas(1)).expect("start cluster");
     cluster.wait_streaming(Duration::from_secs(30)).unwrap();
@@ -172,15 +239,34 @@ fn main() {
         std::env::temp_dir().join(format!("lsngate-pgbouncer-{}", std::process::id()));
     let bouncer_port = free_port();
     let mut bouncer = start_pgbouncer(&bouncer_dir, primary_port, bouncer_port, pool);
-    let (lsn_primary_port, stop_a) = start_lsngate(&cluster, false, "eventual", pool, threads);
-    let (lsn_split_port, stop_b) = start_lsngate(&cluster, true, "eventual", pool, threads);
-    let (lsn_causal_port, stop_c) = start_lsngate(&cluster, true, "session", pool, threads);
-    let targets: [(&'static str, u16); 5] = [
-        ("direct (primary)", primary_port),
-        ("pgbouncer (transaction)", bouncer_port),
-        ("lsngate (primary only)", lsn_primary_port),
-        ("lsngate (primary + replica)", lsn_split_port),
-        ("lsngate (replica, causal)", lsn_causal_port),
+    let (lsn_primary_port, stop_a) =
+        start_lsngate(&cluster, false, "eventual", pool, threads, "lsn-primary");
+    let (lsn_split_port, stop_b) =
+        start_lsngate(&cluster, true, "eventual", pool, threads, "lsn-split");
+    let (lsn_causal_port, stop_c) =
+        start_lsngate(&cluster, true, "session", pool, threads, "lsn-causal");
+    let targets: [(&'static str, u16, Pooler); 5] = [
+        ("direct (primary)", primary_port, Pooler::None),
+        (
+            "pgbouncer (transaction)",
+            bouncer_port,
+            Pooler::Process(bouncer.id()),
+        ),
+        (
+            "lsngate (primary only)",
+            lsn_primary_port,
+            Pooler::Threads("lsn-primary"),
+        ),
+        (
+            "lsngate (primary + replica)",
+            lsn_split_port,
+            Pooler::Threads("lsn-split"),
+        ),
+        (
+            "lsngate (replica, causal)",
+            lsn_causal_port,
+            Pooler::Threads("lsn-causal"),
+        ),
     ];
     let (c, t) = (clients.to_string(), seconds.to_string());
     let script_arg = format!("-f{}", script.display());
@@ -205,41 +291,91 @@ fn main() {
             ],
         ),
     ];
-    let mut results = Vec::new();
-    for (workload, wargs) in &workloads {
-        for (target, port) in targets {
-            let (tps, latency_ms) = pgbench(&cluster, port, wargs);
-            eprintln!("{workload:28} {target:30} tps {tps:10.1}  latency {latency_ms:7.3} ms");
-            results.push(Measured {
-                target,
-                workload,
-                tps,
-                latency_ms,
-            });
+    let mut runs = Vec::new();
+    for round in 1..=rounds {
+        for (workload, wargs) in &workloads {
+            for (target, port, pooler) in targets {
+                let cpu_before = pooler_cpu(&pooler);
+                let (tps, latency_ms) = pgbench(&cluster, port, wargs);
+                let cpu = pooler_cpu(&pooler) - cpu_before;
+                let cpu_us = match pooler {
+                    Pooler::None => None,
+                    _ => Some(cpu * 1e6 / (tps * seconds as f64)),
+                };
+                eprintln!(
+                    "round {round} {workload:28} {target:30} tps {tps:10.1}  latency {latency_ms:7.3} ms  pooler CPU {:6.1} us/txn",
+                    cpu_us.unwrap_or(0.0)
+                );
+                runs.push(Measured {
+                    target,
+                    workload,
+                    tps,
+                    latency_ms,
+                    cpu_us,
+                });
+            }
         }
     }
+    let results = medians(&runs);
     let _ = bouncer.kill();
     let _ = bouncer.wait();
     let _ = stop_a.send(true);
     let _ = stop_b.send(true);
     let _ = stop_c.send(true);
-    print_table(&results, clients, seconds, threads);
+    print_table(&results, clients, seconds, threads, rounds);
 }
 
-fn print_table(results: &[Measured], clients: usize, seconds: u64, threads: usize) {
+/// Per workload and target, the median of each measure over the rounds.
+fn medians(runs: &[Measured]) -> Vec<Measured> {
+    let median = |mut values: Vec<f64>| {
+        values.sort_by(f64::total_cmp);
+        values[values.len() / 2]
+    };
+    let mut results: Vec<Measured> = Vec::new();
+    for run in runs {
+        if results
+            .iter()
+            .any(|m| m.workload == run.workload && m.target == run.target)
+        {
+            continue;
+        }
+        let same: Vec<&Measured> = runs
+            .iter()
+            .filter(|m| m.workload == run.workload && m.target == run.target)
+            .collect();
+        results.push(Measured {
+            target: run.target,
+            workload: run.workload,
+            tps: median(same.iter().map(|m| m.tps).collect()),
+            latency_ms: median(same.iter().map(|m| m.latency_ms).collect()),
+            cpu_us: run
+                .cpu_us
+                .map(|_| median(same.iter().filter_map(|m| m.cpu_us).collect())),
+        });
+    }
+    results
+}
+
+fn print_table(results: &[Measured], clients: usize, seconds: u64, threads: usize, rounds: usize) {
     println!(
-        "\npgbench, {clients} clients, {seconds} s per run, scale 10, -M simple, loopback, 2 cores shared by everything, lsngate on {threads} runtime thread(s)\n"
+        "\npgbench, {clients} clients, {seconds} s per run, medians of {rounds} interleaved rounds, scale 10, -M simple, loopback, 2 cores shared by everything, lsngate on {threads} runtime thread(s)\n"
     );
-    println!("| workload | target | TPS | avg latency | TPS vs pgbouncer | latency vs pgbouncer |");
-    println!("|---|---|---:|---:|---:|---:|");
+    println!(
+        "| workload | target | TPS | avg latency | pooler CPU per txn | TPS vs pgbouncer | latency vs pgbouncer | CPU vs pgbouncer |"
+    );
+    println!("|---|---|---:|---:|---:|---:|---:|---:|");
     let mut json = Vec::new();
     for m in results {
         let bouncer = results
             .iter()
             .find(|b| b.workload == m.workload && b.target.starts_with("pgbouncer"))
             .expect("pgbouncer row");
+        let (cpu, cpu_ratio) = match (m.cpu_us, bouncer.cpu_us) {
+            (Some(c), Some(b)) => (format!("{c:.1} µs"), format!("{:.2}x", c / b)),
+            _ => ("–".to_string(), "–".to_string()),
+        };
         println!(
-            "| {} | {} | {:.0} | {:.3} ms | {:.2}x | {:.2}x |",
+            "| {} | {} | {:.0} | {:.3} ms | {cpu} | {:.2}x | {:.2}x | {cpu_ratio} |",
             m.workload,
             m.target,
             m.tps,
@@ -248,8 +384,12 @@ fn print_table(results: &[Measured], clients: usize, seconds: u64, threads: usiz
             m.latency_ms / bouncer.latency_ms
         );
         json.push(format!(
-            "{{\"workload\":\"{}\",\"target\":\"{}\",\"tps\":{:.1},\"latency_ms\":{:.3}}}",
-            m.workload, m.target, m.tps, m.latency_ms
+            "{{\"workload\":\"{}\",\"target\":\"{}\",\"tps\":{:.1},\"latency_ms\":{:.3},\"pooler_cpu_us\":{}}}",
+            m.workload,
+            m.target,
+            m.tps,
+            m.latency_ms,
+            m.cpu_us.map_or("null".to_string(), |c| format!("{c:.2}"))
         ));
     }
     println!("\n[{}]", json.join(","));

@@ -11,13 +11,12 @@ struct Cli {
     args: lsngate_proxy::ProxyArgs,
 }
 
-#[tokio::main]
-async fn main() -> anyhow::Result<()> {
+fn main() -> anyhow::Result<()> {
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
         )
         .with_writer(std::io::stderr)
         .init();
-    lsngate_proxy::run_cli(Cli::parse().args).await
+    lsngate_proxy::main(Cli::parse().args)
 }

@@ -157,6 +157,8 @@ pub struct FileConfig {
     pub pool_size: Option<usize>,
     /// Max client connections. Default 1000.
     pub max_client_connections: Option<usize>,
+    /// Threads serving clients (`lsngate proxy` only). Default 1.
+    pub threads: Option<usize>,
     /// Milliseconds a client waits for a free backend. Default 5000.
     pub acquire_timeout_ms: Option<u64>,
     /// Milliseconds to open a backend connection. Default 5000.
@@ -327,6 +329,8 @@ pub struct Config {
     pub pool_size: usize,
     /// Max client connections.
     pub max_client_connections: usize,
+    /// Threads serving clients: 1 = one event loop on one thread, like PgBouncer.
+    pub threads: usize,
     /// How long a client waits for a backend.
     pub acquire_timeout: Duration,
     /// How long opening a backend may take.
@@ -388,6 +392,7 @@ impl Config {
             pool_mode: file.pool_mode.unwrap_or_default(),
             pool_size: file.pool_size.unwrap_or(20).max(1),
             max_client_connections: file.max_client_connections.unwrap_or(1000),
+            threads: file.threads.unwrap_or(1).max(1),
             acquire_timeout: Duration::from_millis(file.acquire_timeout_ms.unwrap_or(5000)),
             connect_timeout: Duration::from_millis(file.connect_timeout_ms.unwrap_or(5000)),
             health_interval: Duration::from_millis(file.health_interval_ms.unwrap_or(1000).max(10)),

@@ -55,6 +55,10 @@ pub struct ProxyArgs {
     /// Max client connections [default: 1000].
     #[arg(long)]
     pub max_client_connections: Option<usize>,
+    /// Threads serving clients; 1 runs one event loop on one thread, like PgBouncer, which is
+    /// the cheapest per statement [default: 1].
+    #[arg(long)]
+    pub threads: Option<usize>,
     /// Milliseconds a client waits for a free backend connection [default: 5000].
     #[arg(long)]
     pub acquire_timeout_ms: Option<u64>,
@@ -112,7 +116,8 @@ impl ProxyArgs {
             admin_listen,
             pool_mode,
             pool_size,
-            max_client_connections
+            max_client_connections,
+            threads
         );
         over!(
             acquire_timeout_ms,
@@ -143,10 +148,32 @@ pub async fn run(
     proxy.serve(listener, shutdown).await
 }
 
-/// `lsngate proxy`: binds, serves, reloads the config on SIGHUP and drains on SIGTERM/Ctrl-C.
-pub async fn run_cli(args: ProxyArgs) -> anyhow::Result<()> {
-    use tokio::signal::unix::{SignalKind, signal};
+/// The runtime `lsngate proxy` runs on: one thread (tokio's current-thread scheduler, no
+/// cross-thread wake-ups) or `threads` worker threads.
+pub fn runtime(threads: usize) -> std::io::Result<tokio::runtime::Runtime> {
+    if threads <= 1 {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+    } else {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(threads)
+            .enable_all()
+            .build()
+    }
+}
+
+/// `lsngate proxy`: loads the config, then serves on a runtime with the configured threads
+/// (see [`run_cli`]).
+pub fn main(args: ProxyArgs) -> anyhow::Result<()> {
     let config = args.load()?;
+    runtime(config.threads)?.block_on(run_cli(args, config))
+}
+
+/// Binds, serves, reloads the config on SIGHUP and drains on SIGTERM/Ctrl-C. A reload cannot
+/// change `listen` or `threads`.
+pub async fn run_cli(args: ProxyArgs, config: Config) -> anyhow::Result<()> {
+    use tokio::signal::unix::{SignalKind, signal};
     let listener = TcpListener::bind(config.listen).await?;
     tracing::info!(listen = %config.listen, nodes = config.nodes.len(), "lsngate proxy listening");
     let proxy = Proxy::new(config);

@@ -6,7 +6,9 @@
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
-use bytes::BytesMut;
+use std::sync::Arc;
+
+use bytes::{Buf, BytesMut};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
@@ -50,6 +52,18 @@ pub enum BackendError {
     },
 }
 
+/// A server connection's cancel key and where to send it; shared, so that handing it to the
+/// client's cancel slot on every checkout copies nothing.
+#[derive(Debug, Clone, Default)]
+pub struct CancelKey {
+    /// `host:port` of the server.
+    pub address: String,
+    /// The backend's process id.
+    pub pid: i32,
+    /// The backend's cancel secret.
+    pub secret: Vec<u8>,
+}
+
 /// An authenticated server connection.
 #[derive(Debug)]
 pub struct BackendConn {
@@ -62,8 +76,8 @@ pub struct BackendConn {
     pub address: String,
     /// Database this connection is logged into.
     pub database: String,
-    /// Cancel key announced by the server.
-    pub key: (i32, Vec<u8>),
+    /// Where a cancel request for this connection goes, once the server announced its key.
+    pub cancel: Arc<CancelKey>,
     /// ParameterStatus values reported at startup (server_version, encodings, ...).
     pub server_params: Vec<(String, String)>,
     /// Named prepared statements on this connection: name → query text.
@@ -147,7 +161,7 @@ impl BackendConn {
             node,
             address,
             database: database.to_string(),
-            key: (0, Vec::new()),
+            cancel: Arc::default(),
             server_params: Vec::new(),
             prepared: HashMap::new(),
             unnamed: None,
@@ -245,7 +259,13 @@ impl BackendConn {
                 BackendMessage::ParameterStatus { name, value } => {
                     self.server_params.push((name, value))
                 }
-                BackendMessage::BackendKeyData { pid, secret } => self.key = (pid, secret.to_vec()),
+                BackendMessage::BackendKeyData { pid, secret } => {
+                    self.cancel = Arc::new(CancelKey {
+                        address: self.address.clone(),
+                        pid,
+                        secret: secret.to_vec(),
+                    })
+                }
                 BackendMessage::ErrorResponse(e) => return Err(self.startup_error(&e)),
                 BackendMessage::ReadyForQuery(_) => return Ok(()),
                 _ => {}
@@ -302,19 +322,25 @@ impl BackendConn {
         result
     }
 
+    /// Writes one frame as it is.
+    pub async fn send_frame(&mut self, frame: &Frame) -> Result<(), BackendError> {
+        self.write_buf.clear();
+        frame.encode(&mut self.write_buf);
+        let buf = std::mem::take(&mut self.write_buf);
+        let result = self.write_raw(&buf).await;
+        self.write_buf = buf;
+        result
+    }
+
     /// Receives one frame. Cancel-safe: bytes only move into the connection's own buffer.
     pub async fn recv(&mut self) -> Result<Frame, BackendError> {
-        loop {
-            match decode_frame(&mut self.read_buf, usize::MAX) {
-                Ok(Some(frame)) => return Ok(frame),
-                Ok(None) => {}
-                Err(source) => {
-                    return Err(BackendError::Protocol {
-                        node: self.address.clone(),
-                        source,
-                    });
-                }
-            }
+        self.fill().await?;
+        self.next_frame().expect("filled")
+    }
+
+    /// Reads until at least one whole frame is buffered. Cancel-safe.
+    pub async fn fill(&mut self) -> Result<(), BackendError> {
+        while !self.has_frame() {
             let n = self
                 .stream
                 .read_buf(&mut self.read_buf)
@@ -330,6 +356,27 @@ impl BackendConn {
                 });
             }
         }
+        Ok(())
+    }
+
+    /// The next buffered frame, if a whole one is there.
+    pub fn next_frame(&mut self) -> Option<Result<Frame, BackendError>> {
+        if !self.has_frame() {
+            return None;
+        }
+        if self.read_buf[0] == b'Z' && self.read_buf[1..5] == [0, 0, 0, 5] {
+            // ReadyForQuery ends every transaction: no allocation for it.
+            let frame = crate::net::backend::build::ready_for_query(self.read_buf[5]);
+            self.read_buf.advance(6);
+            return Some(Ok(frame));
+        }
+        Some(match decode_frame(&mut self.read_buf, usize::MAX) {
+            Ok(frame) => Ok(frame.expect("a whole frame is buffered")),
+            Err(source) => Err(BackendError::Protocol {
+                node: self.address.clone(),
+                source,
+            }),
+        })
     }
 
     /// Runs `sql` as a simple query and returns its first row (empty when it has none). A server
@@ -402,7 +449,28 @@ impl BackendConn {
         let _ = self.stream.try_write(&terminate);
     }
 
+    /// Moves the complete messages at the front of the read buffer whose tag `plain` accepts
+    /// into `out` as they are — one copy, no parsing — and stops at the first other or
+    /// incomplete one. Returns the bytes moved.
+    pub fn take_plain(&mut self, out: &mut BytesMut, plain: fn(u8) -> bool) -> usize {
+        let b = &self.read_buf;
+        let mut end = 0;
+        while b.len() >= end + 5 && plain(b[end]) {
+            let len = u32::from_be_bytes([b[end + 1], b[end + 2], b[end + 3], b[end + 4]]) as usize;
+            if len < 4 || b.len() < end + 1 + len {
+                break;
+            }
+            end += 1 + len;
+        }
+        if end > 0 {
+            out.extend_from_slice(&self.read_buf[..end]);
+            self.read_buf.advance(end);
+        }
+        end
+    }
+
     /// Whether a whole frame is already buffered (so the client flush can wait for it).
+    /// A length below 4 counts as whole, so that `next_frame` reports it.
     pub fn has_frame(&self) -> bool {
         let b = &self.read_buf;
         b.len() >= 5 && (u32::from_be_bytes([b[1], b[2], b[3], b[4]]) as usize) < b.len()

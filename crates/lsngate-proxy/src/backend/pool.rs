@@ -1,8 +1,8 @@
 //! A pool of server connections for one (node, database): a semaphore caps the size, idle
 //! connections wait in a stack (most recently used first, so the hot ones stay warm). Idle
 //! connections unused for `server_idle_timeout` and connections open longer than
-//! `server_lifetime` are closed — when a connection is taken or given back, and by the reaper
-//! task between statements. Handing a connection out and taking it back is all it does;
+//! `server_lifetime` are closed — when a checkout comes across them, when they are given back,
+//! and by the reaper task between statements. Handing a connection out and taking it back is all it does;
 //! resetting session state is the session's job because only the session knows what it changed.
 
 use std::ops::{Deref, DerefMut};
@@ -158,12 +158,21 @@ impl Pool {
                 .map_err(|_| exhausted())?
                 .map_err(|_| exhausted())?,
         };
+        // Only the connections looked at are checked for expiry here; the reaper closes the
+        // rest (a scan of the whole stack on every checkout would cost every statement).
         let (idle, expired) = {
             let mut shelf = self.shelf.lock().expect("pool lock");
             let now = Instant::now();
-            let expired = shelf.take_expired(now);
+            let mut expired = Vec::new();
             let mut idle = None;
             while let Some(candidate) = shelf.conns.pop() {
+                if shelf
+                    .limits
+                    .expired(candidate.conn.opened, candidate.since, now)
+                {
+                    expired.push(candidate.conn);
+                    continue;
+                }
                 // Probing costs a syscall per checkout; a connection back for less than
                 // PROBE_AFTER is taken as is (a server that closed it just now fails that one
                 // statement with a clear error, and reads are re-run elsewhere).
@@ -198,7 +207,7 @@ impl Pool {
         let now = Instant::now();
         let expired = {
             let mut shelf = self.shelf.lock().expect("pool lock");
-            let mut expired = shelf.take_expired(now);
+            let mut expired = Vec::new();
             if shelf.limits.expired(conn.opened, now, now) {
                 expired.push(conn);
             } else {

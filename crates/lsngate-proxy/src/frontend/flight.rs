@@ -9,10 +9,10 @@
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::Arc;
 
+use super::Proxy;
 use super::causal::{CausalRead, Discard, Verdict};
 use super::router::{Class, session_set};
 use super::session::{ClientStatement, Session};
-use super::{CancelTarget, Proxy};
 use crate::backend::{BackendConn, BackendError, NodeState, PooledConn, Role, Target};
 use crate::causal::sql::{Probe, probe_segment, wait_for};
 use crate::net::backend::build;
@@ -117,11 +117,13 @@ pub struct Attached {
 }
 
 impl Attached {
-    fn new(conn: PooledConn, target: Target) -> Attached {
+    /// `expect` is an empty queue to reuse (it keeps its allocation from client to client).
+    fn new(conn: PooledConn, target: Target, expect: VecDeque<Owner>) -> Attached {
+        debug_assert!(expect.is_empty());
         Attached {
             conn,
             target,
-            expect: VecDeque::new(),
+            expect,
             open: false,
             copy_in: false,
             extended: false,
@@ -318,12 +320,12 @@ impl Session {
         self.send_flight(flight, class, route.read).await
     }
 
-    async fn attach(
+    pub(super) async fn attach(
         &mut self,
         target: Target,
         chosen: Option<Arc<NodeState>>,
     ) -> anyhow::Result<()> {
-        let config = self.proxy.config();
+        let config = Arc::clone(&self.config);
         let mut target = target;
         let mut chosen = chosen;
         loop {
@@ -335,23 +337,28 @@ impl Session {
                     .pick(target)
                     .ok_or_else(|| anyhow::anyhow!(no_primary()))?,
             };
-            let pool = node.pool(&self.database, config.pool_limits());
+            let pool = match self.pools.iter().find(|(index, _)| *index == node.index) {
+                Some((_, pool)) => Arc::clone(pool),
+                None => {
+                    let pool = node.pool(&self.database, config.pool_limits());
+                    self.pools.push((node.index, Arc::clone(&pool)));
+                    pool
+                }
+            };
             match pool
                 .acquire(&node.url, config.acquire_timeout, config.connect_timeout)
                 .await
             {
                 Ok(conn) => {
-                    self.cancel_slot.lock().expect("cancel slot").target = Some(CancelTarget {
-                        address: conn.address.clone(),
-                        pid: conn.key.0,
-                        secret: conn.key.1.clone(),
-                    });
+                    self.cancel_slot.lock().expect("cancel slot").target =
+                        Some(Arc::clone(&conn.cancel));
                     let serves = if node.role() == Role::Replica {
                         Target::Replica
                     } else {
                         Target::Primary
                     };
-                    self.backend = Some(Attached::new(conn, serves));
+                    let expect = std::mem::take(&mut self.spare_expect);
+                    self.backend = Some(Attached::new(conn, serves, expect));
                     return Ok(());
                 }
                 Err(crate::backend::PoolError::Backend(e @ BackendError::Connect { .. }))
@@ -368,8 +375,11 @@ impl Session {
     }
 
     pub(super) fn release_backend(&mut self) {
-        if let Some(attached) = self.backend.take() {
+        if let Some(mut attached) = self.backend.take() {
             self.cancel_slot.lock().expect("cancel slot").target = None;
+            if attached.expect.is_empty() {
+                self.spare_expect = std::mem::take(&mut attached.expect);
+            }
             attached.conn.release();
         }
     }

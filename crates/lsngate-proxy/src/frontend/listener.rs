@@ -213,7 +213,7 @@ impl Proxy {
         let mut out = BytesMut::new();
         StartupFrame::Cancel {
             pid: target.pid,
-            secret: target.secret,
+            secret: target.secret.clone(),
         }
         .encode(&mut out);
         server.write_all(&out).await?;

@@ -8,12 +8,13 @@ mod causal;
 mod commands;
 mod flight;
 pub mod listener;
+mod passthrough;
 mod replies;
 pub mod router;
 pub mod session;
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 
 use crate::backend::Nodes;
@@ -21,15 +22,7 @@ use crate::config::Config;
 use router::ClassCache;
 
 /// Where a client's query is running right now, for CancelRequest routing.
-#[derive(Debug, Clone)]
-pub struct CancelTarget {
-    /// `host:port` of the backend.
-    pub address: String,
-    /// The backend's cancel key.
-    pub pid: i32,
-    /// The backend's cancel secret.
-    pub secret: Vec<u8>,
-}
+pub type CancelTarget = Arc<crate::backend::CancelKey>;
 
 /// What a client's cancel key leads to.
 #[derive(Debug, Default)]
@@ -47,6 +40,8 @@ pub type CancelSlot = Arc<Mutex<CancelState>>;
 #[derive(Debug)]
 pub struct Proxy {
     config: RwLock<Arc<Config>>,
+    /// Bumped by every reload, so sessions re-read the config only when it changed.
+    config_version: AtomicU64,
     /// Every configured node with its pools.
     pub nodes: Nodes,
     /// Statement classifications by text.
@@ -56,6 +51,8 @@ pub struct Proxy {
     /// `lsngate_proxy_queries_total` for route primary and replica, registered once because
     /// they are bumped on every flight.
     pub(crate) queries: [metrics::Counter; 2],
+    /// `lsngate_proxy_passthrough_total`: simple queries sent on as they came (`passthrough.rs`).
+    pub(crate) passed_through: metrics::Counter,
     /// Causal-read state shared by the sessions (watcher, guard, statistics, floors).
     pub causal: crate::causal::Causal,
     /// Shutdown signal for node monitors, once serving (monitors of nodes a reload adds use it).
@@ -72,10 +69,12 @@ impl Proxy {
                 metrics::counter!("lsngate_proxy_queries_total", "route" => "primary"),
                 metrics::counter!("lsngate_proxy_queries_total", "route" => "replica"),
             ],
+            passed_through: metrics::counter!("lsngate_proxy_passthrough_total"),
             nodes: Nodes::new(&config.nodes),
             causal: crate::causal::Causal::new(&config.causal),
             monitors: Mutex::new(None),
             config: RwLock::new(Arc::new(config)),
+            config_version: AtomicU64::new(0),
             classes: ClassCache::default(),
             cancels: Mutex::new(HashMap::new()),
             clients: AtomicUsize::new(0),
@@ -85,6 +84,16 @@ impl Proxy {
     /// The current config (a snapshot; SIGHUP swaps it).
     pub fn config(&self) -> Arc<Config> {
         Arc::clone(&self.config.read().expect("config lock"))
+    }
+
+    /// The current config when it changed since `seen` (which is updated), else None.
+    pub fn config_if_changed(&self, seen: &mut u64) -> Option<Arc<Config>> {
+        let version = self.config_version.load(Ordering::Acquire);
+        if version == *seen {
+            return None;
+        }
+        *seen = version;
+        Some(self.config())
     }
 
     /// Swaps in a new config. Users, pool limits, timeouts, routing functions and the node list
@@ -103,6 +112,7 @@ impl Proxy {
             }
         }
         *self.config.write().expect("config lock") = Arc::new(config);
+        self.config_version.fetch_add(1, Ordering::Release);
         self.classes.clear();
         tracing::info!("configuration reloaded");
     }

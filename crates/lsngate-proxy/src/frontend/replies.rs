@@ -14,20 +14,52 @@ use crate::causal::{Floor, Outcome};
 use crate::net::backend::build;
 use crate::net::{BackendMessage, ErrorFields, Frame, FrontendMessage};
 
-/// The next frame from an attached backend. While a wait's answer is due, only until the wait's
-/// deadline: a replica that stops answering (frozen, cut off) is given up rather than waited on
-/// past the read's budget.
-pub(super) async fn recv_attached(attached: &mut Attached) -> Result<Frame, BackendError> {
+/// Waits until the attached backend has sent a whole frame. While a wait's answer is due, only
+/// until the wait's deadline: a replica that stops answering (frozen, cut off) is given up rather
+/// than waited on past the read's budget. Cancel-safe.
+pub(super) async fn fill_attached(attached: &mut Attached) -> Result<(), BackendError> {
     let Some(deadline) = attached.verdict.as_ref().map(|v| v.deadline) else {
-        return attached.conn.recv().await;
+        return attached.conn.fill().await;
     };
-    match tokio::time::timeout_at(deadline, attached.conn.recv()).await {
-        Ok(frame) => frame,
+    match tokio::time::timeout_at(deadline, attached.conn.fill()).await {
+        Ok(filled) => filled,
         Err(_) => Err(BackendError::Lost {
             node: attached.conn.address.clone(),
             why: "no answer to the wait within its budget; the replica is given up".into(),
         }),
     }
+}
+
+/// The next frame from an attached backend, within a wait's deadline (see [`fill_attached`]).
+pub(super) async fn recv_attached(attached: &mut Attached) -> Result<Frame, BackendError> {
+    fill_attached(attached).await?;
+    attached.conn.next_frame().expect("filled")
+}
+
+/// Replies to the client's statements that need no decision by the proxy: relayed byte for byte.
+fn relayed_as_is(tag: u8) -> bool {
+    // RowDescription, DataRow, CommandComplete, EmptyQuery, NoData, ParameterDescription,
+    // Parse/Bind/CloseComplete, PortalSuspended, Notice, Notification, ParameterStatus,
+    // CopyOutResponse, CopyData, CopyDone, FunctionCallResponse.
+    matches!(
+        tag,
+        b'T' | b'D'
+            | b'C'
+            | b'I'
+            | b'n'
+            | b't'
+            | b'1'
+            | b'2'
+            | b'3'
+            | b's'
+            | b'N'
+            | b'A'
+            | b'S'
+            | b'H'
+            | b'd'
+            | b'c'
+            | b'V'
+    )
 }
 
 impl Session {
@@ -57,6 +89,38 @@ impl Session {
             return self.backend_lost(e).await;
         }
         Ok(())
+    }
+
+    /// Handles the replies the attached backend already sent, without another turn of the
+    /// session loop. Runs of ordinary replies to the client's own statements (rows, command
+    /// completions, notices…) are copied to the client as they are; everything that needs a
+    /// decision (ReadyForQuery, errors, COPY IN, the proxy's own segments, held-back replica
+    /// answers) goes through `on_backend` one by one.
+    pub(super) async fn on_buffered_replies(&mut self) -> anyhow::Result<()> {
+        loop {
+            let pinned = self.pinned;
+            let Some(b) = self.backend.as_mut() else {
+                return Ok(());
+            };
+            if !(b.awaiting_replies() || pinned) {
+                return Ok(());
+            }
+            let plain_relay = b.expect.front() == Some(&Owner::Client)
+                && b.retry.is_none()
+                && b.discard.is_none()
+                && !b.copy_in;
+            if plain_relay && b.conn.take_plain(self.io.out(), relayed_as_is) > 0 {
+                let b = self.backend.as_ref().expect("attached");
+                if !b.conn.has_frame() || self.io.queued() > 64 * 1024 {
+                    self.io.flush().await?;
+                }
+            }
+            let b = self.backend.as_mut().expect("attached");
+            let Some(frame) = b.conn.next_frame() else {
+                return Ok(());
+            };
+            self.on_backend(frame).await?;
+        }
     }
 
     /// Handles one reply from the attached backend.

@@ -450,7 +450,7 @@ pub fn cache_key(sql: &str) -> std::borrow::Cow<'_, str> {
 /// A bounded cache of classifications keyed by statement text.
 #[derive(Debug, Default)]
 pub struct ClassCache {
-    entries: Mutex<HashMap<String, Class>>,
+    entries: Mutex<HashMap<String, Class, foldhash::fast::RandomState>>,
 }
 
 const CACHE_LIMIT: usize = 10_000;

@@ -68,6 +68,11 @@ impl ClientIo {
         frame.encode(&mut self.write_buf);
     }
 
+    /// The write buffer, for bytes relayed as they are.
+    pub fn out(&mut self) -> &mut BytesMut {
+        &mut self.write_buf
+    }
+
     /// Bytes queued and not yet written.
     pub fn queued(&self) -> usize {
         self.write_buf.len()
@@ -118,6 +123,10 @@ pub struct Session {
     pub(super) proxy: Arc<Proxy>,
     /// Config snapshot, refreshed at every flight so a reload applies from the next statement.
     pub(super) config: Arc<crate::config::Config>,
+    /// The config version `config` is.
+    config_seen: u64,
+    /// The pools this session used, by node index (saves the per-node pool lookup per flight).
+    pub(super) pools: Vec<(usize, Arc<crate::backend::Pool>)>,
     pub(super) io: ClientIo,
     pub(super) database: String,
     /// Settings to apply on every backend: name → SQL value text.
@@ -127,6 +136,9 @@ pub struct Session {
     pub(super) unnamed: Option<ClientStatement>,
     pub(super) hint: RouteHint,
     pub(super) backend: Option<Attached>,
+    /// The reply queue of the last backend let go, kept for the next one (no allocation per
+    /// transaction).
+    pub(super) spare_expect: std::collections::VecDeque<super::flight::Owner>,
     /// Transaction status from the last ReadyForQuery the client got.
     pub(super) status: u8,
     /// Stay on one backend (session pooling, LISTEN).
@@ -220,7 +232,10 @@ impl Session {
         cancel_slot: CancelSlot,
         shutdown: watch::Receiver<bool>,
     ) -> anyhow::Result<Session> {
-        let config = proxy.config();
+        let mut config_seen = u64::MAX;
+        let config = proxy
+            .config_if_changed(&mut config_seen)
+            .expect("no version is u64::MAX");
         let settings = startup_settings(&params);
         let mut floors = ClientFloors {
             mode: config.causal.consistency,
@@ -263,6 +278,9 @@ impl Session {
         tracing::debug!(%user, %database, "client logged in");
         Ok(Session {
             config: Arc::clone(&config),
+            config_seen,
+            pools: Vec::new(),
+            spare_expect: std::collections::VecDeque::with_capacity(4),
             pinned: config.pool_mode == crate::config::PoolMode::Session,
             proxy,
             io,
@@ -291,9 +309,15 @@ impl Session {
     async fn run_loop(&mut self) -> anyhow::Result<()> {
         enum Event {
             Client(anyhow::Result<Option<Frame>>),
-            Backend(Result<Frame, crate::backend::BackendError>),
+            Backend(Result<(), crate::backend::BackendError>),
             Shutdown,
         }
+        // Armed once: a fresh `changed()` future per turn of the loop costs on every message.
+        let mut shutdown = self.shutdown.clone();
+        let mut shutdown_changed = std::pin::pin!(async move {
+            let _ = shutdown.changed().await;
+        });
+        let mut shutdown_seen = false;
         loop {
             let listening = self
                 .backend
@@ -312,12 +336,13 @@ impl Session {
                 return Ok(());
             }
             let event = tokio::select! {
-                frame = async { super::replies::recv_attached(self.backend.as_mut().expect("listening implies attached")).await }, if listening => Event::Backend(frame),
+                filled = async { super::replies::fill_attached(self.backend.as_mut().expect("listening implies attached")).await }, if listening => Event::Backend(filled),
                 frame = self.io.recv() => Event::Client(frame),
-                _ = self.shutdown.changed(), if !draining => Event::Shutdown,
+                _ = &mut shutdown_changed, if !draining && !shutdown_seen => Event::Shutdown,
             };
             match event {
-                Event::Backend(frame) => self.on_backend(frame).await?,
+                Event::Backend(Ok(())) => self.on_buffered_replies().await?,
+                Event::Backend(Err(e)) => self.on_backend(Err(e)).await?,
                 Event::Client(Ok(Some(frame))) => {
                     if !self.on_client(frame).await? {
                         return Ok(());
@@ -334,7 +359,7 @@ impl Session {
                     }
                     return Err(e);
                 }
-                Event::Shutdown => {}
+                Event::Shutdown => shutdown_seen = true,
             }
         }
     }
@@ -342,8 +367,13 @@ impl Session {
     /// Handles one client message; false when the client said Terminate.
     async fn on_client(&mut self, frame: Frame) -> anyhow::Result<bool> {
         tracing::trace!(tag = %(frame.tag as char), len = frame.body.len(), "client →");
-        if matches!(frame.tag, b'Q' | b'P') {
-            self.config = self.proxy.config();
+        if matches!(frame.tag, b'Q' | b'P')
+            && let Some(config) = self.proxy.config_if_changed(&mut self.config_seen)
+        {
+            self.config = config;
+        }
+        if frame.tag == b'Q' && self.pass_through(&frame).await? {
+            return Ok(true);
         }
         let message = match FrontendMessage::parse(&frame) {
             Ok(m) => m,

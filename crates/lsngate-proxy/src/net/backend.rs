@@ -134,7 +134,14 @@ pub mod build {
     }
     /// ReadyForQuery.
     pub fn ready_for_query(status: u8) -> Frame {
-        Frame::new(b'Z', Bytes::copy_from_slice(&[status]))
+        // Static bodies: one of these goes to a client at the end of every transaction.
+        let body = match status {
+            b'I' => Bytes::from_static(b"I"),
+            b'T' => Bytes::from_static(b"T"),
+            b'E' => Bytes::from_static(b"E"),
+            other => Bytes::copy_from_slice(&[other]),
+        };
+        Frame::new(b'Z', body)
     }
     /// CommandComplete.
     pub fn command_complete(tag: &str) -> Frame {

@@ -1,6 +1,8 @@
 //! Pooling limits: idle server connections are closed after `server_idle_timeout_ms`, and
 //! connections older than `server_lifetime_ms` are replaced instead of reused — seen from the
 //! servers (pg_stat_activity) and from the proxy's /status, with queries working afterwards.
+//! And the pass-through path (simple queries forwarded as they came) behaves like the general
+//! one when clients with different settings share one server connection.
 
 use std::time::Duration;
 
@@ -137,4 +139,102 @@ fn server_connections_older_than_the_lifetime_are_replaced() {
             },
         )
         .unwrap();
+}
+
+/// `lsngate_proxy_passthrough_total` from /metrics.
+fn passed_through(proxy: &TestProxy) -> u64 {
+    proxy
+        .http_get("/metrics")
+        .lines()
+        .find_map(|l| l.strip_prefix("lsngate_proxy_passthrough_total "))
+        .map_or(0, |n| n.trim().parse().unwrap())
+}
+
+#[test]
+fn passed_through_queries_keep_each_clients_settings_errors_and_cancels() {
+    let cluster = shared_cluster();
+    let mut file = file_config(cluster);
+    // Eventual consistency and no replica: reads and writes alike may be passed through.
+    file.replicas = Vec::new();
+    file.consistency = Some("eventual".into());
+    file.pool_size = Some(1);
+    let proxy = TestProxy::with(file);
+    let t = unique("passthrough");
+    let before = passed_through(&proxy);
+    let runtime = rt();
+    runtime.block_on(async {
+        // Two clients with different settings take turns on the one server connection.
+        let alpha = connect(&format!("{} application_name=alpha_{t}", proxy.conninfo())).await;
+        let beta = connect(&format!(
+            "{} application_name=beta_{t} options='-c work_mem=8MB'",
+            proxy.conninfo()
+        ))
+        .await;
+        let setting = |messages: Vec<tokio_postgres::SimpleQueryMessage>| {
+            messages
+                .iter()
+                .find_map(|m| match m {
+                    tokio_postgres::SimpleQueryMessage::Row(row) => {
+                        Some(row.get(0).unwrap().to_string())
+                    }
+                    _ => None,
+                })
+                .expect("a row")
+        };
+        let show =
+            "SELECT current_setting('application_name') || ' ' || current_setting('work_mem')";
+        for _ in 0..3 {
+            let a = setting(alpha.simple_query(show).await.unwrap());
+            let b = setting(beta.simple_query(show).await.unwrap());
+            assert_eq!(a, format!("alpha_{t} 4MB"));
+            assert_eq!(b, format!("beta_{t} 8MB"));
+        }
+        // Writes, a multi-statement string, reads of them.
+        alpha
+            .simple_query(&format!("CREATE TABLE {t} (id int)"))
+            .await
+            .unwrap();
+        alpha
+            .simple_query(&format!(
+                "INSERT INTO {t} VALUES (1); INSERT INTO {t} VALUES (2)"
+            ))
+            .await
+            .unwrap();
+        let count = format!("SELECT count(*) FROM {t}");
+        assert_eq!(setting(beta.simple_query(&count).await.unwrap()), "2");
+        // One client in a row: its settings are on the connection, nothing to add.
+        for _ in 0..10 {
+            assert_eq!(setting(beta.simple_query(&count).await.unwrap()), "2");
+        }
+        // An error ends that statement only.
+        let e = alpha
+            .simple_query("SELECT * FROM no_such_table_here")
+            .await
+            .unwrap_err();
+        assert_eq!(e.code().unwrap().code(), "42P01");
+        assert_eq!(setting(alpha.simple_query(&count).await.unwrap()), "2");
+        // A transaction block still holds its server connection to the end.
+        alpha.simple_query("BEGIN").await.unwrap();
+        alpha
+            .simple_query(&format!("INSERT INTO {t} VALUES (3)"))
+            .await
+            .unwrap();
+        alpha.simple_query("COMMIT").await.unwrap();
+        assert_eq!(setting(beta.simple_query(&count).await.unwrap()), "3");
+        // A cancel reaches a passed-through statement.
+        let cancel = alpha.cancel_token();
+        let sleeper = tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            cancel.cancel_query(tokio_postgres::NoTls).await.unwrap();
+        });
+        let e = alpha.simple_query("SELECT pg_sleep(30)").await.unwrap_err();
+        assert_eq!(e.code().unwrap().code(), "57014", "{e}");
+        sleeper.await.unwrap();
+        assert_eq!(setting(alpha.simple_query(&count).await.unwrap()), "3");
+    });
+    let passed = passed_through(&proxy) - before;
+    assert!(
+        passed >= 10,
+        "most of these statements should have been passed through, were {passed}"
+    );
 }
