@@ -52,6 +52,10 @@ pub enum BackendError {
     },
 }
 
+/// Session settings: name → SQL value text. Ordered, so that comparing a client's settings with
+/// a server connection's (on every statement) hashes nothing.
+pub type Settings = std::collections::BTreeMap<String, String>;
+
 /// A server connection's cancel key and where to send it; shared, so that handing it to the
 /// client's cancel slot on every checkout copies nothing.
 #[derive(Debug, Clone, Default)]
@@ -87,7 +91,7 @@ pub struct BackendConn {
     /// a simple Query dropped it.
     pub unnamed: Option<String>,
     /// Settings applied on behalf of a client: name → SQL value text.
-    pub applied: HashMap<String, String>,
+    pub applied: Settings,
     /// When the connection was opened, for `server_lifetime`.
     pub opened: Instant,
     /// Which server this is and its WAL layout, learned right after login.
@@ -165,7 +169,7 @@ impl BackendConn {
             server_params: Vec::new(),
             prepared: HashMap::new(),
             unnamed: None,
-            applied: HashMap::new(),
+            applied: Settings::new(),
             facts: ServerFacts::default(),
             opened: Instant::now(),
         };

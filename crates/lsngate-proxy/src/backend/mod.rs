@@ -11,7 +11,7 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
 
-pub use conn::{BackendConn, BackendError, CancelKey, ServerFacts};
+pub use conn::{BackendConn, BackendError, CancelKey, ServerFacts, Settings};
 pub use pool::{Pool, PoolError, PoolLimits, PooledConn};
 
 use crate::config::NodeUrl;

@@ -51,7 +51,7 @@ impl PoolLimits {
 /// An idle connection and when it came back.
 #[derive(Debug)]
 struct Idle {
-    conn: BackendConn,
+    conn: Box<BackendConn>,
     since: Instant,
 }
 
@@ -64,7 +64,8 @@ struct Shelf {
 
 impl Shelf {
     /// Takes out every expired connection.
-    fn take_expired(&mut self, now: Instant) -> Vec<BackendConn> {
+    #[allow(clippy::vec_box)] // the boxes move on, into PooledConn or close()
+    fn take_expired(&mut self, now: Instant) -> Vec<Box<BackendConn>> {
         let limits = self.limits;
         // The common case (nothing expired) allocates nothing: this runs on every checkout.
         if !self
@@ -190,7 +191,8 @@ impl Pool {
         let conn = match idle {
             Some(conn) => conn,
             None => {
-                let conn = BackendConn::connect(self.node, url, &self.database, connect).await?;
+                let conn =
+                    Box::new(BackendConn::connect(self.node, url, &self.database, connect).await?);
                 self.open.fetch_add(1, Ordering::Relaxed);
                 conn
             }
@@ -203,7 +205,7 @@ impl Pool {
     }
 
     /// Takes a connection back: onto the idle stack, or closed when it outlived its lifetime.
-    fn put_back(&self, conn: BackendConn) {
+    fn put_back(&self, conn: Box<BackendConn>) {
         let now = Instant::now();
         let expired = {
             let mut shelf = self.shelf.lock().expect("pool lock");
@@ -246,7 +248,8 @@ impl Pool {
     }
 
     /// Closes connections that are no longer counted as idle, outside the pool lock.
-    fn close(&self, conns: Vec<BackendConn>) {
+    #[allow(clippy::vec_box)] // they come boxed from the idle stack
+    fn close(&self, conns: Vec<Box<BackendConn>>) {
         if conns.is_empty() {
             return;
         }
@@ -293,7 +296,9 @@ pub async fn reap(
 /// A connection on loan; dropping it without `release` closes it (the safe default after errors).
 #[derive(Debug)]
 pub struct PooledConn {
-    conn: Option<BackendConn>,
+    /// Boxed: a connection moves between the idle stack and its borrower on every transaction,
+    /// and a move of the box copies a pointer, not the connection.
+    conn: Option<Box<BackendConn>>,
     _permit: OwnedSemaphorePermit,
     pool: Arc<Pool>,
 }

@@ -6,14 +6,14 @@
 //! Replies of a replica read outside a transaction are held back (up to `retry_buffer_size`) so
 //! a 25006 "read-only transaction" error can be re-run on the primary without the client seeing it.
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{HashSet, VecDeque};
 use std::sync::Arc;
 
 use super::Proxy;
 use super::causal::{CausalRead, Discard, Verdict};
 use super::router::{Class, session_set};
 use super::session::{ClientStatement, Session};
-use crate::backend::{BackendConn, BackendError, NodeState, PooledConn, Role, Target};
+use crate::backend::{BackendConn, BackendError, NodeState, PooledConn, Role, Settings, Target};
 use crate::causal::sql::{Probe, probe_segment, wait_for};
 use crate::net::backend::build;
 use crate::net::{ErrorFields, Frame, FrontendMessage};
@@ -167,15 +167,9 @@ fn segment_ends(flight: &[FrontendMessage]) -> usize {
 }
 
 /// `SET`/`RESET` statements that make a backend carry exactly the client's settings.
-fn settings_sql(
-    wanted: &HashMap<String, String>,
-    applied: &HashMap<String, String>,
-) -> Option<String> {
+fn settings_sql(wanted: &Settings, applied: &Settings) -> Option<String> {
     let mut sql = String::new();
-    let mut names: Vec<_> = wanted.keys().collect();
-    names.sort();
-    for name in names {
-        let value = &wanted[name];
+    for (name, value) in wanted {
         if applied.get(name) != Some(value) {
             sql.push_str(&format!("SET {name} = {value};"));
         }
@@ -689,8 +683,8 @@ mod tests {
 
     #[test]
     fn settings_sql_sets_what_differs_and_resets_leftovers() {
-        let wanted = HashMap::from([("application_name".to_string(), "'app'".to_string())]);
-        let applied = HashMap::from([("search_path".to_string(), "x".to_string())]);
+        let wanted = Settings::from([("application_name".to_string(), "'app'".to_string())]);
+        let applied = Settings::from([("search_path".to_string(), "x".to_string())]);
         assert_eq!(
             settings_sql(&wanted, &applied).unwrap(),
             "SET application_name = 'app';RESET search_path;"

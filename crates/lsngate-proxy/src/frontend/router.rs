@@ -397,9 +397,13 @@ fn calls(text: &str, function: &str) -> bool {
 pub fn cache_key(sql: &str) -> std::borrow::Cow<'_, str> {
     use std::borrow::Cow;
     let bytes = sql.as_bytes();
-    if sql.contains("--") || sql.contains("/*") || bytes.iter().any(|&b| b == b'\\' || b == b'$') {
-        return Cow::Borrowed(sql);
-    }
+    // One pass: anything that could make the lexing ambiguous ends it with the verbatim text.
+    let ambiguous = |i: usize| match bytes[i] {
+        b'\\' | b'$' => true,
+        b'-' => bytes.get(i + 1) == Some(&b'-'),
+        b'/' => bytes.get(i + 1) == Some(&b'*'),
+        _ => false,
+    };
     let mut out = String::with_capacity(sql.len());
     let mut i = 0;
     while i < bytes.len() {
@@ -412,7 +416,7 @@ pub fn cache_key(sql: &str) -> std::borrow::Cow<'_, str> {
             let mut j = i + 1;
             loop {
                 match bytes.get(j) {
-                    None => return Cow::Borrowed(sql),
+                    None | Some(b'\\') => return Cow::Borrowed(sql),
                     Some(b'\'') if bytes.get(j + 1) == Some(&b'\'') => j += 2,
                     Some(b'\'') => break,
                     Some(_) => j += 1,
@@ -434,11 +438,17 @@ pub fn cache_key(sql: &str) -> std::borrow::Cow<'_, str> {
             i = end;
         } else {
             let start = i;
+            if ambiguous(i) {
+                return Cow::Borrowed(sql);
+            }
             i += 1;
             while i < bytes.len()
                 && !matches!(bytes[i], b'\'' | b'"')
                 && (!bytes[i].is_ascii_digit() || is_ident(bytes[i - 1]))
             {
+                if ambiguous(i) {
+                    return Cow::Borrowed(sql);
+                }
                 i += 1;
             }
             out.push_str(&sql[start..i]);

@@ -130,7 +130,7 @@ pub struct Session {
     pub(super) io: ClientIo,
     pub(super) database: String,
     /// Settings to apply on every backend: name → SQL value text.
-    pub(super) settings: HashMap<String, String>,
+    pub(super) settings: crate::backend::Settings,
     pub(super) statements: HashMap<String, ClientStatement>,
     /// The last unnamed Parse, for Binds to "".
     pub(super) unnamed: Option<ClientStatement>,
@@ -199,8 +199,8 @@ fn startup_lsngate(params: &[(String, String)]) -> Vec<(String, String)> {
 }
 
 /// Settings from the startup packet, including `-c name=value` in `options`.
-fn startup_settings(params: &[(String, String)]) -> HashMap<String, String> {
-    let mut settings = HashMap::new();
+fn startup_settings(params: &[(String, String)]) -> crate::backend::Settings {
+    let mut settings = crate::backend::Settings::new();
     for (name, value) in params {
         if name == "options" {
             for (k, v) in option_pairs(value) {
