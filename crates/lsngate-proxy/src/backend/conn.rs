@@ -307,13 +307,23 @@ impl BackendConn {
     }
 
     async fn write_raw(&mut self, bytes: &[u8]) -> Result<(), BackendError> {
-        self.stream
-            .write_all(bytes)
-            .await
-            .map_err(|e| BackendError::Lost {
-                node: self.address.clone(),
-                why: e.to_string(),
-            })
+        let lost = |address: &String, e: std::io::Error| BackendError::Lost {
+            node: address.clone(),
+            why: e.to_string(),
+        };
+        // A statement nearly always fits the socket buffer: one non-blocking write, no future.
+        let written = match self.stream.try_write(bytes) {
+            Ok(n) => n,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => 0,
+            Err(e) => return Err(lost(&self.address, e)),
+        };
+        if written < bytes.len() {
+            self.stream
+                .write_all(&bytes[written..])
+                .await
+                .map_err(|e| lost(&self.address, e))?;
+        }
+        Ok(())
     }
 
     /// Writes frames in one flight (one syscall for the batch).
@@ -471,6 +481,17 @@ impl BackendConn {
             self.read_buf.advance(end);
         }
         end
+    }
+
+    /// Takes a buffered ReadyForQuery off the front; its transaction status.
+    pub fn take_ready(&mut self) -> Option<u8> {
+        let b = &self.read_buf;
+        if b.len() >= 6 && b[0] == b'Z' && b[1..5] == [0, 0, 0, 5] {
+            let status = b[5];
+            self.read_buf.advance(6);
+            return Some(status);
+        }
+        None
     }
 
     /// Whether a whole frame is already buffered (so the client flush can wait for it).

@@ -60,22 +60,20 @@ impl Session {
         if mentions_lsngate(sql) {
             return Ok(false);
         }
-        let class = self
-            .proxy
-            .classes
-            .classify(sql, &self.config.write_functions);
-        match class {
-            Class::Write => {}
-            Class::Read
-                if !self
-                    .proxy
-                    .nodes
-                    .pick(Target::Replica)
-                    .is_some_and(|n| n.role() == Role::Replica) => {}
+        let class =
+            self.class_memo
+                .classify(&self.proxy.classes, sql, &self.config.write_functions);
+        // The node a read would get: the primary when no replica serves (picked once here).
+        let node = match class {
+            Class::Write => None,
+            Class::Read => match self.proxy.nodes.pick(Target::Replica) {
+                Some(n) if n.role() == Role::Replica => return Ok(false),
+                primary => primary,
+            },
             _ => return Ok(false),
-        }
+        };
         if self.backend.is_none()
-            && let Err(e) = self.attach(Target::Primary, None).await
+            && let Err(e) = self.attach(Target::Primary, node).await
         {
             // The general path reports it (and counts it) the same way.
             tracing::debug!("pass-through could not attach: {e}");

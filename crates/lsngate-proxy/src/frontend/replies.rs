@@ -116,6 +116,24 @@ impl Session {
                 }
             }
             let b = self.backend.as_mut().expect("attached");
+            let last_plain = plain_relay
+                && b.expect.len() == 1
+                && !b.hold_ready
+                && b.deferred.is_empty()
+                && b.read.is_none()
+                && !self.floors.guard_slot;
+            if last_plain && let Some(status) = b.conn.take_ready() {
+                // The end of a transaction nothing more is due for: relayed as is, and the
+                // connection goes back to the pool before the client hears of it.
+                b.expect.pop_front();
+                b.error_relayed = false;
+                self.status = status;
+                self.io.queue(&build::ready_for_query(status));
+                self.maybe_release();
+                self.io.flush().await?;
+                continue;
+            }
+            let b = self.backend.as_mut().expect("attached");
             let Some(frame) = b.conn.next_frame() else {
                 return Ok(());
             };

@@ -395,7 +395,18 @@ fn calls(text: &str, function: &str) -> bool {
 /// classification. Literals cannot change what a statement does; texts whose lexing could be
 /// ambiguous (comments, backslashes, dollar quotes, E'' / U&'' strings) are used verbatim.
 pub fn cache_key(sql: &str) -> std::borrow::Cow<'_, str> {
-    use std::borrow::Cow;
+    let mut out = String::new();
+    if cache_key_into(sql, &mut out) {
+        std::borrow::Cow::Owned(out)
+    } else {
+        std::borrow::Cow::Borrowed(sql)
+    }
+}
+
+/// [`cache_key`] written into `out` (cleared first, its allocation reused); false when the key
+/// is `sql` itself.
+pub fn cache_key_into(sql: &str, out: &mut String) -> bool {
+    out.clear();
     let bytes = sql.as_bytes();
     // One pass: anything that could make the lexing ambiguous ends it with the verbatim text.
     let ambiguous = |i: usize| match bytes[i] {
@@ -404,19 +415,18 @@ pub fn cache_key(sql: &str) -> std::borrow::Cow<'_, str> {
         b'/' => bytes.get(i + 1) == Some(&b'*'),
         _ => false,
     };
-    let mut out = String::with_capacity(sql.len());
     let mut i = 0;
     while i < bytes.len() {
         let b = bytes[i];
         let prev_ident = i > 0 && (is_ident(bytes[i - 1]) || bytes[i - 1] == b'"');
         if b == b'\'' {
             if prev_ident {
-                return Cow::Borrowed(sql); // E'..', U&'..', B'..', X'..' prefixes
+                return false; // E'..', U&'..', B'..', X'..' prefixes
             }
             let mut j = i + 1;
             loop {
                 match bytes.get(j) {
-                    None | Some(b'\\') => return Cow::Borrowed(sql),
+                    None | Some(b'\\') => return false,
                     Some(b'\'') if bytes.get(j + 1) == Some(&b'\'') => j += 2,
                     Some(b'\'') => break,
                     Some(_) => j += 1,
@@ -439,7 +449,7 @@ pub fn cache_key(sql: &str) -> std::borrow::Cow<'_, str> {
         } else {
             let start = i;
             if ambiguous(i) {
-                return Cow::Borrowed(sql);
+                return false;
             }
             i += 1;
             while i < bytes.len()
@@ -447,14 +457,14 @@ pub fn cache_key(sql: &str) -> std::borrow::Cow<'_, str> {
                 && (!bytes[i].is_ascii_digit() || is_ident(bytes[i - 1]))
             {
                 if ambiguous(i) {
-                    return Cow::Borrowed(sql);
+                    return false;
                 }
                 i += 1;
             }
             out.push_str(&sql[start..i]);
         }
     }
-    Cow::Owned(out)
+    true
 }
 
 /// A bounded cache of classifications keyed by statement text.
@@ -465,11 +475,55 @@ pub struct ClassCache {
 
 const CACHE_LIMIT: usize = 10_000;
 
+/// A session's last few classifications, in front of the shared [`ClassCache`]: an application
+/// sends the same few statement shapes over and over, and a hit here takes no lock and allocates
+/// nothing. Cleared when the config changes (it may change `write_functions`).
+#[derive(Debug, Default)]
+pub struct ClassMemo {
+    key: String,
+    entries: Vec<(String, Class)>,
+    next: usize,
+}
+
+const MEMO_SIZE: usize = 8;
+
+impl ClassMemo {
+    /// Classifies `sql` through the memo, then the shared cache.
+    pub fn classify(&mut self, cache: &ClassCache, sql: &str, write_functions: &[String]) -> Class {
+        let key = if cache_key_into(sql, &mut self.key) {
+            self.key.as_str()
+        } else {
+            sql
+        };
+        if let Some((_, class)) = self.entries.iter().find(|(k, _)| k == key) {
+            return *class;
+        }
+        let class = cache.classify_keyed(key, sql, write_functions);
+        if self.entries.len() < MEMO_SIZE {
+            self.entries.push((key.to_string(), class));
+        } else {
+            self.entries[self.next] = (key.to_string(), class);
+            self.next = (self.next + 1) % MEMO_SIZE;
+        }
+        class
+    }
+
+    /// Forgets everything.
+    pub fn clear(&mut self) {
+        self.entries.clear();
+        self.next = 0;
+    }
+}
+
 impl ClassCache {
     /// Classifies through the cache.
     pub fn classify(&self, sql: &str, write_functions: &[String]) -> Class {
-        let key = cache_key(sql);
-        if let Some(c) = self.entries.lock().expect("cache lock").get(key.as_ref()) {
+        self.classify_keyed(&cache_key(sql), sql, write_functions)
+    }
+
+    /// Classifies `sql`, whose [`cache_key`] is `key`, through the cache.
+    pub fn classify_keyed(&self, key: &str, sql: &str, write_functions: &[String]) -> Class {
+        if let Some(c) = self.entries.lock().expect("cache lock").get(key) {
             return *c;
         }
         let class = classify(sql, write_functions);
@@ -477,7 +531,7 @@ impl ClassCache {
         if entries.len() >= CACHE_LIMIT {
             entries.clear();
         }
-        entries.insert(key.into_owned(), class);
+        entries.insert(key.to_string(), class);
         class
     }
 

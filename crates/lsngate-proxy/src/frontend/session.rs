@@ -21,8 +21,27 @@ use crate::net::backend::build;
 use crate::net::{ErrorFields, Frame, FrontendMessage, ProtocolError, decode_frame};
 
 /// A client connection: plain TCP or TLS over it.
-pub trait ClientSocket: AsyncRead + AsyncWrite + Unpin + Send {}
-impl<T: AsyncRead + AsyncWrite + Unpin + Send> ClientSocket for T {}
+pub trait ClientSocket: AsyncRead + AsyncWrite + Unpin + Send {
+    /// Writes what the socket takes right now without waiting (plain TCP); `WouldBlock` when it
+    /// cannot say without the async path (TLS).
+    fn write_now(&self, _buf: &[u8]) -> std::io::Result<usize> {
+        Err(std::io::ErrorKind::WouldBlock.into())
+    }
+}
+
+impl ClientSocket for tokio::net::TcpStream {
+    fn write_now(&self, buf: &[u8]) -> std::io::Result<usize> {
+        self.try_write(buf)
+    }
+}
+
+impl<S: ClientSocket> ClientSocket for tokio_rustls::server::TlsStream<S> {}
+
+impl ClientSocket for Box<dyn ClientSocket> {
+    fn write_now(&self, buf: &[u8]) -> std::io::Result<usize> {
+        (**self).write_now(buf)
+    }
+}
 
 /// The client's socket with its read and write buffers.
 pub struct ClientIo {
@@ -80,10 +99,19 @@ impl ClientIo {
 
     /// Writes everything queued.
     pub async fn flush(&mut self) -> std::io::Result<()> {
-        if !self.write_buf.is_empty() {
-            self.stream.write_all(&self.write_buf).await?;
-            self.write_buf.clear();
+        if self.write_buf.is_empty() {
+            return Ok(());
         }
+        // A reply nearly always fits the socket buffer: one non-blocking write, no future.
+        let written = match self.stream.write_now(&self.write_buf) {
+            Ok(n) => n,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => 0,
+            Err(e) => return Err(e),
+        };
+        if written < self.write_buf.len() {
+            self.stream.write_all(&self.write_buf[written..]).await?;
+        }
+        self.write_buf.clear();
         Ok(())
     }
 }
@@ -125,6 +153,8 @@ pub struct Session {
     pub(super) config: Arc<crate::config::Config>,
     /// The config version `config` is.
     config_seen: u64,
+    /// This session's recent statement classifications.
+    pub(super) class_memo: super::router::ClassMemo,
     /// The pools this session used, by node index (saves the per-node pool lookup per flight).
     pub(super) pools: Vec<(usize, Arc<crate::backend::Pool>)>,
     pub(super) io: ClientIo,
@@ -280,6 +310,7 @@ impl Session {
             config: Arc::clone(&config),
             config_seen,
             pools: Vec::new(),
+            class_memo: Default::default(),
             spare_expect: std::collections::VecDeque::with_capacity(4),
             pinned: config.pool_mode == crate::config::PoolMode::Session,
             proxy,
@@ -371,6 +402,7 @@ impl Session {
             && let Some(config) = self.proxy.config_if_changed(&mut self.config_seen)
         {
             self.config = config;
+            self.class_memo.clear();
         }
         if frame.tag == b'Q' && self.pass_through(&frame).await? {
             return Ok(true);
@@ -395,10 +427,11 @@ impl Session {
                 let (hints, query) = comment_hints(&query).unwrap_or((Hints::default(), query));
                 let (floor, hint_error) = self.hinted_floor(&hints);
                 let local = local_command(&query);
-                let class = self
-                    .proxy
-                    .classes
-                    .classify(&query, &self.config.write_functions);
+                let class = self.class_memo.classify(
+                    &self.proxy.classes,
+                    &query,
+                    &self.config.write_functions,
+                );
                 let defined = ClientStatement {
                     query: query.clone(),
                     param_types: param_types.clone(),
@@ -599,10 +632,9 @@ impl Session {
         if let Some(error) = error {
             return self.answer_error("22023", &error).await;
         }
-        let class = self
-            .proxy
-            .classes
-            .classify(&sql, &self.config.write_functions);
+        let class =
+            self.class_memo
+                .classify(&self.proxy.classes, &sql, &self.config.write_functions);
         self.dispatch(
             vec![FrontendMessage::Query(sql)],
             Some(class),
