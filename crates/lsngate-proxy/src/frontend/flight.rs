@@ -301,17 +301,26 @@ impl Session {
                 .attach(want.unwrap_or(Target::Primary), route.node.clone())
                 .await
         {
-            metrics::counter!("lsngate_proxy_errors_total", "kind" => "no_backend").increment(1);
-            for _ in 0..segment_ends(&flight).max(1) {
-                self.io
-                    .queue(&ErrorFields::new("ERROR", "08006", e.to_string()).to_frame(b'E'));
-                self.io.queue(&build::ready_for_query(self.status));
-            }
-            self.io.flush().await?;
-            self.end_fallback();
-            return Ok(());
+            return self.no_backend(e, segment_ends(&flight)).await;
         }
         self.send_flight(flight, class, route.read).await
+    }
+
+    /// No server connection could be had: each of the flight's `segments` gets the reason.
+    pub(super) async fn no_backend(
+        &mut self,
+        e: anyhow::Error,
+        segments: usize,
+    ) -> anyhow::Result<()> {
+        metrics::counter!("lsngate_proxy_errors_total", "kind" => "no_backend").increment(1);
+        for _ in 0..segments.max(1) {
+            self.io
+                .queue(&ErrorFields::new("ERROR", "08006", e.to_string()).to_frame(b'E'));
+            self.io.queue(&build::ready_for_query(self.status));
+        }
+        self.io.flush().await?;
+        self.end_fallback();
+        Ok(())
     }
 
     pub(super) async fn attach(

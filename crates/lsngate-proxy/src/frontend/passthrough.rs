@@ -34,7 +34,8 @@ fn mentions_lsngate(sql: &str) -> bool {
 
 impl Session {
     /// Sends a simple Query straight to the primary when nothing about it needs the general
-    /// path; false when it does (nothing was done then).
+    /// path; false when it does (nothing was sent then, though a server connection may have
+    /// been attached for it).
     pub(super) async fn pass_through(&mut self, frame: &Frame) -> anyhow::Result<bool> {
         let idle_session = self.status == b'I'
             && !self.pinned
@@ -75,9 +76,8 @@ impl Session {
         if self.backend.is_none()
             && let Err(e) = self.attach(Target::Primary, node).await
         {
-            // The general path reports it (and counts it) the same way.
-            tracing::debug!("pass-through could not attach: {e}");
-            return Ok(false);
+            self.no_backend(e, 1).await?;
+            return Ok(true);
         }
         let attached = self.backend.as_mut().expect("attached");
         if attached.conn.applied != self.settings {
