@@ -338,12 +338,7 @@ impl BackendConn {
 
     /// Writes one frame as it is.
     pub async fn send_frame(&mut self, frame: &Frame) -> Result<(), BackendError> {
-        self.write_buf.clear();
-        frame.encode(&mut self.write_buf);
-        let buf = std::mem::take(&mut self.write_buf);
-        let result = self.write_raw(&buf).await;
-        self.write_buf = buf;
-        result
+        self.send(std::slice::from_ref(frame)).await
     }
 
     /// Receives one frame. Cancel-safe: bytes only move into the connection's own buffer.
@@ -378,11 +373,9 @@ impl BackendConn {
         if !self.has_frame() {
             return None;
         }
-        if self.read_buf[0] == b'Z' && self.read_buf[1..5] == [0, 0, 0, 5] {
+        if let Some(status) = self.take_ready() {
             // ReadyForQuery ends every transaction: no allocation for it.
-            let frame = crate::net::backend::build::ready_for_query(self.read_buf[5]);
-            self.read_buf.advance(6);
-            return Some(Ok(frame));
+            return Some(Ok(crate::net::backend::build::ready_for_query(status)));
         }
         Some(match decode_frame(&mut self.read_buf, usize::MAX) {
             Ok(frame) => Ok(frame.expect("a whole frame is buffered")),

@@ -516,11 +516,6 @@ impl ClassMemo {
 }
 
 impl ClassCache {
-    /// Classifies through the cache.
-    pub fn classify(&self, sql: &str, write_functions: &[String]) -> Class {
-        self.classify_keyed(&cache_key(sql), sql, write_functions)
-    }
-
     /// Classifies `sql`, whose [`cache_key`] is `key`, through the cache.
     pub fn classify_keyed(&self, key: &str, sql: &str, write_functions: &[String]) -> Class {
         if let Some(c) = self.entries.lock().expect("cache lock").get(key) {
