@@ -52,8 +52,10 @@ pub enum BackendError {
     },
 }
 
-/// Session settings: name → SQL value text. Ordered, so that comparing a client's settings with
-/// a server connection's (on every statement) hashes nothing.
+/// Session settings: name → the statement that gives the setting its value (`SET name = value`
+/// as the client wrote it, or a `set_config` call for a startup parameter, which PostgreSQL parses
+/// like the server does at startup, lists included). Ordered, so that comparing a client's
+/// settings with a server connection's (on every statement) hashes nothing.
 pub type Settings = std::collections::BTreeMap<String, String>;
 
 /// A server connection's cancel key and where to send it; shared, so that handing it to the
@@ -90,7 +92,7 @@ pub struct BackendConn {
     /// `ClientStatement::identity`) of the last `Parse ""` sent here; None when there is none or
     /// a simple Query dropped it.
     pub unnamed: Option<String>,
-    /// Settings applied on behalf of a client: name → SQL value text.
+    /// Settings applied on behalf of a client: name → the statement that set it.
     pub applied: Settings,
     /// When the connection was opened, for `server_lifetime`.
     pub opened: Instant,

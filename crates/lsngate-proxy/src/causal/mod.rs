@@ -130,14 +130,20 @@ impl Causal {
         self.origin.elapsed()
     }
 
-    /// Counts a finished read (for the breaker's rate and the statistics).
+    /// Counts a finished read (for the statistics and the breaker's rate). A read no replica was
+    /// up to serve is not the breaker's business: it limits fallbacks from replicas that lag, and
+    /// with none up there is no choice to limit (counting those would show the breaker open on a
+    /// primary-only proxy, and refuse fallbacks just after the replicas return).
     pub fn record(&self, outcome: Outcome) {
         self.stats.record(outcome);
+        if outcome == Outcome::NoReplica {
+            return;
+        }
         let now = self.now();
         self.guard
             .lock()
             .expect("guard lock")
-            .record(now, outcome.fell_back());
+            .record(now, outcome == Outcome::Fallback);
     }
 
     /// Asks for a primary slot for one fallback read; on `Ok` call [`Causal::release`] after.

@@ -43,11 +43,6 @@ impl Outcome {
             Outcome::Error => "error",
         }
     }
-
-    /// Whether the primary served the read in a replica's place.
-    pub fn fell_back(self) -> bool {
-        matches!(self, Outcome::Fallback | Outcome::NoReplica)
-    }
 }
 
 /// Upper bounds (ms) of the wait-time histogram buckets.

@@ -166,12 +166,14 @@ fn segment_ends(flight: &[FrontendMessage]) -> usize {
         .count()
 }
 
-/// `SET`/`RESET` statements that make a backend carry exactly the client's settings.
+/// The statements that make a backend carry exactly the client's settings: the setting
+/// statements that differ, `RESET` for leftovers.
 fn settings_sql(wanted: &Settings, applied: &Settings) -> Option<String> {
     let mut sql = String::new();
-    for (name, value) in wanted {
-        if applied.get(name) != Some(value) {
-            sql.push_str(&format!("SET {name} = {value};"));
+    for (name, statement) in wanted {
+        if applied.get(name) != Some(statement) {
+            sql.push_str(statement);
+            sql.push(';');
         }
     }
     for name in applied.keys().filter(|n| !wanted.contains_key(*n)) {
@@ -529,8 +531,9 @@ impl Session {
             Some(Class::Pin) => self.pinned = true,
             Some(Class::SessionState) => {
                 if let Some((name, value)) = session_set(sql) {
-                    conn.applied.insert(name.clone(), value.clone());
-                    self.settings.insert(name, value);
+                    let statement = format!("SET {name} = {value}");
+                    conn.applied.insert(name.clone(), statement.clone());
+                    self.settings.insert(name, statement);
                 } else if lower == "reset all" || lower == "discard all" {
                     self.settings.clear();
                     conn.applied.clear();
@@ -692,8 +695,12 @@ mod tests {
 
     #[test]
     fn settings_sql_sets_what_differs_and_resets_leftovers() {
-        let wanted = Settings::from([("application_name".to_string(), "'app'".to_string())]);
-        let applied = Settings::from([("search_path".to_string(), "x".to_string())]);
+        let wanted = Settings::from([(
+            "application_name".to_string(),
+            "SET application_name = 'app'".to_string(),
+        )]);
+        let applied =
+            Settings::from([("search_path".to_string(), "SET search_path = x".to_string())]);
         assert_eq!(
             settings_sql(&wanted, &applied).unwrap(),
             "SET application_name = 'app';RESET search_path;"

@@ -182,8 +182,25 @@ pub struct Session {
     shutdown: watch::Receiver<bool>,
 }
 
+/// A string literal that reads the same whatever `standard_conforming_strings` is.
 fn quote_literal(value: &str) -> String {
-    format!("'{}'", value.replace('\'', "''"))
+    let quoted = value.replace('\'', "''");
+    if value.contains('\\') {
+        format!("E'{}'", quoted.replace('\\', "\\\\"))
+    } else {
+        format!("'{quoted}'")
+    }
+}
+
+/// The statement that applies a startup parameter: `set_config` takes the raw text and parses
+/// it as the server parses startup parameters (`search_path=a,b` is two schemas; `SET name =
+/// 'a,b'` would be one).
+fn startup_statement(name: &str, value: &str) -> String {
+    format!(
+        "SELECT pg_catalog.set_config({}, {}, false)",
+        quote_literal(name),
+        quote_literal(value)
+    )
 }
 
 fn is_setting_name(name: &str) -> bool {
@@ -193,19 +210,43 @@ fn is_setting_name(name: &str) -> bool {
             .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '.')
 }
 
+/// The words of a startup `options` string, split as the server splits them: on whitespace,
+/// with a backslash taking the next character literally (`a\ b` is the one word `a b`).
+fn option_words(options: &str) -> Vec<String> {
+    let mut words = Vec::new();
+    let mut chars = options.chars().peekable();
+    loop {
+        while chars.next_if(char::is_ascii_whitespace).is_some() {}
+        if chars.peek().is_none() {
+            return words;
+        }
+        let mut word = String::new();
+        while let Some(c) = chars.next_if(|c| !c.is_ascii_whitespace()) {
+            word.push(if c == '\\' {
+                chars.next().unwrap_or(c)
+            } else {
+                c
+            });
+        }
+        words.push(word);
+    }
+}
+
 /// The `name=value` pairs of a startup `options` string (`-c name=value`, `-cname=value`,
 /// `--name=value`).
-fn option_pairs(options: &str) -> Vec<(&str, &str)> {
+fn option_pairs(options: &str) -> Vec<(String, String)> {
     let mut pairs = Vec::new();
-    let mut words = options.split_whitespace();
+    let mut words = option_words(options).into_iter();
     while let Some(word) = words.next() {
         let pair = if word == "-c" {
             words.next()
         } else {
-            word.strip_prefix("--").or(word.strip_prefix("-c"))
+            word.strip_prefix("--")
+                .or(word.strip_prefix("-c"))
+                .map(str::to_string)
         };
-        if let Some(pair) = pair.and_then(|p| p.split_once('=')) {
-            pairs.push(pair);
+        if let Some((k, v)) = pair.as_deref().and_then(|p| p.split_once('=')) {
+            pairs.push((k.to_string(), v.to_string()));
         }
     }
     pairs
@@ -218,7 +259,7 @@ fn startup_lsngate(params: &[(String, String)]) -> Vec<(String, String)> {
         if name == "options" {
             for (k, v) in option_pairs(value) {
                 if let Some(k) = k.to_ascii_lowercase().strip_prefix("lsngate.") {
-                    found.push((k.replace('-', "_"), v.to_string()));
+                    found.push((k.replace('-', "_"), v.clone()));
                 }
             }
         } else if let Some(k) = name.to_ascii_lowercase().strip_prefix("lsngate.") {
@@ -234,8 +275,10 @@ fn startup_settings(params: &[(String, String)]) -> crate::backend::Settings {
     for (name, value) in params {
         if name == "options" {
             for (k, v) in option_pairs(value) {
-                if is_setting_name(k) && !k.to_ascii_lowercase().starts_with("lsngate.") {
-                    settings.insert(k.to_ascii_lowercase().replace('-', "_"), quote_literal(v));
+                if is_setting_name(&k) && !k.to_ascii_lowercase().starts_with("lsngate.") {
+                    let name = k.to_ascii_lowercase().replace('-', "_");
+                    let statement = startup_statement(&name, &v);
+                    settings.insert(name, statement);
                 }
             }
         } else if !NOT_SETTINGS.contains(&name.as_str())
@@ -243,7 +286,9 @@ fn startup_settings(params: &[(String, String)]) -> crate::backend::Settings {
             && !name.starts_with("_pq_.")
             && !name.to_ascii_lowercase().starts_with("lsngate.")
         {
-            settings.insert(name.to_ascii_lowercase(), quote_literal(value));
+            let name = name.to_ascii_lowercase();
+            let statement = startup_statement(&name, value);
+            settings.insert(name, statement);
         }
     }
     settings
@@ -688,5 +733,49 @@ impl Session {
             attached.conn.applied.clear();
             attached.conn.release();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn options_split_like_the_server_splits_them() {
+        assert_eq!(
+            option_pairs(r"-c search_path=a,b  --work-mem=8MB -capplication_name=x\ y\\z"),
+            [
+                ("search_path".to_string(), "a,b".to_string()),
+                ("work-mem".to_string(), "8MB".to_string()),
+                ("application_name".to_string(), r"x y\z".to_string()),
+            ]
+        );
+        assert!(option_pairs("  ").is_empty());
+    }
+
+    #[test]
+    fn startup_settings_are_applied_with_set_config_and_safe_literals() {
+        let params = [
+            ("user".to_string(), "u".to_string()),
+            (
+                "options".to_string(),
+                "-c search_path=a,b -c lsngate.consistency=eventual".to_string(),
+            ),
+            ("application_name".to_string(), r"it's\here".to_string()),
+        ];
+        let settings = startup_settings(&params);
+        assert_eq!(
+            settings.get("search_path").unwrap(),
+            "SELECT pg_catalog.set_config('search_path', 'a,b', false)"
+        );
+        assert_eq!(
+            settings.get("application_name").unwrap(),
+            r"SELECT pg_catalog.set_config('application_name', E'it''s\\here', false)"
+        );
+        assert_eq!(
+            settings.len(),
+            2,
+            "user and lsngate.* are not settings: {settings:?}"
+        );
     }
 }

@@ -158,6 +158,8 @@ fn passed_through_queries_keep_each_clients_settings_errors_and_cancels() {
     file.replicas = Vec::new();
     file.consistency = Some("eventual".into());
     file.pool_size = Some(1);
+    // A breaker quick to open: reads no replica could serve must still not count as fallbacks.
+    file.breaker_min_reads = Some(5);
     let proxy = TestProxy::with(file);
     let t = unique("passthrough");
     let before = passed_through(&proxy);
@@ -236,5 +238,17 @@ fn passed_through_queries_keep_each_clients_settings_errors_and_cancels() {
     assert!(
         passed >= 10,
         "most of these statements should have been passed through, were {passed}"
+    );
+    let response = proxy.http_get("/status");
+    let status: serde_json::Value =
+        serde_json::from_str(response.split("\r\n\r\n").nth(1).expect("HTTP body")).unwrap();
+    let causal = &status["causal"];
+    assert!(
+        causal["outcomes"]["no_replica"].as_u64().unwrap() >= 10,
+        "{causal}"
+    );
+    assert_eq!(
+        causal["breaker"]["open"], false,
+        "a primary-only proxy has no fallbacks to break: {causal}"
     );
 }

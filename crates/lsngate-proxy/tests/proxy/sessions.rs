@@ -129,6 +129,29 @@ fn startup_parameters_and_sets_follow_the_client_to_every_backend() {
         }
         a.batch_execute("RESET statement_timeout").await.unwrap();
         assert_eq!(show(&a, "SHOW statement_timeout").await, "0");
+
+        // Startup settings mean on every server connection what they mean on a direct one: a
+        // list-valued one stays a list, quotes and backslashes stay themselves.
+        let options =
+            r"options='-c search_path=lsngate_s1,public -c application_name=it\'s\\\\here\\ now'";
+        let direct = connect(&format!("{} {options}", cluster.primary().conninfo())).await;
+        let c = connect(&format!("{} {options}", proxy.conninfo())).await;
+        let (path, name) = (
+            show(&direct, "SHOW search_path").await,
+            show(&direct, "SHOW application_name").await,
+        );
+        assert_eq!(path, "lsngate_s1,public");
+        assert_eq!(name, r"it's\here now");
+        for _ in 0..3 {
+            assert_eq!(show(&c, "SHOW search_path").await, path, "replica backend");
+            assert_eq!(show(&c, "SHOW application_name").await, name);
+            c.batch_execute("BEGIN").await.unwrap();
+            assert_eq!(show(&c, "SHOW search_path").await, path, "primary backend");
+            assert_eq!(show(&c, "SHOW application_name").await, name);
+            c.batch_execute("COMMIT").await.unwrap();
+            // Another client's backend state must not leak in between.
+            assert_ne!(show(&b, "SHOW search_path").await, path);
+        }
     });
 }
 
