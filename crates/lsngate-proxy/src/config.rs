@@ -214,7 +214,8 @@ pub struct FileConfig {
     pub require_signed_tokens: Option<bool>,
     /// Seconds a signed token issued by the proxy stays valid. Default: no expiry.
     pub token_ttl_s: Option<u64>,
-    /// Milliseconds between position polls of every node (also role and health). Default 20.
+    /// Milliseconds between position polls of every node (also role and health) while reads use
+    /// positions (health_interval_ms otherwise). Default 20.
     pub replay_poll_ms: Option<u64>,
     /// Reads without a floor skip replicas lagging more than this many ms. Default: no bound.
     pub max_replica_lag_ms: Option<u64>,

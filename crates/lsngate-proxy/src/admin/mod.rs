@@ -54,6 +54,8 @@ pub fn status(proxy: &Proxy) -> serde_json::Value {
                 "role": n.role(),
                 "healthy": n.healthy(),
                 "last_error": *n.last_error.lock().expect("error lock"),
+                "polls": n.polls.load(std::sync::atomic::Ordering::Relaxed),
+                "poll_period_ms": n.poll_period_ms.load(std::sync::atomic::Ordering::Relaxed),
                 "pools": pools,
             })
         })

@@ -8,7 +8,7 @@ pub mod monitor;
 pub mod pool;
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 pub use conn::{BackendConn, BackendError, CancelKey, ServerFacts, Settings};
@@ -53,6 +53,10 @@ pub struct NodeState {
     pub recheck: tokio::sync::Notify,
     /// Removed from the config by a reload: its monitor stops, nothing new is routed to it.
     retired: AtomicBool,
+    /// Health and position polls made so far, for /status.
+    pub polls: AtomicU64,
+    /// The monitor's wait before its next poll, in ms (see `monitor::poll_period`), for /status.
+    pub poll_period_ms: AtomicU64,
 }
 
 impl NodeState {
@@ -172,6 +176,8 @@ fn node_state(index: usize, url: &NodeUrl) -> Arc<NodeState> {
         pools: Mutex::new(HashMap::new()),
         recheck: tokio::sync::Notify::new(),
         retired: AtomicBool::new(false),
+        polls: AtomicU64::new(0),
+        poll_period_ms: AtomicU64::new(0),
     })
 }
 

@@ -66,6 +66,8 @@ pub async fn check(
     probe: &mut Option<Probe>,
     timeout: Duration,
 ) {
+    node.polls
+        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let result = tokio::time::timeout(timeout, poll(node, probe, timeout)).await;
     let outcome = match result {
         Ok(outcome) => outcome,
@@ -168,12 +170,26 @@ fn describe(e: &tokio_postgres::Error) -> String {
 /// Poll period of a node while reads wait on it.
 const WAITER_POLL: Duration = Duration::from_millis(2);
 
-/// Polls `node` every `interval` (at once when a session asks for a re-check) until
+/// How long the monitor waits before its next poll of a node: every 2 ms while reads wait on
+/// its polls; every `replay_poll` while routing uses positions (recently, or always under a lag
+/// bound); at the health interval otherwise.
+fn poll_period(config: &crate::config::Config, watcher: &Watcher, node: usize) -> Duration {
+    let bound = &config.causal.lag_bound;
+    let replay_poll = config.causal.replay_poll.min(config.health_interval);
+    if watcher.waiters(node) > 0 {
+        WAITER_POLL.min(replay_poll)
+    } else if bound.max_bytes.is_some() || bound.max_lag.is_some() || watcher.in_demand() {
+        replay_poll
+    } else {
+        config.health_interval
+    }
+}
+
+/// Polls `node` (see [`poll_period`]; at once when a session asks for a re-check) until
 /// `shutdown` turns true.
 pub async fn watch_node(
     node: Arc<NodeState>,
     proxy: Arc<crate::frontend::Proxy>,
-    interval: Duration,
     timeout: Duration,
     mut shutdown: watch::Receiver<bool>,
 ) {
@@ -186,11 +202,11 @@ pub async fn watch_node(
         check(&node, &proxy.causal.watcher, &mut probe, timeout).await;
         // Reads waiting for this node's replay (PostgreSQL ≤ 18) are served by fast polls here,
         // one query for all of them instead of one per read.
-        let period = if proxy.causal.watcher.waiters(node.index) > 0 {
-            WAITER_POLL.min(interval)
-        } else {
-            interval
-        };
+        let period = poll_period(&proxy.config(), &proxy.causal.watcher, node.index);
+        node.poll_period_ms.store(
+            period.as_millis() as u64,
+            std::sync::atomic::Ordering::Relaxed,
+        );
         tokio::select! {
             _ = tokio::time::sleep(period) => {}
             _ = node.recheck.notified() => {}

@@ -10,6 +10,7 @@
 //! No I/O here.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -48,7 +49,13 @@ pub struct Watcher {
     primary_timeline: Mutex<Option<u32>>,
     /// Woken at every replay observation, for reads waiting on the monitor's polls.
     replay_seen: tokio::sync::Notify,
+    /// When routing last asked for replica positions (ms since `origin`, plus one; 0: never).
+    consulted: AtomicU64,
 }
+
+/// Routing that asked for positions within this long keeps the monitors polling every
+/// `replay_poll`; after it they poll at the health interval (see [`Watcher::in_demand`]).
+pub const DEMAND_WINDOW: Duration = Duration::from_secs(10);
 
 const CLOCK_SAMPLES: usize = 4096;
 
@@ -61,6 +68,7 @@ impl Default for Watcher {
             origin: Instant::now(),
             primary_timeline: Mutex::default(),
             replay_seen: tokio::sync::Notify::new(),
+            consulted: AtomicU64::new(0),
         }
     }
 }
@@ -143,6 +151,24 @@ impl Watcher {
         }
     }
 
+    /// Notes that routing asked for positions at `now`; false when nobody had for
+    /// [`DEMAND_WINDOW`] (the monitors were polling slowly until now).
+    fn consulted_at(&self, now: Instant) -> bool {
+        let ms = now.saturating_duration_since(self.origin).as_millis() as u64 + 1;
+        let before = self.consulted.swap(ms, Ordering::Relaxed);
+        before != 0 && ms.saturating_sub(before) <= DEMAND_WINDOW.as_millis() as u64
+    }
+
+    /// Whether routing asked for positions within [`DEMAND_WINDOW`]: the node monitors then
+    /// poll every `replay_poll`, else at the health interval, so that a proxy whose reads need no
+    /// positions (consistency `eventual`, no lag bound) does not query every node 50 times a
+    /// second.
+    pub fn in_demand(&self) -> bool {
+        let last = self.consulted.load(Ordering::Relaxed);
+        let now = self.origin.elapsed().as_millis() as u64 + 1;
+        last != 0 && now.saturating_sub(last) <= DEMAND_WINDOW.as_millis() as u64
+    }
+
     /// Reads waiting on node `node`'s monitor right now.
     pub fn waiters(&self, node: usize) -> usize {
         lock(&self.nodes).get(&node).map_or(0, |v| v.waiters)
@@ -214,8 +240,13 @@ impl Watcher {
         floor_timeline: Option<u32>,
         with_lag: bool,
     ) -> Vec<(Arc<NodeState>, ReplicaState)> {
-        let primary = self.primary_position();
         let now = Instant::now();
+        if !self.consulted_at(now) {
+            // The monitors are polling slowly: wake them so that the next reads find fresh
+            // positions (this one waits or checks, as any read does without them).
+            nodes.iter().for_each(|n| n.request_check());
+        }
+        let primary = self.primary_position();
         nodes
             .iter()
             .filter(|n| n.role() == Role::Replica)

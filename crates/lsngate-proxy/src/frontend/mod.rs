@@ -126,7 +126,6 @@ impl Proxy {
         runtime.spawn(crate::backend::monitor::watch_node(
             node,
             Arc::clone(self),
-            config.health_interval.min(config.causal.replay_poll),
             config.connect_timeout,
             stop,
         ));

@@ -411,7 +411,10 @@ impl Session {
                 self.io.flush().await?;
                 return Ok(());
             }
+            // Biased: in this order, with no random start, so that the usual wake-up (a reply or
+            // a client message) never polls the shutdown branch.
             let event = tokio::select! {
+                biased;
                 filled = async { super::replies::fill_attached(self.backend.as_mut().expect("listening implies attached")).await }, if listening => Event::Backend(filled),
                 frame = self.io.recv() => Event::Client(frame),
                 _ = &mut shutdown_changed, if !draining && !shutdown_seen => Event::Shutdown,

@@ -776,6 +776,88 @@ fn reads_without_a_floor_skip_replicas_over_the_lag_bound() {
     cluster.replica(0).resume_replay().unwrap();
 }
 
+/// Every node's `poll_period_ms` in /status, once the monitors all agree on `want`.
+fn wait_for_poll_period(proxy: &TestProxy, want: u64, why: &str) {
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let nodes = status(proxy)["nodes"].clone();
+        let periods: Vec<_> = nodes
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|n| n["poll_period_ms"].as_u64().unwrap())
+            .collect();
+        if periods.iter().all(|p| *p == want) {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{why}: periods {periods:?}, want {want}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn monitors_poll_positions_fast_only_while_reads_use_them() {
+    let cluster = shared_cluster();
+    let t = unique("demand");
+    create(cluster, &t);
+    let proxy = proxy_with(cluster, |f| {
+        f.consistency = Some("eventual".into());
+        f.health_interval_ms = Some(700);
+        f.replay_poll_ms = Some(20);
+    });
+    // Eventual reads and writes need no positions: health-check pace.
+    rt().block_on(async {
+        let client = connect(&proxy.conninfo()).await;
+        for i in 0..20 {
+            client
+                .batch_execute(&format!("INSERT INTO {t} VALUES ({i}, 0)"))
+                .await
+                .unwrap();
+            client
+                .simple_query(&format!("SELECT v FROM {t} WHERE id = {i}"))
+                .await
+                .unwrap();
+        }
+    });
+    wait_for_poll_period(
+        &proxy,
+        700,
+        "an eventual proxy polls at the health interval",
+    );
+    let before: u64 = status(&proxy)["nodes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|n| n["polls"].as_u64().unwrap())
+        .sum();
+    assert!(before > 0, "the monitors poll");
+    // A read with a floor (session mode, after a write) uses them: every monitor speeds up.
+    rt().block_on(async {
+        let client = connect(&format!(
+            "{} options='-c lsngate.consistency=session'",
+            proxy.conninfo()
+        ))
+        .await;
+        client
+            .batch_execute(&format!("INSERT INTO {t} VALUES (100, 1)"))
+            .await
+            .unwrap();
+        let row = client
+            .query_one(&format!("SELECT v FROM {t} WHERE id = 100"), &[])
+            .await
+            .unwrap();
+        assert_eq!(row.get::<_, i32>(0), 1, "read your write");
+    });
+    wait_for_poll_period(
+        &proxy,
+        20,
+        "a floor read wakes the monitors into replay_poll pace",
+    );
+}
+
 #[test]
 fn a_cancel_stops_a_read_waiting_for_its_floor() {
     let cluster = Cluster::start(&ClusterConfig::default().replicas(1)).unwrap();
