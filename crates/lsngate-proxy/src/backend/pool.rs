@@ -28,12 +28,15 @@ pub struct PoolLimits {
 }
 
 impl PoolLimits {
-    /// Whether a connection opened at `opened` and idle since `idle_since` must be closed.
-    fn expired(&self, opened: Instant, idle_since: Instant, now: Instant) -> bool {
-        let over = |limit: Option<Duration>, since: Instant| {
-            limit.is_some_and(|limit| now.saturating_duration_since(since) > limit)
-        };
-        over(self.idle_timeout, idle_since) || over(self.lifetime, opened)
+    /// Whether a connection opened at `opened` and idle for `idle` must be closed.
+    fn expired(&self, opened: Instant, idle: Duration, now: Instant) -> bool {
+        self.idle_timeout.is_some_and(|limit| idle > limit) || self.outlived(opened, now)
+    }
+
+    /// Whether a connection opened at `opened` is past its lifetime.
+    fn outlived(&self, opened: Instant, now: Instant) -> bool {
+        self.lifetime
+            .is_some_and(|limit| now.saturating_duration_since(opened) > limit)
     }
 
     /// How often the reaper looks for expired connections: a quarter of the shorter limit,
@@ -68,16 +71,24 @@ impl Shelf {
     fn take_expired(&mut self, now: Instant) -> Vec<Box<BackendConn>> {
         let limits = self.limits;
         // The common case (nothing expired) allocates nothing: this runs on every checkout.
-        if !self
-            .conns
-            .iter()
-            .any(|idle| limits.expired(idle.conn.opened, idle.since, now))
-        {
+        if !self.conns.iter().any(|idle| {
+            limits.expired(
+                idle.conn.opened,
+                now.saturating_duration_since(idle.since),
+                now,
+            )
+        }) {
             return Vec::new();
         }
         let (expired, kept) = std::mem::take(&mut self.conns)
             .into_iter()
-            .partition(|idle| limits.expired(idle.conn.opened, idle.since, now));
+            .partition(|idle| {
+                limits.expired(
+                    idle.conn.opened,
+                    now.saturating_duration_since(idle.since),
+                    now,
+                )
+            });
         self.conns = kept;
         expired.into_iter().map(|idle| idle.conn).collect()
     }
@@ -167,17 +178,15 @@ impl Pool {
             let mut expired = Vec::new();
             let mut idle = None;
             while let Some(candidate) = shelf.conns.pop() {
-                if shelf
-                    .limits
-                    .expired(candidate.conn.opened, candidate.since, now)
-                {
+                let idle_for = now.saturating_duration_since(candidate.since);
+                if shelf.limits.expired(candidate.conn.opened, idle_for, now) {
                     expired.push(candidate.conn);
                     continue;
                 }
                 // Probing costs a syscall per checkout; a connection back for less than
                 // PROBE_AFTER is taken as is (a server that closed it just now fails that one
                 // statement with a clear error, and reads are re-run elsewhere).
-                let fresh = now.saturating_duration_since(candidate.since) < PROBE_AFTER;
+                let fresh = idle_for < PROBE_AFTER;
                 if fresh || candidate.conn.is_usable() {
                     idle = Some(candidate.conn);
                     break;
@@ -210,7 +219,7 @@ impl Pool {
         let expired = {
             let mut shelf = self.shelf.lock().expect("pool lock");
             let mut expired = Vec::new();
-            if shelf.limits.expired(conn.opened, now, now) {
+            if shelf.limits.outlived(conn.opened, now) {
                 expired.push(conn);
             } else {
                 shelf.conns.push(Idle { conn, since: now });
@@ -350,18 +359,20 @@ mod tests {
         };
         let now = Instant::now() + Duration::from_secs(120);
         let ago = |secs| now - Duration::from_secs(secs);
+        let secs = Duration::from_secs;
         assert!(
-            !limits.expired(ago(30), ago(5), now),
+            !limits.expired(ago(30), secs(5), now),
             "young and recently used"
         );
-        assert!(limits.expired(ago(30), ago(11), now), "idle too long");
-        assert!(limits.expired(ago(61), ago(1), now), "open too long");
+        assert!(limits.expired(ago(30), secs(11), now), "idle too long");
+        assert!(limits.expired(ago(61), secs(1), now), "open too long");
+        assert!(limits.outlived(ago(61), now) && !limits.outlived(ago(59), now));
         let never = PoolLimits {
             idle_timeout: None,
             lifetime: None,
             ..limits
         };
-        assert!(!never.expired(ago(120), ago(120), now));
+        assert!(!never.expired(ago(120), secs(120), now));
     }
 
     #[test]

@@ -12,6 +12,7 @@ mod passthrough;
 mod replies;
 pub mod router;
 pub mod session;
+mod woken;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};

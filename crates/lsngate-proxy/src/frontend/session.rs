@@ -388,11 +388,12 @@ impl Session {
             Backend(Result<(), crate::backend::BackendError>),
             Shutdown,
         }
-        // Armed once: a fresh `changed()` future per turn of the loop costs on every message.
+        // Armed once, and polled only when it was woken: the drain signal must not cost on
+        // every message.
         let mut shutdown = self.shutdown.clone();
-        let mut shutdown_changed = std::pin::pin!(async move {
+        let mut shutdown_changed = std::pin::pin!(super::woken::WhenWoken::new(async move {
             let _ = shutdown.changed().await;
-        });
+        }));
         let mut shutdown_seen = false;
         loop {
             let listening = self
@@ -411,8 +412,7 @@ impl Session {
                 self.io.flush().await?;
                 return Ok(());
             }
-            // Biased: in this order, with no random start, so that the usual wake-up (a reply or
-            // a client message) never polls the shutdown branch.
+            // Biased: in this order, with no random start (no random number per wake-up).
             let event = tokio::select! {
                 biased;
                 filled = async { super::replies::fill_attached(self.backend.as_mut().expect("listening implies attached")).await }, if listening => Event::Backend(filled),
