@@ -6,7 +6,7 @@
 //! Replies of a replica read outside a transaction are held back (up to `retry_buffer_size`) so
 //! a 25006 "read-only transaction" error can be re-run on the primary without the client seeing it.
 
-use std::collections::{HashSet, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::Arc;
 
 use super::Proxy;
@@ -517,19 +517,54 @@ impl Session {
         })
     }
 
-    /// Tracks session-level effects of a simple query (SET, RESET, DISCARD, DEALLOCATE, LISTEN).
-    fn note_session_effects(&mut self, flight: &[FrontendMessage], class: Option<Class>) {
-        let [FrontendMessage::Query(sql)] = flight else {
-            return;
-        };
-        if !matches!(class, Some(Class::Pin | Class::SessionState)) {
-            return;
+    /// The statements a flight runs that change session state (SET, RESET, DISCARD, DEALLOCATE,
+    /// LISTEN, ...): a simple Query's text, or the statement behind each portal an
+    /// extended-protocol flight executes (drivers send `SET` that way as often as not).
+    fn session_effects(
+        &self,
+        flight: &[FrontendMessage],
+        class: Option<Class>,
+    ) -> Vec<(Class, String)> {
+        let changes_state = |c: Class| matches!(c, Class::Pin | Class::SessionState);
+        if let [FrontendMessage::Query(sql)] = flight {
+            return match class {
+                Some(c) if changes_state(c) => vec![(c, sql.clone())],
+                _ => Vec::new(),
+            };
         }
+        let mut portals = HashMap::new();
+        let mut effects = Vec::new();
+        for (m, statement) in flight.iter().zip(self.statement_per_message(flight)) {
+            match m {
+                FrontendMessage::Bind { portal, .. } => {
+                    portals.insert(portal.as_str(), statement);
+                }
+                FrontendMessage::Execute { portal, .. } => {
+                    if let Some(Some(s)) = portals.get(portal.as_str())
+                        && changes_state(s.class)
+                    {
+                        effects.push((s.class, s.query.clone()));
+                    }
+                }
+                _ => {}
+            }
+        }
+        effects
+    }
+
+    /// Tracks the session-level effects of a flight (see [`Session::session_effects`]).
+    fn note_session_effects(&mut self, flight: &[FrontendMessage], class: Option<Class>) {
+        for (class, sql) in self.session_effects(flight, class) {
+            self.note_session_effect(class, &sql);
+        }
+    }
+
+    fn note_session_effect(&mut self, class: Class, sql: &str) {
         let lower = sql.trim().trim_end_matches(';').trim().to_ascii_lowercase();
         let conn = &mut self.backend.as_mut().expect("attached").conn;
         match class {
-            Some(Class::Pin) => self.pinned = true,
-            Some(Class::SessionState) => {
+            Class::Pin => self.pinned = true,
+            Class::SessionState => {
                 if let Some((name, value)) = session_set(sql) {
                     let statement = format!("SET {name} = {value}");
                     conn.applied.insert(name.clone(), statement.clone());

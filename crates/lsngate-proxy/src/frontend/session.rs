@@ -556,7 +556,7 @@ impl Session {
 
     /// Per message, the statement it prepares, binds or describes (`None` for other messages
     /// and for names the session does not know).
-    fn statement_per_message<'a>(
+    pub(super) fn statement_per_message<'a>(
         &'a self,
         flight: &[FrontendMessage],
     ) -> Vec<Option<&'a ClientStatement>> {

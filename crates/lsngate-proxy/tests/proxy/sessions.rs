@@ -156,6 +156,46 @@ fn startup_parameters_and_sets_follow_the_client_to_every_backend() {
 }
 
 #[test]
+fn sets_sent_with_the_extended_protocol_follow_their_client_and_never_leak() {
+    // One server connection per node: the two clients take turns on it.
+    let cluster = shared_cluster();
+    let mut file = file_config(cluster);
+    file.pool_size = Some(1);
+    let proxy = TestProxy::with(file);
+    rt().block_on(async {
+        let a = connect(&proxy.conninfo()).await;
+        let b = connect(&proxy.conninfo()).await;
+        // Parse/Bind/Execute, as JDBC, psycopg 3 and pgx send a SET.
+        a.execute("SET application_name = 'lsngate_ext_a'", &[])
+            .await
+            .unwrap();
+        a.execute("SET statement_timeout TO 4321", &[])
+            .await
+            .unwrap();
+        for _ in 0..3 {
+            assert_eq!(show(&a, "SHOW application_name").await, "lsngate_ext_a");
+            assert_eq!(show(&a, "SHOW statement_timeout").await, "4321ms");
+            assert_ne!(show(&b, "SHOW application_name").await, "lsngate_ext_a");
+            assert_eq!(
+                show(&b, "SHOW statement_timeout").await,
+                "0",
+                "b never set it"
+            );
+            a.batch_execute("BEGIN").await.unwrap();
+            assert_eq!(
+                show(&a, "SHOW application_name").await,
+                "lsngate_ext_a",
+                "primary"
+            );
+            a.batch_execute("COMMIT").await.unwrap();
+        }
+        a.execute("RESET statement_timeout", &[]).await.unwrap();
+        assert_eq!(show(&a, "SHOW statement_timeout").await, "0");
+        assert_eq!(show(&a, "SHOW application_name").await, "lsngate_ext_a");
+    });
+}
+
+#[test]
 fn transaction_pooling_shares_backends_session_pooling_pins_them() {
     let cluster = shared_cluster();
     for (mode, expect_same) in [(PoolMode::Session, true), (PoolMode::Transaction, false)] {
