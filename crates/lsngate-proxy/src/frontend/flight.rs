@@ -32,7 +32,15 @@ pub enum Duty {
         /// The flight may have written: the position is a commit token.
         wrote: bool,
     },
+    /// The server's session settings, read back after a flight while the client's SETs are in
+    /// doubt (see [`Session::note_session_effects`]).
+    Resync,
 }
+
+/// The session-level settings of a server connection: after the client's transaction is over,
+/// exactly the client's (the proxy resets anyone else's before the client's first statement).
+const RESYNC_SQL: &str =
+    "SELECT name, setting FROM pg_catalog.pg_settings WHERE source = 'session'";
 
 /// Who is waiting for the replies of one segment.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -114,6 +122,9 @@ pub struct Attached {
     /// A trailing proxy segment sent only after the client's last ReadyForQuery (behind a
     /// `COPY … FROM STDIN`, whose server would read it as COPY data).
     pub deferred: Vec<Frame>,
+    /// `name, setting` rows of a [`Duty::Resync`] under way, and whether it failed.
+    pub resync_rows: Vec<Vec<Option<String>>>,
+    pub resync_failed: bool,
 }
 
 impl Attached {
@@ -138,6 +149,8 @@ impl Attached {
             hold_ready: false,
             held_ready: None,
             deferred: Vec::new(),
+            resync_rows: Vec::new(),
+            resync_failed: false,
         }
     }
 
@@ -552,18 +565,34 @@ impl Session {
         effects
     }
 
-    /// Tracks the session-level effects of a flight (see [`Session::session_effects`]).
-    fn note_session_effects(&mut self, flight: &[FrontendMessage], class: Option<Class>) {
-        for (class, sql) in self.session_effects(flight, class) {
-            self.note_session_effect(class, &sql);
+    /// Tracks the session-level effects of a flight (see [`Session::session_effects`]). True
+    /// when a change of settings may yet be undone or was not understood: a SET inside a
+    /// transaction block (a ROLLBACK undoes it), in a pipeline or a multi-statement string (a
+    /// later error undoes it), or one the proxy cannot parse. The server's settings are then
+    /// read back after the transaction is over ([`Duty::Resync`]).
+    fn note_session_effects(&mut self, flight: &[FrontendMessage], class: Option<Class>) -> bool {
+        let effects = self.session_effects(flight, class);
+        let executes = flight
+            .iter()
+            .filter(|m| matches!(m, FrontendMessage::Execute { .. }))
+            .count();
+        let alone = self.status == b'I' && effects.len() == 1 && executes <= 1;
+        let mut doubt = false;
+        for (class, sql) in effects {
+            let understood = self.note_session_effect(class, &sql);
+            doubt |= class == Class::SessionState && !(understood && alone);
         }
+        doubt
     }
 
-    fn note_session_effect(&mut self, class: Class, sql: &str) {
+    /// Records one statement's effect; false when it is not understood (the server's settings
+    /// are then read back).
+    fn note_session_effect(&mut self, class: Class, sql: &str) -> bool {
         let lower = sql.trim().trim_end_matches(';').trim().to_ascii_lowercase();
         let conn = &mut self.backend.as_mut().expect("attached").conn;
         match class {
             Class::Pin => self.pinned = true,
+            Class::SessionState if lower.contains(';') => return false,
             Class::SessionState => {
                 if let Some((name, value)) = session_set(sql) {
                     let statement = format!("SET {name} = {value}");
@@ -582,10 +611,39 @@ impl Session {
                 } else if lower == "deallocate all" || lower == "deallocate prepare all" {
                     self.statements.clear();
                     conn.prepared.clear();
+                } else {
+                    return lower.starts_with("deallocate") || lower.starts_with("discard");
                 }
             }
             _ => {}
         }
+        true
+    }
+
+    /// The server's session settings, read back ([`Duty::Resync`]) after a flight whose
+    /// transaction ended with status `status`. Outside a transaction block they are the client's
+    /// settings from now on; inside one they may still be rolled back, and a later flight reads
+    /// them again.
+    pub(super) fn on_resync(&mut self, status: u8) {
+        let attached = self.backend.as_mut().expect("attached");
+        let rows = std::mem::take(&mut attached.resync_rows);
+        if std::mem::take(&mut attached.resync_failed) || status != b'I' {
+            return;
+        }
+        let settings: Settings = rows
+            .into_iter()
+            .filter_map(|row| match row.as_slice() {
+                [Some(name), Some(value)] => {
+                    let name = name.to_ascii_lowercase();
+                    let statement = super::session::set_config_statement(&name, value);
+                    Some((name, statement))
+                }
+                _ => None,
+            })
+            .collect();
+        attached.conn.applied = settings.clone();
+        self.settings = settings;
+        self.settings_in_doubt = false;
     }
 
     async fn send_flight(
@@ -636,7 +694,10 @@ impl Session {
             self.proxy.causal.record(crate::causal::Outcome::Replica);
         }
         let mut frames = self.preparation(&flight);
-        self.note_session_effects(&flight, class);
+        if self.note_session_effects(&flight, class) {
+            self.settings_in_doubt = true;
+        }
+        let resync = self.settings_in_doubt;
         let copy_in = self.floors.mode.tracks_positions()
             && class == Some(Class::Write)
             && self.may_copy_in(&flight);
@@ -715,6 +776,12 @@ impl Session {
                 }
                 _ => {}
             }
+        }
+        if resync && synced && !attached.open && !copy_in {
+            // Last, after any position segment (whose end releases a held ReadyForQuery).
+            frames.push(FrontendMessage::Query(RESYNC_SQL.to_string()).to_frame());
+            attached.conn.unnamed = None;
+            attached.expect.push_back(Owner::Proxy(Duty::Resync));
         }
         attached.read = read;
         if let Err(e) = attached.conn.send(&frames).await {

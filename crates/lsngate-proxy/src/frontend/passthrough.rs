@@ -43,6 +43,7 @@ impl Session {
             && self.hint == RouteHint::Auto
             && self.floors.mode.level == Level::Eventual
             && self.floors.own().is_none()
+            && !self.settings_in_doubt
             && self.config.causal.lag_bound.max_bytes.is_none()
             && self.config.causal.lag_bound.max_lag.is_none()
             && self.backend.as_ref().is_none_or(|b| {

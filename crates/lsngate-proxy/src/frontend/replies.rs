@@ -300,9 +300,20 @@ impl Session {
         message: BackendMessage,
     ) -> anyhow::Result<()> {
         let attached = self.backend.as_mut().expect("attached");
-        match message {
+        let status = match message {
             BackendMessage::Other(b'D') => {
-                attached.probe_row = crate::causal::sql::data_row(&frame.body);
+                let row = crate::causal::sql::data_row(&frame.body);
+                if duty == Duty::Resync {
+                    attached.resync_rows.extend(row);
+                } else {
+                    attached.probe_row = row;
+                }
+                return Ok(());
+            }
+            BackendMessage::ErrorResponse(e) if duty == Duty::Resync => {
+                // Expected inside a failed transaction block: read again after it.
+                tracing::debug!(node = %attached.conn.address, "reading back settings failed: {:?}", e.get(b'M'));
+                attached.resync_failed = true;
                 return Ok(());
             }
             BackendMessage::ErrorResponse(e) => {
@@ -322,14 +333,14 @@ impl Session {
                 tracing::warn!(node = %attached.conn.address, ?duty, "statement lsngate added failed: {:?}", e.get(b'M'));
                 return Ok(());
             }
-            BackendMessage::ReadyForQuery(_) => {}
+            BackendMessage::ReadyForQuery(status) => status,
             BackendMessage::ParameterStatus { .. } | BackendMessage::NoticeResponse(_) => {
                 // Asynchronous server messages belong to the client whoever's segment it is.
                 self.io.queue(frame);
                 return Ok(());
             }
             _ => return Ok(()),
-        }
+        };
         attached.expect.pop_front();
         attached.error_relayed = false;
         let row = attached.probe_row.take();
@@ -338,6 +349,7 @@ impl Session {
         let causal = &self.proxy.causal;
         match duty {
             Duty::Prepare => {}
+            Duty::Resync => self.on_resync(status),
             Duty::Verdict => return self.on_verdict(row).await,
             Duty::Served => {
                 if let Some(lsn) = text(1).and_then(|t| Lsn::parse(&t).ok()) {

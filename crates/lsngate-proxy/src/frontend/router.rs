@@ -310,6 +310,11 @@ pub fn classify(sql: &str, write_functions: &[String]) -> Class {
         "savepoint" | "release" => return Class::TransactionControl,
         _ => {}
     }
+    if calls(&lower, "set_config") {
+        // A setting changed by a function: session state like SET (the server's settings are
+        // read back afterwards).
+        return Class::SessionState;
+    }
     let Ok(statements) = Parser::parse_sql(&PostgreSqlDialect {}, sql) else {
         return Class::Write;
     };
@@ -607,6 +612,11 @@ mod tests {
         );
         assert_eq!(c("COMMIT"), Class::TransactionControl);
         assert_eq!(c("SET search_path = app"), Class::SessionState);
+        assert_eq!(
+            c("SELECT pg_catalog.set_config('search_path', 'app', false)"),
+            Class::SessionState
+        );
+        assert_eq!(c("SELECT current_setting('search_path')"), Class::Read);
         assert_eq!(c("LISTEN jobs"), Class::Pin);
         assert_eq!(c("PREPARE q AS SELECT 1"), Class::Pin);
         let cmd = |name: &str, verb: Verb| {

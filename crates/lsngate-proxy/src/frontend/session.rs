@@ -173,6 +173,9 @@ pub struct Session {
     pub(super) status: u8,
     /// Stay on one backend (session pooling, LISTEN).
     pub(super) pinned: bool,
+    /// A change of settings may have been undone (see `Session::note_session_effects`): the
+    /// server's settings are read back after every flight until one ends outside a block.
+    pub(super) settings_in_doubt: bool,
     pub(super) pending: Vec<FrontendMessage>,
     pub(super) cancel_slot: CancelSlot,
     /// Consistency mode and floors.
@@ -192,10 +195,10 @@ fn quote_literal(value: &str) -> String {
     }
 }
 
-/// The statement that applies a startup parameter: `set_config` takes the raw text and parses
-/// it as the server parses startup parameters (`search_path=a,b` is two schemas; `SET name =
-/// 'a,b'` would be one).
-fn startup_statement(name: &str, value: &str) -> String {
+/// The statement that gives a setting a value as text: `set_config` parses it as the server
+/// parses startup parameters and `pg_settings` values (`search_path=a,b` is two schemas; `SET
+/// name = 'a,b'` would be one).
+pub(super) fn set_config_statement(name: &str, value: &str) -> String {
     format!(
         "SELECT pg_catalog.set_config({}, {}, false)",
         quote_literal(name),
@@ -277,7 +280,7 @@ fn startup_settings(params: &[(String, String)]) -> crate::backend::Settings {
             for (k, v) in option_pairs(value) {
                 if is_setting_name(&k) && !k.to_ascii_lowercase().starts_with("lsngate.") {
                     let name = k.to_ascii_lowercase().replace('-', "_");
-                    let statement = startup_statement(&name, &v);
+                    let statement = set_config_statement(&name, &v);
                     settings.insert(name, statement);
                 }
             }
@@ -287,7 +290,7 @@ fn startup_settings(params: &[(String, String)]) -> crate::backend::Settings {
             && !name.to_ascii_lowercase().starts_with("lsngate.")
         {
             let name = name.to_ascii_lowercase();
-            let statement = startup_statement(&name, value);
+            let statement = set_config_statement(&name, value);
             settings.insert(name, statement);
         }
     }
@@ -368,6 +371,7 @@ impl Session {
             backend: None,
             status: b'I',
             pending: Vec::new(),
+            settings_in_doubt: false,
             cancel_slot,
             floors,
             local_portals: HashMap::new(),

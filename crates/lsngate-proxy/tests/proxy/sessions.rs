@@ -196,6 +196,81 @@ fn sets_sent_with_the_extended_protocol_follow_their_client_and_never_leak() {
 }
 
 #[test]
+fn sets_the_server_undid_are_undone_for_the_client_too() {
+    let cluster = shared_cluster();
+    let mut file = file_config(cluster);
+    file.pool_size = Some(1);
+    let proxy = TestProxy::with(file);
+    rt().block_on(async {
+        let a = connect(&proxy.conninfo()).await;
+        // Reads outside a block run on a replica's server connection, where the proxy applies
+        // what it believes the client's settings are; a block runs on the primary's.
+        let both = |name: &'static str| {
+            let a = &a;
+            async move {
+                let replica = show(a, &format!("SHOW {name}")).await;
+                a.batch_execute("BEGIN").await.unwrap();
+                let primary = show(a, &format!("SHOW {name}")).await;
+                a.batch_execute("COMMIT").await.unwrap();
+                assert_eq!(
+                    replica, primary,
+                    "{name} differs between server connections"
+                );
+                replica
+            }
+        };
+        // Rolled back: gone.
+        a.batch_execute("BEGIN").await.unwrap();
+        a.batch_execute("SET statement_timeout = '1234ms'")
+            .await
+            .unwrap();
+        a.batch_execute("ROLLBACK").await.unwrap();
+        assert_eq!(both("statement_timeout").await, "0");
+        // Committed: kept.
+        a.batch_execute("BEGIN").await.unwrap();
+        a.batch_execute("SET work_mem = '7MB'").await.unwrap();
+        a.batch_execute("COMMIT").await.unwrap();
+        assert_eq!(both("work_mem").await, "7MB");
+        // Rolled back to a savepoint: the value before it.
+        a.batch_execute("BEGIN").await.unwrap();
+        a.batch_execute("SAVEPOINT s").await.unwrap();
+        a.batch_execute("SET work_mem = '9MB'").await.unwrap();
+        a.batch_execute("ROLLBACK TO SAVEPOINT s").await.unwrap();
+        a.batch_execute("COMMIT").await.unwrap();
+        assert_eq!(both("work_mem").await, "7MB");
+        // A multi-statement string that fails after its SET: undone with it.
+        let e = a
+            .batch_execute("SET work_mem = '5MB'; SELECT 1/0")
+            .await
+            .unwrap_err();
+        assert_eq!(e.code().unwrap().code(), "22012");
+        assert_eq!(both("work_mem").await, "7MB");
+        // One that succeeds: every SET in it is kept, list values as the server parsed them.
+        a.batch_execute("SET search_path = lsngate_x, public; SET work_mem = '6MB'")
+            .await
+            .unwrap();
+        assert_eq!(both("work_mem").await, "6MB");
+        assert_eq!(both("search_path").await, "lsngate_x, public");
+        // An extended-protocol SET inside a transaction that rolls back.
+        a.batch_execute("BEGIN").await.unwrap();
+        a.execute("SET work_mem = '3MB'", &[]).await.unwrap();
+        a.batch_execute("ROLLBACK").await.unwrap();
+        assert_eq!(both("work_mem").await, "6MB");
+        // Inside an aborted block the read-back fails; after ROLLBACK it succeeds.
+        a.batch_execute("BEGIN").await.unwrap();
+        a.batch_execute("SET work_mem = '2MB'").await.unwrap();
+        assert!(a.batch_execute("SELECT 1/0").await.is_err());
+        a.batch_execute("ROLLBACK").await.unwrap();
+        assert_eq!(both("work_mem").await, "6MB");
+        // A setting changed by a function is read back like a SET.
+        a.batch_execute("SELECT pg_catalog.set_config('work_mem', '11MB', false)")
+            .await
+            .unwrap();
+        assert_eq!(both("work_mem").await, "11MB");
+    });
+}
+
+#[test]
 fn transaction_pooling_shares_backends_session_pooling_pins_them() {
     let cluster = shared_cluster();
     for (mode, expect_same) in [(PoolMode::Session, true), (PoolMode::Transaction, false)] {
