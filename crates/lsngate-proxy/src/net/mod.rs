@@ -139,7 +139,11 @@ impl<'a> Fields<'a> {
             .position(|&b| b == 0)
             .ok_or(self.malformed("string without NUL terminator"))?;
         let s = std::str::from_utf8(&self.rest[..end])
-            .map_err(|_| self.malformed("string is not UTF-8"))?;
+            .map_err(|_| {
+                self.malformed(
+                    "string is not UTF-8: lsngate relays client_encoding UTF8 only; connect with client_encoding=UTF8",
+                )
+            })?;
         self.rest = &self.rest[end + 1..];
         Ok(s)
     }

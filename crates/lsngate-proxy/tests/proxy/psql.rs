@@ -115,3 +115,37 @@ fn garbage_ends_only_that_client() {
     let output = healthy.wait_with_output().unwrap();
     assert_eq!(String::from_utf8_lossy(&output.stdout).trim(), "still here");
 }
+
+#[test]
+fn a_client_encoding_other_than_utf8_is_refused_with_the_fix() {
+    use std::os::unix::ffi::OsStrExt;
+    let cluster = shared_cluster();
+    let proxy = TestProxy::start(cluster);
+    // 'é' in LATIN1 is the single byte 0xE9: not UTF-8.
+    let sql = std::ffi::OsStr::from_bytes(b"SELECT '\xe9'");
+    let output = run(std::process::Command::new(cluster.pg_bin().tool("psql"))
+        .env("PGCLIENTENCODING", "LATIN1")
+        .args(["-X", "-A", "-t", "-d", &proxy.conninfo(), "-c"])
+        .arg(sql));
+    let (stdout, stderr) = texts(&output);
+    assert!(!output.status.success(), "{stdout}");
+    assert!(
+        stderr.contains("not UTF-8") && stderr.contains("client_encoding=UTF8"),
+        "{stderr}"
+    );
+    // ASCII text in another client encoding is fine, and the proxy goes on serving.
+    let (stdout, _) = run_ok(
+        std::process::Command::new(cluster.pg_bin().tool("psql"))
+            .env("PGCLIENTENCODING", "LATIN1")
+            .args([
+                "-X",
+                "-A",
+                "-t",
+                "-d",
+                &proxy.conninfo(),
+                "-c",
+                "SELECT 41 + 1",
+            ]),
+    );
+    assert_eq!(stdout.trim(), "42");
+}
