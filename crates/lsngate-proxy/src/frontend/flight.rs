@@ -32,14 +32,14 @@ pub enum Duty {
         /// The flight may have written: the position is a commit token.
         wrote: bool,
     },
-    /// The server's session settings, read back after a flight while the client's SETs are in
-    /// doubt (see [`Session::note_session_effects`]).
+    /// The server's session settings, read back when a transaction ends while the client's SETs
+    /// are in doubt (see [`Session::note_session_effects`]).
     Resync,
 }
 
 /// The session-level settings of a server connection: after the client's transaction is over,
 /// exactly the client's (the proxy resets anyone else's before the client's first statement).
-const RESYNC_SQL: &str =
+pub(super) const RESYNC_SQL: &str =
     "SELECT name, setting FROM pg_catalog.pg_settings WHERE source = 'session'";
 
 /// Who is waiting for the replies of one segment.
@@ -569,7 +569,9 @@ impl Session {
     /// when a change of settings may yet be undone or was not understood: a SET inside a
     /// transaction block (a ROLLBACK undoes it), in a pipeline or a multi-statement string (a
     /// later error undoes it), or one the proxy cannot parse. The server's settings are then
-    /// read back after the transaction is over ([`Duty::Resync`]).
+    /// read back when the transaction is over ([`Duty::Resync`], sent at the ReadyForQuery that
+    /// says idle). `SET LOCAL`, `SET TRANSACTION` and `SET CONSTRAINTS` end with their
+    /// transaction and change nothing that lasts.
     fn note_session_effects(&mut self, flight: &[FrontendMessage], class: Option<Class>) -> bool {
         let effects = self.session_effects(flight, class);
         let executes = flight
@@ -579,20 +581,28 @@ impl Session {
         let alone = self.status == b'I' && effects.len() == 1 && executes <= 1;
         let mut doubt = false;
         for (class, sql) in effects {
-            let understood = self.note_session_effect(class, &sql);
-            doubt |= class == Class::SessionState && !(understood && alone);
+            if let Some(understood) = self.note_session_effect(class, &sql) {
+                doubt |= class == Class::SessionState && !(understood && alone);
+            }
         }
         doubt
     }
 
-    /// Records one statement's effect; false when it is not understood (the server's settings
-    /// are then read back).
-    fn note_session_effect(&mut self, class: Class, sql: &str) -> bool {
+    /// Records one statement's effect: `Some(false)` when it is not understood (the server's
+    /// settings are then read back), `None` when nothing outlives the transaction.
+    fn note_session_effect(&mut self, class: Class, sql: &str) -> Option<bool> {
         let lower = sql.trim().trim_end_matches(';').trim().to_ascii_lowercase();
         let conn = &mut self.backend.as_mut().expect("attached").conn;
         match class {
             Class::Pin => self.pinned = true,
-            Class::SessionState if lower.contains(';') => return false,
+            Class::SessionState if lower.contains(';') => return Some(false),
+            Class::SessionState
+                if ["set local ", "set transaction ", "set constraints "]
+                    .iter()
+                    .any(|p| lower.starts_with(p)) =>
+            {
+                return None;
+            }
             Class::SessionState => {
                 if let Some((name, value)) = session_set(sql) {
                     let statement = format!("SET {name} = {value}");
@@ -612,12 +622,12 @@ impl Session {
                     self.statements.clear();
                     conn.prepared.clear();
                 } else {
-                    return lower.starts_with("deallocate") || lower.starts_with("discard");
+                    return Some(lower.starts_with("deallocate") || lower.starts_with("discard"));
                 }
             }
             _ => {}
         }
-        true
+        Some(true)
     }
 
     /// The server's session settings, read back ([`Duty::Resync`]) after a flight whose
@@ -697,7 +707,6 @@ impl Session {
         if self.note_session_effects(&flight, class) {
             self.settings_in_doubt = true;
         }
-        let resync = self.settings_in_doubt;
         let copy_in = self.floors.mode.tracks_positions()
             && class == Some(Class::Write)
             && self.may_copy_in(&flight);
@@ -776,12 +785,6 @@ impl Session {
                 }
                 _ => {}
             }
-        }
-        if resync && synced && !attached.open && !copy_in {
-            // Last, after any position segment (whose end releases a held ReadyForQuery).
-            frames.push(FrontendMessage::Query(RESYNC_SQL.to_string()).to_frame());
-            attached.conn.unnamed = None;
-            attached.expect.push_back(Owner::Proxy(Duty::Resync));
         }
         attached.read = read;
         if let Err(e) = attached.conn.send(&frames).await {

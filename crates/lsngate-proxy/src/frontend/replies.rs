@@ -7,7 +7,7 @@ use lsngate_core::{Fallback, Lsn};
 use tokio::time::Instant;
 
 use super::causal::{Answer, Discard, read_answer};
-use super::flight::{Attached, Duty, Owner};
+use super::flight::{Attached, Duty, Owner, RESYNC_SQL};
 use super::session::Session;
 use crate::backend::{BackendError, Target};
 use crate::causal::{Floor, Outcome};
@@ -121,7 +121,8 @@ impl Session {
                 && !b.hold_ready
                 && b.deferred.is_empty()
                 && b.read.is_none()
-                && !self.floors.guard_slot;
+                && !self.floors.guard_slot
+                && !self.settings_in_doubt;
             if last_plain && let Some(status) = b.conn.take_ready() {
                 // The end of a transaction nothing more is due for: relayed as is, and the
                 // connection goes back to the pool before the client hears of it.
@@ -278,6 +279,27 @@ impl Session {
             let attached = self.backend.as_mut().expect("attached");
             attached.read = None;
             self.end_fallback();
+        }
+        let attached = self.backend.as_mut().expect("attached");
+        if last
+            && status == b'I'
+            && self.settings_in_doubt
+            && !attached.expect.contains(&Owner::Proxy(Duty::Resync))
+        {
+            // The transaction that may have undone a SET is over: read the server's settings
+            // back on this connection before it goes back to the pool (and before the client
+            // hears the transaction is over, unless a position segment already holds that).
+            attached.conn.unnamed = None;
+            attached.expect.push_back(Owner::Proxy(Duty::Resync));
+            let resync = FrontendMessage::Query(RESYNC_SQL.to_string()).to_frame();
+            if let Err(e) = attached.conn.send(std::slice::from_ref(&resync)).await {
+                return self.backend_lost(e).await;
+            }
+            let attached = self.backend.as_mut().expect("attached");
+            if !attached.hold_ready {
+                attached.held_ready = Some(frame);
+                return Ok(());
+            }
         }
         let attached = self.backend.as_mut().expect("attached");
         if last && attached.hold_ready {

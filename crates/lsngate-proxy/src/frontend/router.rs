@@ -310,9 +310,9 @@ pub fn classify(sql: &str, write_functions: &[String]) -> Class {
         "savepoint" | "release" => return Class::TransactionControl,
         _ => {}
     }
-    if calls(&lower, "set_config") {
-        // A setting changed by a function: session state like SET (the server's settings are
-        // read back afterwards).
+    if calls(&lower, "set_config") && !set_config_local_only(&lower) {
+        // A setting changed by a function for the session: session state like SET (the
+        // server's settings are read back afterwards).
         return Class::SessionState;
     }
     let Ok(statements) = Parser::parse_sql(&PostgreSqlDialect {}, sql) else {
@@ -385,6 +385,35 @@ fn has_word(text: &str, word: &str) -> bool {
             .get(i + word.len())
             .is_none_or(|&c| !is_ident(c));
         before && after
+    })
+}
+
+/// Whether every `set_config(...)` call in `lower` passes a literal `true` as its last argument
+/// (`is_local`: the value ends with the transaction, as PostgREST and row-level-security setups
+/// use it on every request).
+fn set_config_local_only(lower: &str) -> bool {
+    lower.match_indices("set_config").all(|(i, _)| {
+        let Some(args) = lower[i + "set_config".len()..]
+            .trim_start()
+            .strip_prefix('(')
+        else {
+            return true; // not a call
+        };
+        let (mut depth, mut quoted, mut last_comma) = (0usize, false, None);
+        for (j, c) in args.char_indices() {
+            match c {
+                '\'' => quoted = !quoted,
+                _ if quoted => {}
+                '(' => depth += 1,
+                ')' if depth == 0 => {
+                    return last_comma.is_some_and(|k: usize| args[k + 1..j].trim() == "true");
+                }
+                ')' => depth -= 1,
+                ',' if depth == 0 => last_comma = Some(j),
+                _ => {}
+            }
+        }
+        false
     })
 }
 
@@ -617,6 +646,16 @@ mod tests {
             Class::SessionState
         );
         assert_eq!(c("SELECT current_setting('search_path')"), Class::Read);
+        assert_eq!(
+            c("SELECT set_config('a.b', 'x,(y)', is_local => false)"),
+            Class::SessionState
+        );
+        for local in [
+            "SELECT set_config('request.jwt.claims', '{\"a\": 1}', true)",
+            "select set_config('role', 'x', TRUE), set_config('a.b', format('%s', 1), true)",
+        ] {
+            assert_ne!(c(local), Class::SessionState, "{local}");
+        }
         assert_eq!(c("LISTEN jobs"), Class::Pin);
         assert_eq!(c("PREPARE q AS SELECT 1"), Class::Pin);
         let cmd = |name: &str, verb: Verb| {

@@ -174,7 +174,7 @@ pub struct Session {
     /// Stay on one backend (session pooling, LISTEN).
     pub(super) pinned: bool,
     /// A change of settings may have been undone (see `Session::note_session_effects`): the
-    /// server's settings are read back after every flight until one ends outside a block.
+    /// server's settings are read back when the transaction ends.
     pub(super) settings_in_doubt: bool,
     pub(super) pending: Vec<FrontendMessage>,
     pub(super) cancel_slot: CancelSlot,

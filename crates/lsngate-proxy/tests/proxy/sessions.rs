@@ -267,6 +267,17 @@ fn sets_the_server_undid_are_undone_for_the_client_too() {
             .await
             .unwrap();
         assert_eq!(both("work_mem").await, "11MB");
+        // Transaction-scoped changes change nothing that lasts.
+        a.batch_execute("BEGIN").await.unwrap();
+        a.batch_execute("SET LOCAL work_mem = '13MB'")
+            .await
+            .unwrap();
+        a.batch_execute("SELECT set_config('work_mem', '14MB', true)")
+            .await
+            .unwrap();
+        assert_eq!(show(&a, "SHOW work_mem").await, "14MB");
+        a.batch_execute("COMMIT").await.unwrap();
+        assert_eq!(both("work_mem").await, "11MB");
     });
 }
 
