@@ -5,6 +5,13 @@ use std::io::{Read, Write};
 use crate::support::*;
 use lsngate_testkit::shared_cluster;
 
+/// psql on the proxy, unaligned and tuples only, no psqlrc.
+fn psql(cluster: &lsngate_testkit::Cluster, proxy: &TestProxy) -> std::process::Command {
+    let mut command = std::process::Command::new(cluster.pg_bin().tool("psql"));
+    command.args(["-X", "-A", "-t", "-d", &proxy.conninfo()]);
+    command
+}
+
 #[test]
 fn psql_scripted_session_ddl_insert_transaction_copy_error_recovery() {
     let cluster = shared_cluster();
@@ -25,17 +32,8 @@ fn psql_scripted_session_ddl_insert_transaction_copy_error_recovery() {
          EXECUTE by_id(3);\n\
          /* lsngate:route=primary */ COPY (SELECT id FROM {t} ORDER BY id) TO STDOUT;\n"
     );
-    let mut command = std::process::Command::new(cluster.pg_bin().tool("psql"));
-    command.args([
-        "-X",
-        "-A",
-        "-t",
-        "-q",
-        "-v",
-        "ON_ERROR_STOP=1",
-        "-d",
-        &proxy.conninfo(),
-    ]);
+    let mut command = psql(cluster, &proxy);
+    command.args(["-q", "-v", "ON_ERROR_STOP=1"]);
     command
         .stdin(std::process::Stdio::piped())
         .stdout(std::process::Stdio::piped())
@@ -73,17 +71,8 @@ fn psql_scripted_session_ddl_insert_transaction_copy_error_recovery() {
 fn garbage_ends_only_that_client() {
     let cluster = shared_cluster();
     let proxy = TestProxy::start(cluster);
-    let mut healthy = std::process::Command::new(cluster.pg_bin().tool("psql"));
-    healthy.args([
-        "-X",
-        "-A",
-        "-t",
-        "-d",
-        &proxy.conninfo(),
-        "-c",
-        "SELECT 'still here' FROM pg_sleep(1)",
-    ]);
-    let healthy = healthy
+    let healthy = psql(cluster, &proxy)
+        .args(["-c", "SELECT 'still here' FROM pg_sleep(1)"])
         .stdout(std::process::Stdio::piped())
         .spawn()
         .unwrap();
@@ -123,9 +112,9 @@ fn a_client_encoding_other_than_utf8_is_refused_with_the_fix() {
     let proxy = TestProxy::start(cluster);
     // 'é' in LATIN1 is the single byte 0xE9: not UTF-8.
     let sql = std::ffi::OsStr::from_bytes(b"SELECT '\xe9'");
-    let output = run(std::process::Command::new(cluster.pg_bin().tool("psql"))
+    let output = run(psql(cluster, &proxy)
         .env("PGCLIENTENCODING", "LATIN1")
-        .args(["-X", "-A", "-t", "-d", &proxy.conninfo(), "-c"])
+        .arg("-c")
         .arg(sql));
     let (stdout, stderr) = texts(&output);
     assert!(!output.status.success(), "{stdout}");
@@ -135,17 +124,9 @@ fn a_client_encoding_other_than_utf8_is_refused_with_the_fix() {
     );
     // ASCII text in another client encoding is fine, and the proxy goes on serving.
     let (stdout, _) = run_ok(
-        std::process::Command::new(cluster.pg_bin().tool("psql"))
+        psql(cluster, &proxy)
             .env("PGCLIENTENCODING", "LATIN1")
-            .args([
-                "-X",
-                "-A",
-                "-t",
-                "-d",
-                &proxy.conninfo(),
-                "-c",
-                "SELECT 41 + 1",
-            ]),
+            .args(["-c", "SELECT 41 + 1"]),
     );
     assert_eq!(stdout.trim(), "42");
 }

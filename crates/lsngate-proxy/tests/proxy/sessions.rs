@@ -6,7 +6,7 @@ use std::process::Command;
 use crate::support::*;
 use lsngate_proxy::config::UserEntry;
 use lsngate_proxy::{Config, PoolMode};
-use lsngate_testkit::shared_cluster;
+use lsngate_testkit::{Cluster, shared_cluster};
 
 fn user(name: &str, password: &str, auth: &str) -> UserEntry {
     UserEntry {
@@ -93,12 +93,17 @@ async fn show(client: &tokio_postgres::Client, sql: &str) -> String {
         .unwrap_or_default()
 }
 
+/// A proxy with one server connection per node: clients take turns on it.
+fn one_connection_per_node(cluster: &Cluster) -> TestProxy {
+    let mut file = file_config(cluster);
+    file.pool_size = Some(1);
+    TestProxy::with(file)
+}
+
 #[test]
 fn startup_parameters_and_sets_follow_the_client_to_every_backend() {
     let cluster = shared_cluster();
-    let mut file = file_config(cluster);
-    file.pool_size = Some(1);
-    let proxy = TestProxy::with(file);
+    let proxy = one_connection_per_node(cluster);
     rt().block_on(async {
         let a = connect(&format!("{} application_name=lsngate_a", proxy.conninfo())).await;
         let b = connect(&proxy.conninfo()).await;
@@ -157,11 +162,8 @@ fn startup_parameters_and_sets_follow_the_client_to_every_backend() {
 
 #[test]
 fn sets_sent_with_the_extended_protocol_follow_their_client_and_never_leak() {
-    // One server connection per node: the two clients take turns on it.
     let cluster = shared_cluster();
-    let mut file = file_config(cluster);
-    file.pool_size = Some(1);
-    let proxy = TestProxy::with(file);
+    let proxy = one_connection_per_node(cluster);
     rt().block_on(async {
         let a = connect(&proxy.conninfo()).await;
         let b = connect(&proxy.conninfo()).await;
@@ -198,9 +200,7 @@ fn sets_sent_with_the_extended_protocol_follow_their_client_and_never_leak() {
 #[test]
 fn sets_the_server_undid_are_undone_for_the_client_too() {
     let cluster = shared_cluster();
-    let mut file = file_config(cluster);
-    file.pool_size = Some(1);
-    let proxy = TestProxy::with(file);
+    let proxy = one_connection_per_node(cluster);
     rt().block_on(async {
         let a = connect(&proxy.conninfo()).await;
         // Reads outside a block run on a replica's server connection, where the proxy applies
