@@ -151,12 +151,21 @@ impl Watcher {
         }
     }
 
+    /// `now` as the `consulted` clock: ms since `origin`, plus one (0 means never).
+    fn tick(&self, now: Instant) -> u64 {
+        now.saturating_duration_since(self.origin).as_millis() as u64 + 1
+    }
+
+    /// Whether a consultation at tick `last` is within [`DEMAND_WINDOW`] of tick `now`.
+    fn recent(last: u64, now: u64) -> bool {
+        last != 0 && now.saturating_sub(last) <= DEMAND_WINDOW.as_millis() as u64
+    }
+
     /// Notes that routing asked for positions at `now`; false when nobody had for
     /// [`DEMAND_WINDOW`] (the monitors were polling slowly until now).
     fn consulted_at(&self, now: Instant) -> bool {
-        let ms = now.saturating_duration_since(self.origin).as_millis() as u64 + 1;
-        let before = self.consulted.swap(ms, Ordering::Relaxed);
-        before != 0 && ms.saturating_sub(before) <= DEMAND_WINDOW.as_millis() as u64
+        let tick = self.tick(now);
+        Self::recent(self.consulted.swap(tick, Ordering::Relaxed), tick)
     }
 
     /// Whether routing asked for positions within [`DEMAND_WINDOW`]: the node monitors then
@@ -164,9 +173,10 @@ impl Watcher {
     /// positions (consistency `eventual`, no lag bound) does not query every node 50 times a
     /// second.
     pub fn in_demand(&self) -> bool {
-        let last = self.consulted.load(Ordering::Relaxed);
-        let now = self.origin.elapsed().as_millis() as u64 + 1;
-        last != 0 && now.saturating_sub(last) <= DEMAND_WINDOW.as_millis() as u64
+        Self::recent(
+            self.consulted.load(Ordering::Relaxed),
+            self.tick(Instant::now()),
+        )
     }
 
     /// Reads waiting on node `node`'s monitor right now.

@@ -630,10 +630,10 @@ impl Session {
         Some(true)
     }
 
-    /// The server's session settings, read back ([`Duty::Resync`]) after a flight whose
-    /// transaction ended with status `status`. Outside a transaction block they are the client's
-    /// settings from now on; inside one they may still be rolled back, and a later flight reads
-    /// them again.
+    /// The server's session settings, read back ([`Duty::Resync`]) once the client's
+    /// transaction is over; `status` is the server's status after the read. Read outside a
+    /// transaction block (always, as `client_ready` sends it) they are the client's settings
+    /// from now on; a failed read leaves them in doubt for the next transaction's end.
     pub(super) fn on_resync(&mut self, status: u8) {
         let attached = self.backend.as_mut().expect("attached");
         let rows = std::mem::take(&mut attached.resync_rows);

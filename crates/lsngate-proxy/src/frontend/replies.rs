@@ -333,8 +333,8 @@ impl Session {
                 return Ok(());
             }
             BackendMessage::ErrorResponse(e) if duty == Duty::Resync => {
-                // Expected inside a failed transaction block: read again after it.
-                tracing::debug!(node = %attached.conn.address, "reading back settings failed: {:?}", e.get(b'M'));
+                // The settings stay in doubt; the next transaction's end reads them again.
+                tracing::warn!(node = %attached.conn.address, "reading back the session's settings failed: {:?}", e.get(b'M'));
                 attached.resync_failed = true;
                 return Ok(());
             }
