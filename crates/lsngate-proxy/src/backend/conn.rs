@@ -4,7 +4,7 @@
 //! carries, and its cancel key. It does not decide where queries go.
 
 use std::collections::HashMap;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use std::sync::Arc;
 
@@ -52,11 +52,7 @@ pub enum BackendError {
     },
 }
 
-/// Session settings: name → the statement that gives the setting its value (`SET name = value`
-/// as the client wrote it, or a `set_config` call for a startup parameter, which PostgreSQL parses
-/// like the server does at startup, lists included). Ordered, so that comparing a client's
-/// settings with a server connection's (on every statement) hashes nothing.
-pub type Settings = std::collections::BTreeMap<String, String>;
+pub use super::settings::Settings;
 
 /// A server connection's cancel key and where to send it; shared, so that handing it to the
 /// client's cancel slot on every checkout copies nothing.
@@ -95,7 +91,7 @@ pub struct BackendConn {
     /// Settings applied on behalf of a client: name → the statement that set it.
     pub applied: Settings,
     /// When the connection was opened, for `server_lifetime`.
-    pub opened: Instant,
+    pub opened: super::clock::Coarse,
     /// Which server this is and its WAL layout, learned right after login.
     pub facts: ServerFacts,
 }
@@ -173,7 +169,7 @@ impl BackendConn {
             unnamed: None,
             applied: Settings::new(),
             facts: ServerFacts::default(),
-            opened: Instant::now(),
+            opened: super::clock::Coarse::now(),
         };
         let startup = StartupFrame::Startup {
             minor: 0,
@@ -338,6 +334,11 @@ impl BackendConn {
         result
     }
 
+    /// Writes messages already in wire form, as they are.
+    pub async fn send_bytes(&mut self, messages: &[u8]) -> Result<(), BackendError> {
+        self.write_raw(messages).await
+    }
+
     /// Writes one frame as it is.
     pub async fn send_frame(&mut self, frame: &Frame) -> Result<(), BackendError> {
         self.send(std::slice::from_ref(frame)).await
@@ -352,6 +353,7 @@ impl BackendConn {
     /// Reads until at least one whole frame is buffered. Cancel-safe.
     pub async fn fill(&mut self) -> Result<(), BackendError> {
         while !self.has_frame() {
+            crate::net::room_to_read(&mut self.read_buf);
             let n = self
                 .stream
                 .read_buf(&mut self.read_buf)

@@ -3,9 +3,11 @@
 //! its role as detected with `pg_is_in_recovery()`, not as configured — and picks one for a
 //! target. It never parses client SQL.
 
+pub mod clock;
 pub mod conn;
 pub mod monitor;
 pub mod pool;
+pub mod settings;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, Ordering};
@@ -238,7 +240,8 @@ impl Nodes {
     /// The node to use for `target` (a uniformly random healthy replica), or None when no
     /// primary is known.
     pub fn pick(&self, target: Target) -> Option<Arc<NodeState>> {
-        let all = self.all();
+        // Under the read lock, not on a copy of the list: this runs on every statement.
+        let all = self.current.read().expect("nodes lock");
         if target == Target::Replica {
             let serving = |n: &&Arc<NodeState>| n.healthy() && n.role() == Role::Replica;
             let count = all.iter().filter(serving).count();

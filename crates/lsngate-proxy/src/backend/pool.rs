@@ -1,18 +1,26 @@
-//! A pool of server connections for one (node, database): a semaphore caps the size, idle
-//! connections wait in a stack (most recently used first, so the hot ones stay warm). Idle
-//! connections unused for `server_idle_timeout` and connections open longer than
-//! `server_lifetime` are closed — when a checkout comes across them, when they are given back,
-//! and by the reaper task between statements. Handing a connection out and taking it back is all it does;
-//! resetting session state is the session's job because only the session knows what it changed.
+//! A pool of server connections for one (node, database). At most `size` connections are lent
+//! at a time; idle ones wait in a stack (most recently used first, so the hot ones stay warm).
+//! When every slot is lent, checkouts queue, and a connection (or the slot of one that was
+//! closed) given back goes straight to the oldest waiter: first come, first served, and a
+//! newcomer never takes a slot someone is already waiting for. Idle connections unused for
+//! `server_idle_timeout` and connections open longer than `server_lifetime` are closed — when a
+//! checkout comes across them, when they are given back, and by the reaper task between
+//! statements. Handing a connection out and taking it back is all it does; resetting session
+//! state is the session's job because only the session knows what it changed.
+//!
+//! A checkout and a return each take the pool's lock once and read the coarse clock once; no
+//! timer is armed unless the checkout has to wait.
 
+use std::collections::VecDeque;
 use std::ops::{Deref, DerefMut};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
+use tokio::sync::{oneshot, watch};
 
 use super::Nodes;
+use super::clock::Coarse;
 use super::conn::{BackendConn, BackendError};
 use crate::config::NodeUrl;
 
@@ -29,14 +37,13 @@ pub struct PoolLimits {
 
 impl PoolLimits {
     /// Whether a connection opened at `opened` and idle for `idle` must be closed.
-    fn expired(&self, opened: Instant, idle: Duration, now: Instant) -> bool {
+    fn expired(&self, opened: Coarse, idle: Duration, now: Coarse) -> bool {
         self.idle_timeout.is_some_and(|limit| idle > limit) || self.outlived(opened, now)
     }
 
     /// Whether a connection opened at `opened` is past its lifetime.
-    fn outlived(&self, opened: Instant, now: Instant) -> bool {
-        self.lifetime
-            .is_some_and(|limit| now.saturating_duration_since(opened) > limit)
+    fn outlived(&self, opened: Coarse, now: Coarse) -> bool {
+        self.lifetime.is_some_and(|limit| now.since(opened) > limit)
     }
 
     /// How often the reaper looks for expired connections: a quarter of the shorter limit,
@@ -55,40 +62,33 @@ impl PoolLimits {
 #[derive(Debug)]
 struct Idle {
     conn: Box<BackendConn>,
-    since: Instant,
+    since: Coarse,
 }
 
-/// The idle stack with the limits it is kept to (changed by a reload).
+/// The idle stack, the lent count and the queue of waiting checkouts, under one lock.
 #[derive(Debug)]
 struct Shelf {
     conns: Vec<Idle>,
     limits: PoolLimits,
+    /// Slots lent out: connections in use, being opened, or on their way to a waiter.
+    lent: usize,
+    /// Checkouts waiting for a slot, oldest first.
+    waiting: VecDeque<oneshot::Sender<PooledConn>>,
 }
 
 impl Shelf {
     /// Takes out every expired connection.
     #[allow(clippy::vec_box)] // the boxes move on, into PooledConn or close()
-    fn take_expired(&mut self, now: Instant) -> Vec<Box<BackendConn>> {
+    fn take_expired(&mut self, now: Coarse) -> Vec<Box<BackendConn>> {
         let limits = self.limits;
-        // The common case (nothing expired) allocates nothing: this runs on every checkout.
-        if !self.conns.iter().any(|idle| {
-            limits.expired(
-                idle.conn.opened,
-                now.saturating_duration_since(idle.since),
-                now,
-            )
-        }) {
+        let expired = |idle: &Idle| limits.expired(idle.conn.opened, now.since(idle.since), now);
+        // The common case (nothing expired) allocates nothing.
+        if !self.conns.iter().any(expired) {
             return Vec::new();
         }
         let (expired, kept) = std::mem::take(&mut self.conns)
             .into_iter()
-            .partition(|idle| {
-                limits.expired(
-                    idle.conn.opened,
-                    now.saturating_duration_since(idle.since),
-                    now,
-                )
-            });
+            .partition(|idle| expired(idle));
         self.conns = kept;
         expired.into_iter().map(|idle| idle.conn).collect()
     }
@@ -98,15 +98,20 @@ impl Shelf {
 /// EOF or FATAL the server left) before reuse.
 const PROBE_AFTER: Duration = Duration::from_secs(1);
 
+/// ParameterStatus (name, value) pairs a server sends at login.
+pub type ServerParams = Vec<(String, String)>;
+
 /// Connections of one (node, database).
 #[derive(Debug)]
 pub struct Pool {
     node: usize,
     database: String,
     shelf: Mutex<Shelf>,
-    permits: Arc<Semaphore>,
     size: usize,
     open: AtomicUsize,
+    /// The ParameterStatus values the server sent the first connection (server_version,
+    /// encodings, DateStyle...): what a client is told at login, without a checkout.
+    server_params: Mutex<Option<Arc<ServerParams>>>,
 }
 
 /// Why no connection could be handed out.
@@ -137,10 +142,12 @@ impl Pool {
             shelf: Mutex::new(Shelf {
                 conns: Vec::new(),
                 limits,
+                lent: 0,
+                waiting: VecDeque::new(),
             }),
-            permits: Arc::new(Semaphore::new(limits.size)),
             size: limits.size,
             open: AtomicUsize::new(0),
+            server_params: Mutex::new(None),
         })
     }
 
@@ -149,84 +156,135 @@ impl Pool {
         self.shelf.lock().expect("pool lock").limits = limits;
     }
 
-    /// A connection: an idle one, or a new one while under the size limit.
+    /// A connection: an idle one, or a new one while under the size limit; else the next one
+    /// given back, waiting up to `wait` for it.
     pub async fn acquire(
         self: &Arc<Self>,
         url: &NodeUrl,
         wait: Duration,
         connect: Duration,
     ) -> Result<PooledConn, PoolError> {
-        let exhausted = || PoolError::Exhausted {
-            node: self.node,
-            database: self.database.clone(),
-            size: self.size,
-            waited: wait,
-        };
-        // Fast path without arming a timer: a free slot right now.
-        let permit = match Arc::clone(&self.permits).try_acquire_owned() {
-            Ok(permit) => permit,
-            Err(_) => tokio::time::timeout(wait, Arc::clone(&self.permits).acquire_owned())
-                .await
-                .map_err(|_| exhausted())?
-                .map_err(|_| exhausted())?,
-        };
-        // Only the connections looked at are checked for expiry here; the reaper closes the
-        // rest (a scan of the whole stack on every checkout would cost every statement).
-        let (idle, expired) = {
+        let (mut lent, expired, queued) = {
             let mut shelf = self.shelf.lock().expect("pool lock");
-            let now = Instant::now();
-            let mut expired = Vec::new();
-            let mut idle = None;
-            while let Some(candidate) = shelf.conns.pop() {
-                let idle_for = now.saturating_duration_since(candidate.since);
-                if shelf.limits.expired(candidate.conn.opened, idle_for, now) {
-                    expired.push(candidate.conn);
-                    continue;
-                }
-                // Probing costs a syscall per checkout; a connection back for less than
-                // PROBE_AFTER is taken as is (a server that closed it just now fails that one
-                // statement with a clear error, and reads are re-run elsewhere).
-                let fresh = idle_for < PROBE_AFTER;
-                if fresh || candidate.conn.is_usable() {
-                    idle = Some(candidate.conn);
-                    break;
-                }
-                tracing::debug!(node = %candidate.conn.address, "dropping a server connection closed while idle");
-                self.open.fetch_sub(1, Ordering::Relaxed);
+            if shelf.waiting.is_empty() && shelf.lent < self.size {
+                shelf.lent += 1;
+                let (idle, expired) = self.take_idle(&mut shelf);
+                (Some(self.lend(idle)), expired, None)
+            } else {
+                let (tx, rx) = oneshot::channel();
+                shelf.waiting.push_back(tx);
+                (None, Vec::new(), Some(rx))
             }
-            (idle, expired)
         };
         self.close(expired);
-        let conn = match idle {
-            Some(conn) => conn,
-            None => {
-                let conn =
-                    Box::new(BackendConn::connect(self.node, url, &self.database, connect).await?);
-                self.open.fetch_add(1, Ordering::Relaxed);
-                conn
-            }
+        if let Some(mut rx) = queued {
+            lent = match tokio::time::timeout(wait, &mut rx).await {
+                Ok(Ok(lent)) => Some(lent),
+                // The sender went away without a slot: only when the pool itself is dropped.
+                Ok(Err(_)) => None,
+                Err(_) => {
+                    // Timed out; a slot handed over in the meantime is taken, not lost.
+                    rx.close();
+                    rx.try_recv().ok()
+                }
+            };
+        }
+        let Some(mut lent) = lent else {
+            return Err(PoolError::Exhausted {
+                node: self.node,
+                database: self.database.clone(),
+                size: self.size,
+                waited: wait,
+            });
         };
-        Ok(PooledConn {
-            conn: Some(conn),
-            _permit: permit,
-            pool: Arc::clone(self),
-        })
+        if lent.conn.is_none() {
+            // A free slot without an idle connection: open one. On failure `lent` is dropped
+            // and its slot goes to the next waiter.
+            let conn = BackendConn::connect(self.node, url, &self.database, connect).await?;
+            self.open.fetch_add(1, Ordering::Relaxed);
+            self.server_params
+                .lock()
+                .expect("params lock")
+                .get_or_insert_with(|| Arc::new(conn.server_params.clone()));
+            lent.conn = Some(Box::new(conn));
+        }
+        Ok(lent)
     }
 
-    /// Takes a connection back: onto the idle stack, or closed when it outlived its lifetime.
-    fn put_back(&self, conn: Box<BackendConn>) {
-        let now = Instant::now();
-        let expired = {
-            let mut shelf = self.shelf.lock().expect("pool lock");
-            let mut expired = Vec::new();
-            if shelf.limits.outlived(conn.opened, now) {
-                expired.push(conn);
-            } else {
-                shelf.conns.push(Idle { conn, since: now });
+    /// The server's ParameterStatus values, once a connection was opened.
+    pub fn server_params(&self) -> Option<Arc<ServerParams>> {
+        self.server_params.lock().expect("params lock").clone()
+    }
+
+    /// A slot on loan, with `conn` in it if there is one.
+    fn lend(self: &Arc<Self>, conn: Option<Box<BackendConn>>) -> PooledConn {
+        PooledConn {
+            conn,
+            pool: Some(Arc::clone(self)),
+        }
+    }
+
+    /// The most recently used idle connection that can serve, and the expired ones met on the
+    /// way (to close outside the lock). Only the connections looked at are checked for expiry;
+    /// the reaper closes the rest.
+    #[allow(clippy::vec_box)] // the boxes move on, into PooledConn or close()
+    fn take_idle(&self, shelf: &mut Shelf) -> (Option<Box<BackendConn>>, Vec<Box<BackendConn>>) {
+        let now = Coarse::now();
+        let mut expired = Vec::new();
+        while let Some(candidate) = shelf.conns.pop() {
+            let idle_for = now.since(candidate.since);
+            if shelf.limits.expired(candidate.conn.opened, idle_for, now) {
+                expired.push(candidate.conn);
+                continue;
             }
-            expired
-        };
-        self.close(expired);
+            // Probing costs a syscall per checkout; a connection back for less than
+            // PROBE_AFTER is taken as is (a server that closed it just now fails that one
+            // statement with a clear error, and reads are re-run elsewhere).
+            if idle_for < PROBE_AFTER || candidate.conn.is_usable() {
+                return (Some(candidate.conn), expired);
+            }
+            tracing::debug!(node = %candidate.conn.address, "dropping a server connection closed while idle");
+            self.open.fetch_sub(1, Ordering::Relaxed);
+        }
+        (None, expired)
+    }
+
+    /// Takes a slot back, with its connection when it can be reused: to the oldest waiter if
+    /// any, else onto the idle stack.
+    fn give_back(self: &Arc<Self>, mut conn: Option<Box<BackendConn>>) {
+        let now = Coarse::now();
+        let mut outlived = None;
+        loop {
+            let waiter = {
+                let mut shelf = self.shelf.lock().expect("pool lock");
+                if conn
+                    .as_ref()
+                    .is_some_and(|c| shelf.limits.outlived(c.opened, now))
+                {
+                    outlived = conn.take();
+                }
+                match shelf.waiting.pop_front() {
+                    Some(waiter) => waiter,
+                    None => {
+                        shelf.lent -= 1;
+                        if let Some(conn) = conn {
+                            shelf.conns.push(Idle { conn, since: now });
+                        }
+                        break;
+                    }
+                }
+            };
+            // Outside the lock: a waiter that gave up hands the slot back here, and the next
+            // one is tried.
+            match waiter.send(self.lend(conn)) {
+                Ok(()) => break,
+                Err(mut refused) => {
+                    refused.pool = None;
+                    conn = refused.conn.take();
+                }
+            }
+        }
+        self.close(outlived.into_iter().collect());
     }
 
     /// Closes idle connections past their idle timeout or lifetime; returns how many.
@@ -235,7 +293,7 @@ impl Pool {
             .shelf
             .lock()
             .expect("pool lock")
-            .take_expired(Instant::now());
+            .take_expired(Coarse::now());
         let closed = expired.len();
         self.close(expired);
         closed
@@ -302,29 +360,34 @@ pub async fn reap(
     }
 }
 
-/// A connection on loan; dropping it without `release` closes it (the safe default after errors).
+/// A slot on loan, with its connection once there is one. `release` gives both back; dropping
+/// it instead closes the connection (the safe default after errors) and frees the slot.
 #[derive(Debug)]
 pub struct PooledConn {
     /// Boxed: a connection moves between the idle stack and its borrower on every transaction,
-    /// and a move of the box copies a pointer, not the connection.
+    /// and a move of the box copies a pointer, not the connection. None only inside the pool,
+    /// before a new connection is opened for the slot.
     conn: Option<Box<BackendConn>>,
-    _permit: OwnedSemaphorePermit,
-    pool: Arc<Pool>,
+    /// The pool the slot goes back to; None once it went back.
+    pool: Option<Arc<Pool>>,
 }
 
 impl PooledConn {
     /// Gives the connection back for reuse (or closes it when it outlived `server_lifetime`).
     pub fn release(mut self) {
-        if let Some(conn) = self.conn.take() {
-            self.pool.put_back(conn);
+        if let Some(pool) = self.pool.take() {
+            pool.give_back(self.conn.take());
         }
     }
 }
 
 impl Drop for PooledConn {
     fn drop(&mut self) {
-        if self.conn.take().is_some() {
-            self.pool.open.fetch_sub(1, Ordering::Relaxed);
+        if let Some(pool) = self.pool.take() {
+            if self.conn.take().is_some() {
+                pool.open.fetch_sub(1, Ordering::Relaxed);
+            }
+            pool.give_back(None);
         }
     }
 }
@@ -357,7 +420,7 @@ mod tests {
             idle_timeout: Some(Duration::from_secs(10)),
             lifetime: Some(Duration::from_secs(60)),
         };
-        let now = Instant::now() + Duration::from_secs(120);
+        let now = Coarse::now() + Duration::from_secs(120);
         let ago = |secs| now - Duration::from_secs(secs);
         let secs = Duration::from_secs;
         assert!(

@@ -189,7 +189,7 @@ fn settings_sql(wanted: &Settings, applied: &Settings) -> Option<String> {
             sql.push(';');
         }
     }
-    for name in applied.keys().filter(|n| !wanted.contains_key(*n)) {
+    for name in applied.keys().filter(|n| !wanted.contains_key(n)) {
         sql.push_str(&format!("RESET {name};"));
     }
     (!sql.is_empty()).then_some(sql)
@@ -257,7 +257,8 @@ fn closes_unnamed(flight: &[FrontendMessage]) -> bool {
 }
 
 impl Proxy {
-    /// ParameterStatus values to report at login, from a primary connection.
+    /// ParameterStatus values to report at login: those the primary sent the pool's first
+    /// connection (a checkout only before there was one).
     pub async fn server_params(&self, database: &str) -> anyhow::Result<Vec<(String, String)>> {
         let config = self.config();
         let node = self
@@ -265,6 +266,10 @@ impl Proxy {
             .pick(Target::Primary)
             .ok_or_else(|| anyhow::anyhow!(no_primary()))?;
         let pool = node.pool(database, config.pool_limits());
+        // Known once the pool opened a connection: a login does not wait for a busy pool.
+        if let Some(params) = pool.server_params() {
+            return Ok(params.to_vec());
+        }
         let conn = pool
             .acquire(&node.url, config.acquire_timeout, config.connect_timeout)
             .await?;
@@ -717,8 +722,7 @@ impl Session {
         let budget = self.config.causal.wait_timeout;
         let attached = self.backend.as_mut().expect("attached before send");
         let ends = segment_ends(&flight);
-        self.proxy.queries[usize::from(attached.target == Target::Replica)]
-            .increment(ends.max(1) as u64);
+        self.proxy.queries[usize::from(attached.target == Target::Replica)].add(ends.max(1) as u64);
         let standalone_read = matches!(class, Some(Class::Read)) && ends == 1 && status == b'I';
         if retry_allowed
             && standalone_read

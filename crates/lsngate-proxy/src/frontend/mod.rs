@@ -49,11 +49,11 @@ pub struct Proxy {
     pub classes: ClassCache,
     cancels: Mutex<HashMap<(i32, i32), CancelSlot>>,
     clients: AtomicUsize,
-    /// `lsngate_proxy_queries_total` for route primary and replica, registered once because
-    /// they are bumped on every flight.
-    pub(crate) queries: [metrics::Counter; 2],
+    /// `lsngate_proxy_queries_total` for route primary and replica, tallied because they are bumped
+    /// on every flight.
+    pub(crate) queries: [crate::admin::Tally; 2],
     /// `lsngate_proxy_passthrough_total`: simple queries sent on as they came (`passthrough.rs`).
-    pub(crate) passed_through: metrics::Counter,
+    pub(crate) passed_through: crate::admin::Tally,
     /// Causal-read state shared by the sessions (watcher, guard, statistics, floors).
     pub causal: crate::causal::Causal,
     /// Shutdown signal for node monitors, once serving (monitors of nodes a reload adds use it).
@@ -67,10 +67,16 @@ impl Proxy {
         crate::admin::prometheus();
         Arc::new(Proxy {
             queries: [
-                metrics::counter!("lsngate_proxy_queries_total", "route" => "primary"),
-                metrics::counter!("lsngate_proxy_queries_total", "route" => "replica"),
+                crate::admin::Tally::new(
+                    metrics::counter!("lsngate_proxy_queries_total", "route" => "primary"),
+                ),
+                crate::admin::Tally::new(
+                    metrics::counter!("lsngate_proxy_queries_total", "route" => "replica"),
+                ),
             ],
-            passed_through: metrics::counter!("lsngate_proxy_passthrough_total"),
+            passed_through: crate::admin::Tally::new(metrics::counter!(
+                "lsngate_proxy_passthrough_total"
+            )),
             nodes: Nodes::new(&config.nodes),
             causal: crate::causal::Causal::new(&config.causal),
             monitors: Mutex::new(None),

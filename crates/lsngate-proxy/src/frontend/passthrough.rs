@@ -11,32 +11,21 @@ use super::router::{Class, RouteHint};
 use super::session::Session;
 use crate::backend::{Role, Target};
 use crate::causal::{Level, Outcome};
-use crate::net::Frame;
 
-/// The SQL of a simple Query frame, when it is well formed (one NUL, at the end; UTF-8).
-fn query_text(frame: &Frame) -> Option<&str> {
-    let (nul, text) = frame.body.split_last()?;
-    if *nul != 0 || text.contains(&0) {
-        return None;
+/// The text of a whole simple Query message (tag and length included): the bytes before its
+/// closing NUL; None when it does not end with one.
+fn query_text(message: &[u8]) -> Option<&[u8]> {
+    match message.get(5..)?.split_last()? {
+        (0, text) => Some(text),
+        _ => None,
     }
-    std::str::from_utf8(text).ok()
-}
-
-/// Whether the text mentions lsngate in any case (a hint comment or a proxy command).
-fn mentions_lsngate(sql: &str) -> bool {
-    let bytes = sql.as_bytes();
-    memchr::memchr2_iter(b'l', b'L', bytes).any(|i| {
-        bytes
-            .get(i..i + 7)
-            .is_some_and(|w| w.eq_ignore_ascii_case(b"lsngate"))
-    })
 }
 
 impl Session {
-    /// Sends a simple Query straight to the primary when nothing about it needs the general
-    /// path; false when it does (nothing was sent then, though a server connection may have
-    /// been attached for it).
-    pub(super) async fn pass_through(&mut self, frame: &Frame) -> anyhow::Result<bool> {
+    /// Sends a simple Query (`message`: the whole message as the client sent it) straight to
+    /// the primary when nothing about it needs the general path; false when it does (nothing was
+    /// sent then, though a server connection may have been attached for it).
+    pub(super) async fn pass_through(&mut self, message: &[u8]) -> anyhow::Result<bool> {
         let idle_session = self.status == b'I'
             && !self.pinned
             && self.pending.is_empty()
@@ -56,15 +45,17 @@ impl Session {
         if !idle_session {
             return Ok(false);
         }
-        let Some(sql) = query_text(frame) else {
+        let Some(text) = query_text(message) else {
             return Ok(false);
         };
-        if mentions_lsngate(sql) {
-            return Ok(false);
-        }
-        let class =
+        // One scan classifies it and checks it: no NUL inside, UTF-8, no mention of lsngate (a
+        // hint comment or a proxy command).
+        let Some(class) =
             self.class_memo
-                .classify(&self.proxy.classes, sql, &self.config.write_functions);
+                .classify_query(&self.proxy.classes, text, &self.config.write_functions)
+        else {
+            return Ok(false);
+        };
         // The node a read would get: the primary when no replica serves (picked once here).
         let node = match class {
             Class::Write => None,
@@ -94,9 +85,9 @@ impl Session {
         attached.extended = false;
         attached.open = false;
         attached.read = None;
-        self.proxy.queries[0].increment(1);
-        self.proxy.passed_through.increment(1);
-        if let Err(e) = attached.conn.send_frame(frame).await {
+        self.proxy.queries[0].add(1);
+        self.proxy.passed_through.add(1);
+        if let Err(e) = attached.conn.send_bytes(message).await {
             self.backend_lost(e).await?;
         }
         Ok(true)
@@ -106,23 +97,14 @@ impl Session {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::net::Frame;
 
     #[test]
-    fn only_well_formed_query_text_passes() {
-        assert_eq!(
-            query_text(&Frame::new(b'Q', &b"SELECT 1\0"[..])),
-            Some("SELECT 1")
-        );
-        assert_eq!(query_text(&Frame::new(b'Q', &b"SELECT 1"[..])), None);
-        assert_eq!(query_text(&Frame::new(b'Q', &b"SEL\0ECT 1\0"[..])), None);
-        assert_eq!(query_text(&Frame::new(b'Q', &b"\xff\0"[..])), None);
-        assert_eq!(query_text(&Frame::new(b'Q', &b""[..])), None);
-    }
-
-    #[test]
-    fn any_mention_of_lsngate_takes_the_general_path() {
-        assert!(mentions_lsngate("SET LSNGATE.route = primary"));
-        assert!(mentions_lsngate("/* lsngate:route=replica */ SELECT 1"));
-        assert!(!mentions_lsngate("SELECT 1"));
+    fn only_query_text_ending_in_nul_passes() {
+        let message = |body: &[u8]| Frame::new(b'Q', body.to_vec()).to_bytes();
+        assert_eq!(query_text(&message(b"SELECT 1\0")), Some(&b"SELECT 1"[..]));
+        assert_eq!(query_text(&message(b"SELECT 1")), None);
+        assert_eq!(query_text(&message(b"")), None);
+        assert_eq!(query_text(b"Q\0"), None);
     }
 }

@@ -438,7 +438,8 @@ pub fn cache_key(sql: &str) -> std::borrow::Cow<'_, str> {
 }
 
 /// Bytes the key scan stops at: quotes, digits, and the first byte of anything that makes the
-/// lexing ambiguous. Everything else is copied in runs.
+/// lexing ambiguous; and, for the pass-through's checks, NUL, `l`/`L` (a mention of lsngate) and
+/// non-ASCII bytes. Everything else is copied in runs.
 static KEY_SPECIAL: [bool; 256] = {
     let mut table = [false; 256];
     let mut digit = b'0';
@@ -446,6 +447,14 @@ static KEY_SPECIAL: [bool; 256] = {
         table[digit as usize] = true;
         digit += 1;
     }
+    let mut high = 0x80;
+    while high <= 0xff {
+        table[high] = true;
+        high += 1;
+    }
+    table[0] = true;
+    table[b'l' as usize] = true;
+    table[b'L' as usize] = true;
     table[b'\'' as usize] = true;
     table[b'"' as usize] = true;
     table[b'\\' as usize] = true;
@@ -455,12 +464,46 @@ static KEY_SPECIAL: [bool; 256] = {
     table
 };
 
+/// What the key scan noticed on the way, for the pass-through (`passthrough.rs`): a text with a
+/// NUL, a mention of lsngate in any case, or bytes that are not valid UTF-8 must take the
+/// general path. The scan stops early once one of them is seen, or when the key is the text
+/// itself; only what it passed is reported.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Noticed {
+    /// A NUL byte.
+    pub nul: bool,
+    /// "lsngate" in any case.
+    pub lsngate: bool,
+    /// A byte above 0x7f (the text may not be UTF-8; validate it).
+    pub non_ascii: bool,
+}
+
+/// How a key scan ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Scan {
+    /// `out` holds the key.
+    Keyed,
+    /// The key is the text itself.
+    Verbatim,
+    /// A NUL or a mention of lsngate was seen (with `stop_at_notice`); no key.
+    Stopped,
+}
+
 /// [`cache_key`] written into `out` (cleared first, its allocation reused); false when the key
-/// is `sql` itself. One pass that copies the text in runs between the bytes that matter (this
-/// runs for every statement the proxy routes).
+/// is `sql` itself.
 pub fn cache_key_into(sql: &str, out: &mut String) -> bool {
+    let mut key = std::mem::take(out).into_bytes();
+    let keyed = scan_key(sql.as_bytes(), &mut key, &mut Noticed::default(), false) == Scan::Keyed;
+    // Built from whole runs of `sql` cut at ASCII bytes, and ASCII placeholders: UTF-8.
+    *out = String::from_utf8(key).expect("a key cut at ASCII bytes of UTF-8 text");
+    keyed
+}
+
+/// The key scan. One pass that copies the text in runs between the bytes that matter (this runs
+/// for every statement the proxy routes); `noticed` collects what the pass-through must know
+/// about the text, and with `stop_at_notice` a NUL or a mention of lsngate ends the scan.
+fn scan_key(bytes: &[u8], out: &mut Vec<u8>, noticed: &mut Noticed, stop_at_notice: bool) -> Scan {
     out.clear();
-    let bytes = sql.as_bytes();
     // A byte before `i` that glues a literal to a word: `E'..'`, `t1`, `"x"1`.
     let glued = |i: usize| i > 0 && (is_ident(bytes[i - 1]) || bytes[i - 1] == b'"');
     let mut i = 0;
@@ -472,27 +515,59 @@ pub fn cache_key_into(sql: &str, out: &mut String) -> bool {
             continue;
         }
         match b {
-            b'\\' | b'$' => return false,
+            b'l' | b'L' => {
+                if bytes
+                    .get(i..i + 7)
+                    .is_some_and(|w| w.eq_ignore_ascii_case(b"lsngate"))
+                {
+                    noticed.lsngate = true;
+                    if stop_at_notice {
+                        return Scan::Stopped;
+                    }
+                }
+                i += 1;
+            }
+            0 => {
+                noticed.nul = true;
+                if stop_at_notice {
+                    return Scan::Stopped;
+                }
+                i += 1;
+            }
+            0x80.. => {
+                noticed.non_ascii = true;
+                i += 1;
+            }
+            b'\\' | b'$' => return Scan::Verbatim,
             b'-' | b'/' => {
                 let second = if b == b'-' { b'-' } else { b'*' };
                 if bytes.get(i + 1) == Some(&second) {
-                    return false; // a comment
+                    return Scan::Verbatim; // a comment
                 }
                 i += 1;
             }
             b'"' => {
-                // A quoted identifier stays as it is, through its closing quote.
-                i = memchr::memchr(b'"', &bytes[i + 1..]).map_or(bytes.len(), |e| i + 2 + e);
+                // A quoted identifier stays as it is, through its closing quote; what it holds
+                // is checked here.
+                let end = memchr::memchr(b'"', &bytes[i + 1..]).map_or(bytes.len(), |e| i + 2 + e);
+                let identifier = &bytes[i..end];
+                noticed.non_ascii |= !identifier.is_ascii();
+                noticed.nul |= identifier.contains(&0);
+                noticed.lsngate |= mentions_lsngate(identifier);
+                if stop_at_notice && (noticed.nul || noticed.lsngate) {
+                    return Scan::Stopped;
+                }
+                i = end;
             }
             b'\'' => {
                 if glued(i) {
-                    return false; // E'..', U&'..', B'..', X'..' prefixes
+                    return Scan::Verbatim; // E'..', U&'..', B'..', X'..' prefixes
                 }
                 let mut j = i + 1;
                 loop {
                     match memchr::memchr2(b'\'', b'\\', &bytes[j..]) {
-                        None => return false,
-                        Some(k) if bytes[j + k] == b'\\' => return false,
+                        None => return Scan::Verbatim,
+                        Some(k) if bytes[j + k] == b'\\' => return Scan::Verbatim,
                         Some(k) if bytes.get(j + k + 1) == Some(&b'\'') => j += k + 2,
                         Some(k) => {
                             j += k;
@@ -500,15 +575,23 @@ pub fn cache_key_into(sql: &str, out: &mut String) -> bool {
                         }
                     }
                 }
-                out.push_str(&sql[copied..i]);
-                out.push_str("'?'");
+                // The literal is replaced: what it holds is checked here.
+                let literal = &bytes[i..j];
+                noticed.non_ascii |= !literal.is_ascii();
+                noticed.nul |= literal.contains(&0);
+                noticed.lsngate |= mentions_lsngate(literal);
+                if stop_at_notice && (noticed.nul || noticed.lsngate) {
+                    return Scan::Stopped;
+                }
+                out.extend_from_slice(&bytes[copied..i]);
+                out.extend_from_slice(b"'?'");
                 i = j + 1;
                 copied = i;
             }
             _ if glued(i) => i += 1, // a digit inside a word (`t1`) or after `"x"`
             _ => {
-                out.push_str(&sql[copied..i]);
-                out.push('0');
+                out.extend_from_slice(&bytes[copied..i]);
+                out.push(b'0');
                 while i < bytes.len() && (bytes[i].is_ascii_digit() || bytes[i] == b'.') {
                     i += 1;
                 }
@@ -516,8 +599,17 @@ pub fn cache_key_into(sql: &str, out: &mut String) -> bool {
             }
         }
     }
-    out.push_str(&sql[copied..]);
-    true
+    out.extend_from_slice(&bytes[copied..]);
+    Scan::Keyed
+}
+
+/// Whether `bytes` mention lsngate in any case (a hint comment or a proxy command).
+pub fn mentions_lsngate(bytes: &[u8]) -> bool {
+    memchr::memchr2_iter(b'l', b'L', bytes).any(|i| {
+        bytes
+            .get(i..i + 7)
+            .is_some_and(|w| w.eq_ignore_ascii_case(b"lsngate"))
+    })
 }
 
 /// A bounded cache of classifications keyed by statement text.
@@ -533,8 +625,8 @@ const CACHE_LIMIT: usize = 10_000;
 /// nothing. Cleared when the config changes (it may change `write_functions`).
 #[derive(Debug, Default)]
 pub struct ClassMemo {
-    key: String,
-    entries: Vec<(String, Class)>,
+    key: Vec<u8>,
+    entries: Vec<(Vec<u8>, Class)>,
     next: usize,
 }
 
@@ -543,19 +635,65 @@ const MEMO_SIZE: usize = 8;
 impl ClassMemo {
     /// Classifies `sql` through the memo, then the shared cache.
     pub fn classify(&mut self, cache: &ClassCache, sql: &str, write_functions: &[String]) -> Class {
-        let key = if cache_key_into(sql, &mut self.key) {
-            self.key.as_str()
-        } else {
-            sql
-        };
+        let scan = scan_key(
+            sql.as_bytes(),
+            &mut self.key,
+            &mut Noticed::default(),
+            false,
+        );
+        self.lookup(cache, sql.as_bytes(), scan, write_functions)
+    }
+
+    /// Classifies the text of a simple Query (`text`: the bytes before its NUL) for the
+    /// pass-through, in the same pass as its checks: None when the text holds a NUL, mentions
+    /// lsngate, or is not UTF-8 (the general path then handles it and reports what is wrong).
+    pub fn classify_query(
+        &mut self,
+        cache: &ClassCache,
+        text: &[u8],
+        write_functions: &[String],
+    ) -> Option<Class> {
+        let mut noticed = Noticed::default();
+        let scan = scan_key(text, &mut self.key, &mut noticed, true);
+        if scan == Scan::Stopped {
+            return None;
+        }
+        if scan == Scan::Verbatim {
+            // The scan stopped before the end: check the rest as the general path would.
+            noticed.nul |= text.contains(&0);
+            noticed.lsngate |= mentions_lsngate(text);
+            noticed.non_ascii = true;
+        }
+        if noticed.nul || noticed.lsngate {
+            return None;
+        }
+        if noticed.non_ascii && std::str::from_utf8(text).is_err() {
+            return None;
+        }
+        Some(self.lookup(cache, text, scan, write_functions))
+    }
+
+    /// The class of `text` (UTF-8), whose scan ended as `scan` with its key in `self.key`.
+    fn lookup(
+        &mut self,
+        cache: &ClassCache,
+        text: &[u8],
+        scan: Scan,
+        write_functions: &[String],
+    ) -> Class {
+        let key: &[u8] = if scan == Scan::Keyed { &self.key } else { text };
         if let Some((_, class)) = self.entries.iter().find(|(k, _)| k == key) {
             return *class;
         }
-        let class = cache.classify_keyed(key, sql, write_functions);
+        // UTF-8 (checked by the callers); the key is cut at ASCII bytes of it, with ASCII
+        // placeholders, so it is UTF-8 too.
+        let sql = std::str::from_utf8(text).expect("UTF-8 text");
+        let key_text = std::str::from_utf8(key).expect("a key cut at ASCII bytes of UTF-8 text");
+        let class = cache.classify_keyed(key_text, sql, write_functions);
         if self.entries.len() < MEMO_SIZE {
-            self.entries.push((key.to_string(), class));
+            self.entries.push((key.to_vec(), class));
         } else {
-            self.entries[self.next] = (key.to_string(), class);
+            self.entries[self.next] = (key.to_vec(), class);
             self.next = (self.next + 1) % MEMO_SIZE;
         }
         class
@@ -826,7 +964,68 @@ mod tests {
         }
     }
 
+    /// What the pass-through must get from `classify_query`: the class, only for text with no
+    /// NUL, no mention of lsngate and valid UTF-8.
+    fn expected_query_class(text: &[u8]) -> Option<Class> {
+        let sql = std::str::from_utf8(text).ok()?;
+        (!text.contains(&0) && !mentions_lsngate(text)).then(|| classify(sql, &[]))
+    }
+
+    #[test]
+    fn the_pass_through_scan_refuses_nul_lsngate_and_bad_utf8_wherever_they_are() {
+        let cache = ClassCache::default();
+        let mut memo = ClassMemo::default();
+        for (text, expected) in [
+            (
+                &b"SELECT abalance FROM pgbench_accounts WHERE aid = 12345"[..],
+                Some(Class::Read),
+            ),
+            (
+                b"UPDATE t SET a = 'caf\xc3\xa9' WHERE id = 1",
+                Some(Class::Write),
+            ),
+            (b"SELECT 1 \0 x", None),
+            (b"SELECT '\0'", None),
+            (b"SELECT \"a\0\"", None),
+            (b"SET LSNGATE.route = primary", None),
+            (b"/* lsngate:route=replica */ SELECT 1", None),
+            (b"SELECT 'lsngate'", None),
+            (b"SELECT \"LsnGate\" FROM t", None),
+            (b"SELECT 1 -- lsngate", None),
+            (b"SELECT $1 -- lsngate", None),
+            (b"SELECT '\xff'", None),
+            (b"SELECT \xff", None),
+            (b"SELECT \"\xff\"", None),
+            (b"SELECT E'\xff'", None),
+            (b"SELECT 'l', lsn FROM lag", Some(Class::Read)),
+        ] {
+            assert_eq!(
+                memo.classify_query(&cache, text, &[]),
+                expected,
+                "{:?}",
+                String::from_utf8_lossy(text)
+            );
+            assert_eq!(
+                expected_query_class(text),
+                expected,
+                "{:?}",
+                String::from_utf8_lossy(text)
+            );
+        }
+    }
+
     proptest! {
+        #[test]
+        fn the_pass_through_scan_agrees_with_checking_separately(
+            text in proptest::collection::vec(prop::sample::select(b"SELECT lsngate L'\"$-/*\\0 1\x00\xc3\xa9\xff;=".to_vec()), 0..50)
+        ) {
+            let cache = ClassCache::default();
+            let mut memo = ClassMemo::default();
+            prop_assert_eq!(memo.classify_query(&cache, &text, &[]), expected_query_class(&text));
+            // And again through the memo.
+            prop_assert_eq!(memo.classify_query(&cache, &text, &[]), expected_query_class(&text));
+        }
+
         /// Texts with the same cache key (not verbatim) always classify the same.
         #[test]
         fn same_key_same_class(a in 0u32..1000, b in 0u32..1000, s in "[a-z ]{0,12}", kw in prop::sample::select(vec!["SELECT", "INSERT INTO t VALUES", "SELECT nextval", "DELETE FROM t WHERE x ="])) {

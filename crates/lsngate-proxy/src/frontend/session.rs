@@ -7,7 +7,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use bytes::BytesMut;
+use bytes::{Buf, BytesMut};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::watch;
 
@@ -18,7 +18,7 @@ use super::{CancelSlot, Proxy};
 use crate::backend::Target;
 use crate::causal::Floor;
 use crate::net::backend::build;
-use crate::net::{ErrorFields, Frame, FrontendMessage, ProtocolError, decode_frame};
+use crate::net::{ErrorFields, Frame, FrontendMessage, ProtocolError, decode_frame, whole_frame};
 
 /// A client connection: plain TCP or TLS over it.
 pub trait ClientSocket: AsyncRead + AsyncWrite + Unpin + Send {
@@ -82,6 +82,32 @@ impl ClientIo {
         }
     }
 
+    /// What the client sent next, `None` when it closed the connection. A simple Query stays in
+    /// the read buffer (see [`Incoming::Query`]). Cancel-safe.
+    pub async fn next(&mut self) -> Result<Option<Incoming>, anyhow::Error> {
+        loop {
+            if let Some(len) = whole_frame(&mut self.read_buf, self.max_len)? {
+                if self.read_buf[0] == b'Q' {
+                    return Ok(Some(Incoming::Query(len)));
+                }
+                let frame = decode_frame(&mut self.read_buf, self.max_len)?;
+                return Ok(Some(Incoming::Frame(frame.expect("a whole frame"))));
+            }
+            crate::net::room_to_read(&mut self.read_buf);
+            if self.stream.read_buf(&mut self.read_buf).await? == 0 {
+                return Ok(None);
+            }
+        }
+    }
+
+    /// Takes the whole message at the front of the read buffer (after [`Incoming::Query`]).
+    fn take_buffered(&mut self) -> Frame {
+        decode_frame(&mut self.read_buf, usize::MAX)
+            .ok()
+            .flatten()
+            .expect("a whole message is buffered")
+    }
+
     /// Buffers a frame for the client.
     pub fn queue(&mut self, frame: &Frame) {
         frame.encode(&mut self.write_buf);
@@ -114,6 +140,16 @@ impl ClientIo {
         self.write_buf.clear();
         Ok(())
     }
+}
+
+/// A client message, as `ClientIo::next` found it.
+#[derive(Debug)]
+pub enum Incoming {
+    /// A whole simple Query of this many bytes (tag and length included) at the front of the
+    /// read buffer, not taken out yet: the pass-through sends it on from there.
+    Query(usize),
+    /// Any other message, taken out.
+    Frame(Frame),
 }
 
 /// A prepared statement as the client defined it.
@@ -379,6 +415,14 @@ impl Session {
         })
     }
 
+    /// Takes up a reloaded config, once per reload (checked at every statement).
+    fn refresh_config(&mut self) {
+        if let Some(config) = self.proxy.config_if_changed(&mut self.config_seen) {
+            self.config = config;
+            self.class_memo.clear();
+        }
+    }
+
     /// The session loop: until the client leaves, breaks the protocol or the proxy drains.
     pub async fn run(mut self) -> anyhow::Result<()> {
         let result = self.run_loop().await;
@@ -388,7 +432,7 @@ impl Session {
 
     async fn run_loop(&mut self) -> anyhow::Result<()> {
         enum Event {
-            Client(anyhow::Result<Option<Frame>>),
+            Client(anyhow::Result<Option<Incoming>>),
             Backend(Result<(), crate::backend::BackendError>),
             Shutdown,
         }
@@ -399,12 +443,13 @@ impl Session {
             let _ = shutdown.changed().await;
         }));
         let mut shutdown_seen = false;
+        // Read once here and again when the signal fires (the watch's lock costs on every turn).
+        let mut draining = *self.shutdown.borrow();
         loop {
             let listening = self
                 .backend
                 .as_ref()
                 .is_some_and(|b| b.awaiting_replies() || self.pinned);
-            let draining = *self.shutdown.borrow();
             if draining
                 && self.status == b'I'
                 && !self.backend.as_ref().is_some_and(|b| b.awaiting_replies())
@@ -420,14 +465,14 @@ impl Session {
             let event = tokio::select! {
                 biased;
                 filled = async { super::replies::fill_attached(self.backend.as_mut().expect("listening implies attached")).await }, if listening => Event::Backend(filled),
-                frame = self.io.recv() => Event::Client(frame),
+                incoming = self.io.next() => Event::Client(incoming),
                 _ = &mut shutdown_changed, if !draining && !shutdown_seen => Event::Shutdown,
             };
             match event {
                 Event::Backend(Ok(())) => self.on_buffered_replies().await?,
                 Event::Backend(Err(e)) => self.on_backend(Err(e)).await?,
-                Event::Client(Ok(Some(frame))) => {
-                    if !self.on_client(frame).await? {
+                Event::Client(Ok(Some(incoming))) => {
+                    if !self.on_client(incoming).await? {
                         return Ok(());
                     }
                 }
@@ -442,23 +487,38 @@ impl Session {
                     }
                     return Err(e);
                 }
-                Event::Shutdown => shutdown_seen = true,
+                Event::Shutdown => {
+                    shutdown_seen = true;
+                    draining = *self.shutdown.borrow();
+                }
             }
         }
     }
 
     /// Handles one client message; false when the client said Terminate.
-    async fn on_client(&mut self, frame: Frame) -> anyhow::Result<bool> {
+    async fn on_client(&mut self, incoming: Incoming) -> anyhow::Result<bool> {
+        let frame = match incoming {
+            Incoming::Query(len) => {
+                self.refresh_config();
+                // Lent out of the buffer for the call: the pass-through sends the message
+                // straight from it, and nothing else reads the client meanwhile.
+                let buffered = std::mem::take(&mut self.io.read_buf);
+                let passed = self.pass_through(&buffered[..len]).await;
+                self.io.read_buf = buffered;
+                if passed? {
+                    self.io.read_buf.advance(len);
+                    return Ok(true);
+                }
+                self.io.take_buffered()
+            }
+            Incoming::Frame(frame) => {
+                if frame.tag == b'P' {
+                    self.refresh_config();
+                }
+                frame
+            }
+        };
         tracing::trace!(tag = %(frame.tag as char), len = frame.body.len(), "client →");
-        if matches!(frame.tag, b'Q' | b'P')
-            && let Some(config) = self.proxy.config_if_changed(&mut self.config_seen)
-        {
-            self.config = config;
-            self.class_memo.clear();
-        }
-        if frame.tag == b'Q' && self.pass_through(&frame).await? {
-            return Ok(true);
-        }
         let message = match FrontendMessage::parse(&frame) {
             Ok(m) => m,
             Err(e) => {

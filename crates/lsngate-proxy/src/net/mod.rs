@@ -85,6 +85,19 @@ impl Frame {
 
 /// Takes one tagged message off the front of `buf` when it is complete.
 pub fn decode_frame(buf: &mut BytesMut, max_len: usize) -> Result<Option<Frame>, ProtocolError> {
+    let Some(whole) = whole_frame(buf, max_len)? else {
+        return Ok(None);
+    };
+    let tag = buf[0];
+    buf.advance(5);
+    let body = buf.split_to(whole - 5).freeze();
+    Ok(Some(Frame { tag, body }))
+}
+
+/// The length (tag and length field included) of the message at the front of `buf` when all of
+/// it is there; None while more must be read (room for it is reserved). The same checks as
+/// [`decode_frame`], without taking the message out.
+pub fn whole_frame(buf: &mut BytesMut, max_len: usize) -> Result<Option<usize>, ProtocolError> {
     if buf.len() < 5 {
         return Ok(None);
     }
@@ -108,9 +121,17 @@ pub fn decode_frame(buf: &mut BytesMut, max_len: usize) -> Result<Option<Frame>,
         buf.reserve(len + 1 - buf.len());
         return Ok(None);
     }
-    buf.advance(5);
-    let body = buf.split_to(len - 4).freeze();
-    Ok(Some(Frame { tag, body }))
+    Ok(Some(len + 1))
+}
+
+/// Makes room for the next read into `buf`. A read buffer is consumed from the front, so the room
+/// left at its end shrinks with every message; a read into a few bytes of room returns part of a
+/// message and costs a second read for the rest. Below 2 KiB of room, the consumed front is
+/// reclaimed (the unread bytes, usually none, move to the start) or the buffer grows.
+pub fn room_to_read(buf: &mut BytesMut) {
+    if buf.capacity() - buf.len() < 2 * 1024 {
+        buf.reserve(8 * 1024);
+    }
 }
 
 /// A cursor over a message body that reads PostgreSQL's field types.

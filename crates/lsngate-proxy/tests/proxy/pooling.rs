@@ -252,3 +252,73 @@ fn passed_through_queries_keep_each_clients_settings_errors_and_cancels() {
         "a primary-only proxy has no fallbacks to break: {causal}"
     );
 }
+
+#[test]
+fn a_full_pool_queues_checkouts_and_times_them_out_without_losing_a_slot() {
+    let cluster = shared_cluster();
+    let mut file = file_config(cluster);
+    file.replicas = Vec::new();
+    file.consistency = Some("eventual".into());
+    file.pool_size = Some(1);
+    file.acquire_timeout_ms = Some(1000);
+    let proxy = TestProxy::with(file);
+    let t = unique("fullpool");
+    rt().block_on(async {
+        let holder = connect(&proxy.conninfo()).await;
+        holder
+            .batch_execute(&format!("CREATE TABLE {t} (id int)"))
+            .await
+            .unwrap();
+        // The one server connection stays with `holder` while its transaction is open.
+        holder.batch_execute("BEGIN").await.unwrap();
+        holder
+            .batch_execute(&format!("INSERT INTO {t} VALUES (1)"))
+            .await
+            .unwrap();
+        // Queued checkouts are served when the connection comes back: start two, then commit.
+        let mut queued = Vec::new();
+        for _ in 0..2 {
+            let client = connect(&proxy.conninfo()).await;
+            let count = format!("SELECT count(*)::text FROM {t}");
+            queued.push(tokio::spawn(async move {
+                client
+                    .query_one(&count, &[])
+                    .await
+                    .map(|r| r.get::<_, String>(0))
+            }));
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        holder.batch_execute("COMMIT").await.unwrap();
+        for waiter in queued {
+            assert_eq!(
+                waiter.await.unwrap().unwrap(),
+                "1",
+                "served after the commit"
+            );
+        }
+        // A checkout that waits longer than acquire_timeout_ms fails with the fix in the error.
+        holder.batch_execute("BEGIN").await.unwrap();
+        let late = connect(&proxy.conninfo()).await;
+        let e = late.simple_query("SELECT 1").await.unwrap_err();
+        let db = e.as_db_error().expect("an error from the proxy");
+        assert!(
+            db.message().contains("stayed busy") && db.message().contains("raise pool_size"),
+            "{db:?}"
+        );
+        holder.batch_execute("COMMIT").await.unwrap();
+        // The timed-out checkout gave nothing away: the same client, and the holder, go on.
+        assert_eq!(
+            text(&late, &format!("SELECT count(*)::text FROM {t}")).await,
+            "1"
+        );
+        assert_eq!(
+            text(&holder, "SELECT 'still one connection'").await,
+            "still one connection"
+        );
+    });
+    assert_eq!(
+        open_in_proxy(&proxy),
+        1,
+        "one server connection, as pool_size says"
+    );
+}
