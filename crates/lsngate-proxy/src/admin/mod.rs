@@ -127,8 +127,13 @@ impl Tally {
             .fetch_add(n, std::sync::atomic::Ordering::Relaxed);
     }
 
+    /// Everything counted so far.
+    pub(crate) fn count(&self) -> u64 {
+        self.count.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
     /// Hands what was counted since the last report to the registry.
-    fn report(&self) {
+    pub(crate) fn report(&self) {
         let count = self.count.load(std::sync::atomic::Ordering::Relaxed);
         let before = self
             .reported
@@ -141,6 +146,7 @@ fn refresh_gauges(proxy: &Proxy) {
     for tally in proxy.queries.iter().chain([&proxy.passed_through]) {
         tally.report();
     }
+    proxy.causal.stats.report();
     for n in proxy.nodes.all().iter() {
         let address = n.url.address();
         let role = format!("{:?}", n.role()).to_lowercase();

@@ -53,23 +53,24 @@ pub const WAIT_BUCKETS_MS: [f64; 12] = [
 /// Read outcomes and wait times.
 #[derive(Debug)]
 pub struct Stats {
-    outcomes: [AtomicU64; 6],
+    /// Reads per outcome, handed to `lsngate_proxy_causal_reads_total` at each scrape.
+    outcomes: [crate::admin::Tally; 6],
     waits: [AtomicU64; 13],
     wait_micros: AtomicU64,
-    /// Prometheus counters per outcome, looked up once (a lookup per read costs a hash and a lock).
-    counters: [metrics::Counter; 6],
     wait_histogram: metrics::Histogram,
 }
 
 impl Default for Stats {
     fn default() -> Self {
         Stats {
-            outcomes: Default::default(),
+            outcomes: Outcome::ALL.map(|o| {
+                crate::admin::Tally::new(metrics::counter!(
+                    "lsngate_proxy_causal_reads_total",
+                    "outcome" => o.as_str()
+                ))
+            }),
             waits: Default::default(),
             wait_micros: AtomicU64::new(0),
-            counters: Outcome::ALL.map(
-                |o| metrics::counter!("lsngate_proxy_causal_reads_total", "outcome" => o.as_str()),
-            ),
             wait_histogram: metrics::histogram!("lsngate_proxy_wait_seconds"),
         }
     }
@@ -79,8 +80,7 @@ impl Stats {
     /// Counts one finished read.
     pub fn record(&self, outcome: Outcome) {
         let i = Outcome::ALL.iter().position(|o| *o == outcome).unwrap_or(0);
-        self.outcomes[i].fetch_add(1, Ordering::Relaxed);
-        self.counters[i].increment(1);
+        self.outcomes[i].add(1);
     }
 
     /// Records how long a read waited for its floor on a replica (successful or not).
@@ -96,12 +96,17 @@ impl Stats {
         self.wait_histogram.record(waited.as_secs_f64());
     }
 
+    /// Hands the outcomes counted since the last scrape to the metrics registry.
+    pub fn report(&self) {
+        self.outcomes.iter().for_each(crate::admin::Tally::report);
+    }
+
     /// (outcome, count) pairs.
     pub fn outcomes(&self) -> Vec<(&'static str, u64)> {
         Outcome::ALL
             .iter()
             .zip(&self.outcomes)
-            .map(|(o, n)| (o.as_str(), n.load(Ordering::Relaxed)))
+            .map(|(o, n)| (o.as_str(), n.count()))
             .collect()
     }
 

@@ -56,7 +56,11 @@ impl<F: Future> Future for WhenWoken<F> {
             .polled_under
             .as_ref()
             .is_some_and(|w| w.will_wake(cx.waker()));
-        if same_task && !this.flag.woken.swap(false, Ordering::AcqRel) {
+        // A plain load first: the swap (a locked instruction) only when the flag is up.
+        if same_task
+            && !(this.flag.woken.load(Ordering::Acquire)
+                && this.flag.woken.swap(false, Ordering::AcqRel))
+        {
             return Poll::Pending;
         }
         if !same_task {
