@@ -109,7 +109,7 @@ pub struct Pool {
     shelf: Mutex<Shelf>,
     size: usize,
     open: AtomicUsize,
-    /// The ParameterStatus values the server sent the first connection (server_version,
+    /// The ParameterStatus values the server sent the newest connection (server_version,
     /// encodings, DateStyle...): what a client is told at login, without a checkout.
     server_params: Mutex<Option<Arc<ServerParams>>>,
 }
@@ -202,10 +202,9 @@ impl Pool {
             // and its slot goes to the next waiter.
             let conn = BackendConn::connect(self.node, url, &self.database, connect).await?;
             self.open.fetch_add(1, Ordering::Relaxed);
-            self.server_params
-                .lock()
-                .expect("params lock")
-                .get_or_insert_with(|| Arc::new(conn.server_params.clone()));
+            // The newest connection's: a server restarted with other settings shows here.
+            *self.server_params.lock().expect("params lock") =
+                Some(Arc::new(conn.server_params.clone()));
             lent.conn = Some(Box::new(conn));
         }
         Ok(lent)

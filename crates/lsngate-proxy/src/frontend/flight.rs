@@ -257,7 +257,7 @@ fn closes_unnamed(flight: &[FrontendMessage]) -> bool {
 }
 
 impl Proxy {
-    /// ParameterStatus values to report at login: those the primary sent the pool's first
+    /// ParameterStatus values to report at login: those the primary sent the pool's newest
     /// connection (a checkout only before there was one).
     pub async fn server_params(&self, database: &str) -> anyhow::Result<Vec<(String, String)>> {
         let config = self.config();
