@@ -72,14 +72,11 @@ impl ClientIo {
 
     /// The next message, `None` when the client closed the connection. Cancel-safe.
     pub async fn recv(&mut self) -> Result<Option<Frame>, anyhow::Error> {
-        loop {
-            if let Some(frame) = decode_frame(&mut self.read_buf, self.max_len)? {
-                return Ok(Some(frame));
-            }
-            if self.stream.read_buf(&mut self.read_buf).await? == 0 {
-                return Ok(None);
-            }
-        }
+        Ok(match self.next().await? {
+            Some(Incoming::Query(_)) => Some(self.take_buffered()),
+            Some(Incoming::Frame(frame)) => Some(frame),
+            None => None,
+        })
     }
 
     /// What the client sent next, `None` when it closed the connection. A simple Query stays in
