@@ -478,6 +478,17 @@ pub struct Noticed {
     pub non_ascii: bool,
 }
 
+impl Noticed {
+    /// Notes what a span the scan passes over whole (a literal, a quoted identifier) holds; true
+    /// when that ends the scan (`stop_at_notice` and a NUL or a mention of lsngate).
+    fn passed_over(&mut self, span: &[u8], stop_at_notice: bool) -> bool {
+        self.non_ascii |= !span.is_ascii();
+        self.nul |= span.contains(&0);
+        self.lsngate |= mentions_lsngate(span);
+        stop_at_notice && (self.nul || self.lsngate)
+    }
+}
+
 /// How a key scan ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Scan {
@@ -550,11 +561,7 @@ fn scan_key(bytes: &[u8], out: &mut Vec<u8>, noticed: &mut Noticed, stop_at_noti
                 // A quoted identifier stays as it is, through its closing quote; what it holds
                 // is checked here.
                 let end = memchr::memchr(b'"', &bytes[i + 1..]).map_or(bytes.len(), |e| i + 2 + e);
-                let identifier = &bytes[i..end];
-                noticed.non_ascii |= !identifier.is_ascii();
-                noticed.nul |= identifier.contains(&0);
-                noticed.lsngate |= mentions_lsngate(identifier);
-                if stop_at_notice && (noticed.nul || noticed.lsngate) {
+                if noticed.passed_over(&bytes[i..end], stop_at_notice) {
                     return Scan::Stopped;
                 }
                 i = end;
@@ -576,11 +583,7 @@ fn scan_key(bytes: &[u8], out: &mut Vec<u8>, noticed: &mut Noticed, stop_at_noti
                     }
                 }
                 // The literal is replaced: what it holds is checked here.
-                let literal = &bytes[i..j];
-                noticed.non_ascii |= !literal.is_ascii();
-                noticed.nul |= literal.contains(&0);
-                noticed.lsngate |= mentions_lsngate(literal);
-                if stop_at_notice && (noticed.nul || noticed.lsngate) {
+                if noticed.passed_over(&bytes[i..j], stop_at_notice) {
                     return Scan::Stopped;
                 }
                 out.extend_from_slice(&bytes[copied..i]);
