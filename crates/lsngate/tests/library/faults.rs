@@ -483,7 +483,15 @@ async fn read_cancelled_by_a_recovery_conflict_falls_back() {
     )
     .unwrap();
     support::table(&cluster, "rw_conflict");
-    let gate = support::gate(&cluster, |c| c.budget(Duration::from_secs(2))).await;
+    // The read sleeps 6 s on the replica and the conflict must cancel it before that. The
+    // attempt's hard limit (budget + I/O grace) is set well past it: with the default 1 s grace
+    // a loaded machine (the PostgreSQL 15 pass late in CI) ended the attempt at 3 s, before the
+    // replayed lock cancelled the read, and the fallback was reported as `Unreachable`.
+    let gate = support::gate(&cluster, |c| {
+        c.budget(Duration::from_secs(2))
+            .io_grace(Duration::from_secs(30))
+    })
+    .await;
     let token = gate
         .write("INSERT INTO rw_conflict VALUES (1, 'x')", &[])
         .await
@@ -508,7 +516,7 @@ async fn read_cancelled_by_a_recovery_conflict_falls_back() {
             .unwrap();
     });
     let read = gate
-        .query_after(&token, "SELECT count(*) FROM rw_conflict, pg_sleep(3)", &[])
+        .query_after(&token, "SELECT count(*) FROM rw_conflict, pg_sleep(6)", &[])
         .await
         .unwrap();
     locker.await.unwrap();
