@@ -339,11 +339,6 @@ impl BackendConn {
         self.write_raw(messages).await
     }
 
-    /// Writes one frame as it is.
-    pub async fn send_frame(&mut self, frame: &Frame) -> Result<(), BackendError> {
-        self.send(std::slice::from_ref(frame)).await
-    }
-
     /// Receives one frame. Cancel-safe: bytes only move into the connection's own buffer.
     pub async fn recv(&mut self) -> Result<Frame, BackendError> {
         self.fill().await?;
