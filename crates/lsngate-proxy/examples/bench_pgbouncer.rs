@@ -54,7 +54,9 @@ fn stat_ticks(path: &Path) -> u64 {
     field(11) + field(12)
 }
 
-/// CPU seconds used so far by a pooler: a process, or this process's threads with one name.
+/// CPU seconds used so far by a pooler: a process, or this process's threads with one name plus
+/// the proxies' shared timer thread (`lsngate-timer`; what it does during a run — that proxy's
+/// timers and the idle proxies' health checks — is charged to the proxy measured).
 fn pooler_cpu(pooler: &Pooler) -> f64 {
     const SC_CLK_TCK: i32 = 2;
     let ticks = match pooler {
@@ -65,7 +67,7 @@ fn pooler_cpu(pooler: &Pooler) -> f64 {
             .flatten()
             .filter(|task| {
                 std::fs::read_to_string(task.path().join("comm"))
-                    .is_ok_and(|comm| comm.trim() == *name)
+                    .is_ok_and(|comm| comm.trim() == *name || comm.trim() == "lsngate-timer")
             })
             .map(|task| stat_ticks(&task.path().join("stat")))
             .sum(),
@@ -198,19 +200,10 @@ fn start_lsngate(
         .spawn(move || {
             // As `lsngate proxy --threads N` runs it (1 = tokio's current-thread scheduler), with
             // the worker threads named so their CPU time can be read from /proc.
-            let runtime = if threads <= 1 {
-                tokio::runtime::Builder::new_current_thread()
-                    .enable_all()
-                    .build()
-                    .unwrap()
-            } else {
-                tokio::runtime::Builder::new_multi_thread()
-                    .worker_threads(threads)
-                    .thread_name(name)
-                    .enable_all()
-                    .build()
-                    .unwrap()
-            };
+            let runtime = lsngate_proxy::runtime_builder(threads)
+                .thread_name(name)
+                .build()
+                .unwrap();
             runtime.block_on(async move {
                 let listener = tokio::net::TcpListener::from_std(listener).unwrap();
                 Proxy::new(config).serve(listener, stop_rx).await.unwrap();

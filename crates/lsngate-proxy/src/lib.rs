@@ -16,6 +16,7 @@ pub mod causal;
 pub mod config;
 pub mod frontend;
 pub mod net;
+pub mod timer;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -151,16 +152,22 @@ pub async fn run(
 /// The runtime `lsngate proxy` runs on: one thread (tokio's current-thread scheduler, no
 /// cross-thread wake-ups) or `threads` worker threads.
 pub fn runtime(threads: usize) -> std::io::Result<tokio::runtime::Runtime> {
-    if threads <= 1 {
+    runtime_builder(threads).build()
+}
+
+/// The builder of [`runtime`], for callers that add to it (thread names). I/O and signals only:
+/// the proxy's timers run on their own thread (see [`timer`]), so parking, about once per
+/// statement, does not also tend a timer wheel.
+pub fn runtime_builder(threads: usize) -> tokio::runtime::Builder {
+    let mut builder = if threads <= 1 {
         tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
     } else {
-        tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(threads)
-            .enable_all()
-            .build()
-    }
+        let mut builder = tokio::runtime::Builder::new_multi_thread();
+        builder.worker_threads(threads);
+        builder
+    };
+    builder.enable_io();
+    builder
 }
 
 /// `lsngate proxy`: loads the config, then serves on a runtime with the configured threads

@@ -145,7 +145,7 @@ impl BackendConn {
         timeout: Duration,
     ) -> Result<BackendConn, BackendError> {
         let address = url.address();
-        let stream = tokio::time::timeout(timeout, TcpStream::connect(&address))
+        let stream = crate::timer::timeout(timeout, TcpStream::connect(&address))
             .await
             .map_err(|_| BackendError::Connect {
                 node: address.clone(),
@@ -181,13 +181,13 @@ impl BackendConn {
         let mut out = BytesMut::new();
         startup.encode(&mut out);
         conn.write_raw(&out).await?;
-        tokio::time::timeout(timeout, conn.authenticate(url))
+        crate::timer::timeout(timeout, conn.authenticate(url))
             .await
             .map_err(|_| BackendError::Connect {
                 node: conn.address.clone(),
                 why: format!("login timed out after {timeout:?}"),
             })??;
-        let facts = tokio::time::timeout(
+        let facts = crate::timer::timeout(
             timeout,
             conn.query_row(crate::causal::sql::SERVER_FACTS_SQL),
         )

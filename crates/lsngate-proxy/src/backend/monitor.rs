@@ -36,16 +36,16 @@ impl std::fmt::Debug for Probe {
     }
 }
 
-fn pg_config(url: &NodeUrl, connect_timeout: Duration) -> tokio_postgres::Config {
+fn pg_config(url: &NodeUrl) -> tokio_postgres::Config {
     let mut config = tokio_postgres::Config::new();
     config
         .host(&url.host)
         .port(url.port)
         .user(&url.user)
         .dbname(&url.database);
-    config
-        .application_name("lsngate-proxy-monitor")
-        .connect_timeout(connect_timeout);
+    // No tokio-postgres connect timeout (it would need a time driver on this runtime): every
+    // poll, connecting included, runs under `check`'s timeout.
+    config.application_name("lsngate-proxy-monitor");
     if let Some(password) = &url.password {
         config.password(password);
     }
@@ -68,7 +68,7 @@ pub async fn check(
 ) {
     node.polls
         .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    let result = tokio::time::timeout(timeout, poll(node, probe, timeout)).await;
+    let result = crate::timer::timeout(timeout, poll(node, probe)).await;
     let outcome = match result {
         Ok(outcome) => outcome,
         Err(_) => Err(format!("health check timed out after {timeout:?}")),
@@ -97,13 +97,9 @@ pub async fn check(
     }
 }
 
-async fn poll(
-    node: &NodeState,
-    probe: &mut Option<Probe>,
-    timeout: Duration,
-) -> Result<Poll, String> {
+async fn poll(node: &NodeState, probe: &mut Option<Probe>) -> Result<Poll, String> {
     if probe.as_ref().is_none_or(|p| p.client.is_closed()) {
-        let (client, connection) = pg_config(&node.url, timeout)
+        let (client, connection) = pg_config(&node.url)
             .connect(tokio_postgres::NoTls)
             .await
             .map_err(|e| describe(&e))?;
@@ -208,7 +204,7 @@ pub async fn watch_node(
             std::sync::atomic::Ordering::Relaxed,
         );
         tokio::select! {
-            _ = tokio::time::sleep(period) => {}
+            _ = crate::timer::sleep(period) => {}
             _ = node.recheck.notified() => {}
             _ = shutdown.changed() => {}
         }

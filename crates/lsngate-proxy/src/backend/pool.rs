@@ -178,7 +178,7 @@ impl Pool {
         };
         self.close(expired);
         if let Some(mut rx) = queued {
-            lent = match tokio::time::timeout(wait, &mut rx).await {
+            lent = match crate::timer::timeout(wait, &mut rx).await {
                 Ok(Ok(lent)) => Some(lent),
                 // The sender went away without a slot: only when the pool itself is dropped.
                 Ok(Err(_)) => None,
@@ -350,7 +350,7 @@ pub async fn reap(
             tracing::debug!(closed, "closed expired idle server connections");
         }
         tokio::select! {
-            _ = tokio::time::sleep(limits.reap_period()) => {}
+            _ = crate::timer::sleep(limits.reap_period()) => {}
             _ = shutdown.changed() => {}
         }
         if *shutdown.borrow() {

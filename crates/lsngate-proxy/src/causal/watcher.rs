@@ -145,7 +145,7 @@ impl Watcher {
             if self.replayed(server).is_some_and(|r| r >= floor) {
                 return true;
             }
-            if tokio::time::timeout_at(deadline, seen).await.is_err() {
+            if crate::timer::timeout_at(deadline, seen).await.is_err() {
                 return self.replayed(server).is_some_and(|r| r >= floor);
             }
         }

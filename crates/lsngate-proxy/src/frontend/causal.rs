@@ -313,7 +313,7 @@ impl Session {
                             .answer_flight_error(&read.flight, SQLSTATE_GUARDED, &message)
                             .await;
                     }
-                    tokio::time::sleep(Duration::from_millis(2)).await;
+                    crate::timer::sleep(Duration::from_millis(2)).await;
                 }
             }
         }
@@ -441,7 +441,7 @@ impl Session {
                 crate::causal::sql::REPLAY_SQL.to_string()
             };
             let row =
-                tokio::time::timeout_at(deadline + GRACE, attached.conn.query_row(&sql)).await;
+                crate::timer::timeout_at(deadline + GRACE, attached.conn.query_row(&sql)).await;
             let row = match row {
                 Ok(Ok(row)) => row,
                 Ok(Err(e)) => {
@@ -483,7 +483,7 @@ impl Session {
                         watcher.wait_replayed(node, &server, floor.lsn, until).await;
                     } else {
                         let now = Instant::now();
-                        tokio::time::sleep(pause.min(deadline.saturating_duration_since(now)))
+                        crate::timer::sleep(pause.min(deadline.saturating_duration_since(now)))
                             .await;
                         pause = (pause * 2).min(Duration::from_millis(10));
                     }

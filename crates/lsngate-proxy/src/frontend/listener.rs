@@ -77,7 +77,7 @@ impl Proxy {
             }
         }
         drop(listener);
-        let _ = tokio::time::timeout(DRAIN_LIMIT, async {
+        let _ = crate::timer::timeout(DRAIN_LIMIT, async {
             while sessions.join_next().await.is_some() {}
         })
         .await;
@@ -240,7 +240,7 @@ async fn read_startup(
                 anyhow::bail!(e);
             }
         }
-        if tokio::time::timeout(Duration::from_secs(30), socket.read_buf(buf)).await?? == 0 {
+        if crate::timer::timeout(Duration::from_secs(30), socket.read_buf(buf)).await?? == 0 {
             anyhow::bail!("client left during startup");
         }
     }

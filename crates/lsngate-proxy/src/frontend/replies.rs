@@ -21,7 +21,7 @@ pub(super) async fn fill_attached(attached: &mut Attached) -> Result<(), Backend
     let Some(deadline) = attached.verdict.as_ref().map(|v| v.deadline) else {
         return attached.conn.fill().await;
     };
-    match tokio::time::timeout_at(deadline, attached.conn.fill()).await {
+    match crate::timer::timeout_at(deadline, attached.conn.fill()).await {
         Ok(filled) => filled,
         Err(_) => Err(BackendError::Lost {
             node: attached.conn.address.clone(),

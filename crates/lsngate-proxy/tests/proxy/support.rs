@@ -49,11 +49,9 @@ impl TestProxy {
         let (stop, stop_rx) = watch::channel(false);
         let serving = Arc::clone(&proxy);
         let thread = std::thread::spawn(move || {
-            let runtime = tokio::runtime::Builder::new_multi_thread()
-                .worker_threads(2)
-                .enable_all()
-                .build()
-                .unwrap();
+            // The runtime `lsngate proxy --threads 2` runs on (no time driver: a proxy timer
+            // made with tokio's own would panic here).
+            let runtime = lsngate_proxy::runtime(2).unwrap();
             runtime.block_on(async move {
                 let listener = tokio::net::TcpListener::from_std(std_listener).unwrap();
                 serving.serve(listener, stop_rx).await.unwrap();
