@@ -11,12 +11,18 @@
 //! the CPU time the pooler itself used per transaction (from /proc), which is far steadier than
 //! TPS on a machine where the pooler, pgbench and PostgreSQL share two cores.
 //! Needs pgbouncer (scripts/install/proxy.sh) and runs it as the testkit's server user.
+//!
+//! Every pooler runs as its own process in its own session, as a service would: PgBouncer, and
+//! each lsngate as this program re-run with `serve-proxy CONFIG` (the same code as `lsngate proxy
+//! --config CONFIG`). The session matters: with the kernel's autogroup scheduling
+//! (`/proc/sys/kernel/sched_autogroup_enabled`), a pooler started in pgbench's session shares one
+//! CPU share with pgbench, and is preempted and kept waiting far more than one in its own.
 
+use std::os::unix::process::CommandExt;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use lsngate_proxy::{Config, FileConfig, Proxy};
 use lsngate_testkit::{Cluster, ClusterConfig, SERVER_USER};
 
 const MIXED: &str = "\\set aid random(1, 100000 * :scale)
@@ -35,10 +41,6 @@ struct Measured {
     cpu_us: Option<f64>,
 }
 
-unsafe extern "C" {
-    fn sysconf(name: i32) -> i64;
-}
-
 /// User + system CPU ticks of one `/proc/.../stat` file.
 fn stat_ticks(path: &Path) -> u64 {
     let text = std::fs::read_to_string(path).unwrap_or_default();
@@ -54,33 +56,13 @@ fn stat_ticks(path: &Path) -> u64 {
     field(11) + field(12)
 }
 
-/// CPU seconds used so far by a pooler: a process, or this process's threads with one name plus
-/// the proxies' shared timer thread (`lsngate-timer`; what it does during a run — that proxy's
-/// timers and the idle proxies' health checks — is charged to the proxy measured).
-fn pooler_cpu(pooler: &Pooler) -> f64 {
-    const SC_CLK_TCK: i32 = 2;
-    let ticks = match pooler {
-        Pooler::None => return 0.0,
-        Pooler::Process(pid) => stat_ticks(Path::new(&format!("/proc/{pid}/stat"))),
-        Pooler::Threads(name) => std::fs::read_dir("/proc/self/task")
-            .unwrap()
-            .flatten()
-            .filter(|task| {
-                std::fs::read_to_string(task.path().join("comm"))
-                    .is_ok_and(|comm| comm.trim() == *name || comm.trim() == "lsngate-timer")
-            })
-            .map(|task| stat_ticks(&task.path().join("stat")))
-            .sum(),
+/// CPU seconds used so far by a pooler process, all its threads together (0 for none).
+fn pooler_cpu(pooler: Option<u32>) -> f64 {
+    let Some(pid) = pooler else {
+        return 0.0;
     };
-    ticks as f64 / unsafe { sysconf(SC_CLK_TCK) } as f64
-}
-
-/// Whose CPU a run is charged to.
-#[derive(Clone, Copy)]
-enum Pooler {
-    None,
-    Process(u32),
-    Threads(&'static str),
+    let ticks = stat_ticks(Path::new(&format!("/proc/{pid}/stat")));
+    ticks as f64 / unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64
 }
 
 fn pgbench(cluster: &Cluster, port: u16, args: &[&str]) -> (f64, f64) {
@@ -134,16 +116,35 @@ fn start_pgbouncer(dir: &Path, primary_port: u16, port: u16, pool: usize) -> Chi
         .arg(dir)
         .status();
     let mut command = Command::new("pgbouncer");
-    if unsafe { libc_geteuid() } == 0 {
+    if unsafe { libc::geteuid() } == 0 {
         command.args(["-u", SERVER_USER]);
     }
+    command.arg(dir.join("pgbouncer.ini"));
+    start_pooler(
+        command,
+        port,
+        &format!("pgbouncer; see {}/pgbouncer.log", dir.display()),
+    )
+}
+
+/// Starts a pooler as its own process in its own session (see the top of this file) and waits
+/// until it accepts connections on `port`.
+fn start_pooler(mut command: Command, port: u16, what: &str) -> Child {
+    // SAFETY: setsid is async-signal-safe, the one call made between fork and exec.
+    unsafe {
+        command.pre_exec(|| {
+            if libc::setsid() == -1 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
     let mut child = command
-        .arg(dir.join("pgbouncer.ini"))
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
-        .expect("start pgbouncer");
-    for _ in 0..100 {
+        .unwrap_or_else(|e| panic!("start {what}: {e}"));
+    for _ in 0..200 {
         if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
             return child;
         }
@@ -151,15 +152,7 @@ fn start_pgbouncer(dir: &Path, primary_port: u16, port: u16, pool: usize) -> Chi
     }
     let _ = child.kill();
     let _ = child.wait();
-    panic!(
-        "pgbouncer did not start; see {}/pgbouncer.log",
-        dir.display()
-    );
-}
-
-unsafe extern "C" {
-    #[link_name = "geteuid"]
-    fn libc_geteuid() -> u32;
+    panic!("{what} did not start");
 }
 
 fn free_port() -> u16 {
@@ -170,52 +163,50 @@ fn free_port() -> u16 {
         .port()
 }
 
+/// An lsngate proxy: this program re-run as `serve-proxy CONFIG`, with a config file written to
+/// `dir`.
 fn start_lsngate(
     cluster: &Cluster,
+    dir: &Path,
     with_replica: bool,
     consistency: &str,
     pool: usize,
     threads: usize,
-    name: &'static str,
-) -> (u16, tokio::sync::watch::Sender<bool>) {
-    let file = FileConfig {
-        consistency: Some(consistency.into()),
-        listen: Some("127.0.0.1:0".parse().unwrap()),
-        primary: Some(cluster.primary_url()),
-        replicas: if with_replica {
-            cluster.replica_urls()
-        } else {
-            Vec::new()
-        },
-        pool_size: Some(pool),
+) -> (u16, Child) {
+    let port = free_port();
+    let replicas = if with_replica {
+        cluster.replica_urls()
+    } else {
+        Vec::new()
+    };
+    let config = format!(
+        "listen = \"127.0.0.1:{port}\"\nprimary = {:?}\nreplicas = {replicas:?}\n\
+         consistency = {consistency:?}\npool_size = {pool}\nthreads = {threads}\n",
+        cluster.primary_url()
+    );
+    std::fs::create_dir_all(dir).unwrap();
+    let path = dir.join(format!("lsngate-{port}.toml"));
+    std::fs::write(&path, config).unwrap();
+    let mut command = Command::new(std::env::current_exe().unwrap());
+    command.arg("serve-proxy").arg(&path);
+    let child = start_pooler(command, port, &format!("lsngate ({})", path.display()));
+    (port, child)
+}
+
+/// `serve-proxy CONFIG`: what `lsngate proxy --config CONFIG` runs.
+fn serve_proxy(config: &str) {
+    let args = lsngate_proxy::ProxyArgs {
+        config: Some(config.into()),
         ..Default::default()
     };
-    let config = Config::build(file).unwrap();
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    listener.set_nonblocking(true).unwrap();
-    let port = listener.local_addr().unwrap().port();
-    let (stop, stop_rx) = tokio::sync::watch::channel(false);
-    std::thread::Builder::new()
-        .name(name.into())
-        .spawn(move || {
-            // As `lsngate proxy --threads N` runs it (1 = tokio's current-thread scheduler), with
-            // the worker threads named so their CPU time can be read from /proc.
-            let runtime = lsngate_proxy::runtime_builder(threads)
-                .thread_name(name)
-                .build()
-                .unwrap();
-            runtime.block_on(async move {
-                let listener = tokio::net::TcpListener::from_std(listener).unwrap();
-                Proxy::new(config).serve(listener, stop_rx).await.unwrap();
-            });
-        })
-        .unwrap();
-    std::thread::sleep(Duration::from_millis(500));
-    (port, stop)
+    lsngate_proxy::main(args).expect("lsngate proxy");
 }
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();
+    if args.get(1).map(String::as_str) == Some("serve-proxy") {
+        return serve_proxy(&args[2]);
+    }
     let seconds: u64 = args.get(1).and_then(|s| s.parse().ok()).unwrap_or(10);
     let clients: usize = args.get(2).and_then(|s| s.parse().ok()).unwrap_or(8);
     let threads: usize = args.get(3).and_then(|s| s.parse().ok()).unwrap_or(1);
@@ -228,37 +219,32 @@ fn main() {
     cluster.wait_caught_up(Duration::from_secs(60)).unwrap();
     let script = std::env::temp_dir().join(format!("lsngate-mixed-{}.sql", std::process::id()));
     std::fs::write(&script, MIXED).unwrap();
-    let bouncer_dir =
-        std::env::temp_dir().join(format!("lsngate-pgbouncer-{}", std::process::id()));
+    let dir = std::env::temp_dir().join(format!("lsngate-bench-poolers-{}", std::process::id()));
     let bouncer_port = free_port();
-    let mut bouncer = start_pgbouncer(&bouncer_dir, primary_port, bouncer_port, pool);
-    let (lsn_primary_port, stop_a) =
-        start_lsngate(&cluster, false, "eventual", pool, threads, "lsn-primary");
-    let (lsn_split_port, stop_b) =
-        start_lsngate(&cluster, true, "eventual", pool, threads, "lsn-split");
-    let (lsn_causal_port, stop_c) =
-        start_lsngate(&cluster, true, "session", pool, threads, "lsn-causal");
-    let targets: [(&'static str, u16, Pooler); 5] = [
-        ("direct (primary)", primary_port, Pooler::None),
-        (
-            "pgbouncer (transaction)",
-            bouncer_port,
-            Pooler::Process(bouncer.id()),
-        ),
+    let bouncer = start_pgbouncer(&dir, primary_port, bouncer_port, pool);
+    let (lsn_primary_port, lsn_primary) =
+        start_lsngate(&cluster, &dir, false, "eventual", pool, threads);
+    let (lsn_split_port, lsn_split) =
+        start_lsngate(&cluster, &dir, true, "eventual", pool, threads);
+    let (lsn_causal_port, lsn_causal) =
+        start_lsngate(&cluster, &dir, true, "session", pool, threads);
+    let targets: [(&'static str, u16, Option<u32>); 5] = [
+        ("direct (primary)", primary_port, None),
+        ("pgbouncer (transaction)", bouncer_port, Some(bouncer.id())),
         (
             "lsngate (primary only)",
             lsn_primary_port,
-            Pooler::Threads("lsn-primary"),
+            Some(lsn_primary.id()),
         ),
         (
             "lsngate (primary + replica)",
             lsn_split_port,
-            Pooler::Threads("lsn-split"),
+            Some(lsn_split.id()),
         ),
         (
             "lsngate (replica, causal)",
             lsn_causal_port,
-            Pooler::Threads("lsn-causal"),
+            Some(lsn_causal.id()),
         ),
     ];
     let (c, t) = (clients.to_string(), seconds.to_string());
@@ -288,13 +274,10 @@ fn main() {
     for round in 1..=rounds {
         for (workload, wargs) in &workloads {
             for (target, port, pooler) in targets {
-                let cpu_before = pooler_cpu(&pooler);
+                let cpu_before = pooler_cpu(pooler);
                 let (tps, latency_ms) = pgbench(&cluster, port, wargs);
-                let cpu = pooler_cpu(&pooler) - cpu_before;
-                let cpu_us = match pooler {
-                    Pooler::None => None,
-                    _ => Some(cpu * 1e6 / (tps * seconds as f64)),
-                };
+                let cpu = pooler_cpu(pooler) - cpu_before;
+                let cpu_us = pooler.map(|_| cpu * 1e6 / (tps * seconds as f64));
                 eprintln!(
                     "round {round} {workload:28} {target:30} tps {tps:10.1}  latency {latency_ms:7.3} ms  pooler CPU {:6.1} us/txn",
                     cpu_us.unwrap_or(0.0)
@@ -309,12 +292,24 @@ fn main() {
             }
         }
     }
+    // Each chunk: one workload in one round, the targets in order (pgbouncer second, lsngate as
+    // a plain pooler third).
+    for (workload, _) in &workloads {
+        let ratios: Vec<String> = runs
+            .chunks(targets.len())
+            .filter(|chunk| chunk[0].workload == *workload)
+            .map(|chunk| format!("{:.2}", chunk[2].tps / chunk[1].tps))
+            .collect();
+        println!(
+            "per round, lsngate (primary only) / pgbouncer TPS, {workload}: {}",
+            ratios.join(", ")
+        );
+    }
     let results = medians(&runs);
-    let _ = bouncer.kill();
-    let _ = bouncer.wait();
-    let _ = stop_a.send(true);
-    let _ = stop_b.send(true);
-    let _ = stop_c.send(true);
+    for mut pooler in [bouncer, lsn_primary, lsn_split, lsn_causal] {
+        let _ = pooler.kill();
+        let _ = pooler.wait();
+    }
     print_table(&results, clients, seconds, threads, rounds);
 }
 
@@ -351,7 +346,7 @@ fn medians(runs: &[Measured]) -> Vec<Measured> {
 
 fn print_table(results: &[Measured], clients: usize, seconds: u64, threads: usize, rounds: usize) {
     println!(
-        "\npgbench, {clients} clients, {seconds} s per run, medians of {rounds} interleaved rounds, scale 10, -M simple, loopback, 2 cores shared by everything, lsngate on {threads} runtime thread(s)\n"
+        "\npgbench, {clients} clients, {seconds} s per run, medians of {rounds} interleaved rounds, scale 10, -M simple, loopback, 2 cores shared by everything, each pooler a process in its own session, lsngate on {threads} runtime thread(s)\n"
     );
     println!(
         "| workload | target | TPS | avg latency | pooler CPU per txn | TPS vs pgbouncer | latency vs pgbouncer | CPU vs pgbouncer |"
