@@ -16,6 +16,7 @@ pub mod causal;
 pub mod config;
 pub mod frontend;
 pub mod net;
+pub mod socket;
 pub mod timer;
 
 use std::net::SocketAddr;

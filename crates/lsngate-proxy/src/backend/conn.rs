@@ -9,7 +9,7 @@ use std::time::Duration;
 use std::sync::Arc;
 
 use bytes::{Buf, BytesMut};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 
 use crate::config::NodeUrl;
@@ -310,7 +310,7 @@ impl BackendConn {
             why: e.to_string(),
         };
         // A statement nearly always fits the socket buffer: one non-blocking write, no future.
-        let written = match self.stream.try_write(bytes) {
+        let written = match crate::socket::try_send(&self.stream, bytes) {
             Ok(n) => n,
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => 0,
             Err(e) => return Err(lost(&self.address, e)),
@@ -349,9 +349,8 @@ impl BackendConn {
     pub async fn fill(&mut self) -> Result<(), BackendError> {
         while !self.has_frame() {
             crate::net::room_to_read(&mut self.read_buf);
-            let n = self
-                .stream
-                .read_buf(&mut self.read_buf)
+            let (stream, buf) = (&self.stream, &mut self.read_buf);
+            let n = std::future::poll_fn(|cx| crate::socket::poll_recv(stream, cx, buf))
                 .await
                 .map_err(|e| BackendError::Lost {
                     node: self.address.clone(),

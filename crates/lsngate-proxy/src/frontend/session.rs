@@ -6,9 +6,10 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
+use std::task::{Context, Poll, ready};
 
 use bytes::{Buf, BytesMut};
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 use tokio::sync::watch;
 
 use super::causal::ClientFloors;
@@ -27,11 +28,33 @@ pub trait ClientSocket: AsyncRead + AsyncWrite + Unpin + Send {
     fn write_now(&self, _buf: &[u8]) -> std::io::Result<usize> {
         Err(std::io::ErrorKind::WouldBlock.into())
     }
+
+    /// Reads what is there into `buf`'s spare room, once there is something; 0 at the end.
+    fn poll_recv(
+        &mut self,
+        cx: &mut Context<'_>,
+        buf: &mut BytesMut,
+    ) -> Poll<std::io::Result<usize>> {
+        let mut read = tokio::io::ReadBuf::uninit(buf.spare_capacity_mut());
+        ready!(std::pin::Pin::new(&mut *self).poll_read(cx, &mut read))?;
+        let n = read.filled().len();
+        // SAFETY: poll_read initialised the first `n` bytes of the spare room.
+        unsafe { buf.set_len(buf.len() + n) };
+        Poll::Ready(Ok(n))
+    }
 }
 
 impl ClientSocket for tokio::net::TcpStream {
     fn write_now(&self, buf: &[u8]) -> std::io::Result<usize> {
-        self.try_write(buf)
+        crate::socket::try_send(self, buf)
+    }
+
+    fn poll_recv(
+        &mut self,
+        cx: &mut Context<'_>,
+        buf: &mut BytesMut,
+    ) -> Poll<std::io::Result<usize>> {
+        crate::socket::poll_recv(self, cx, buf)
     }
 }
 
@@ -40,6 +63,14 @@ impl<S: ClientSocket> ClientSocket for tokio_rustls::server::TlsStream<S> {}
 impl ClientSocket for Box<dyn ClientSocket> {
     fn write_now(&self, buf: &[u8]) -> std::io::Result<usize> {
         (**self).write_now(buf)
+    }
+
+    fn poll_recv(
+        &mut self,
+        cx: &mut Context<'_>,
+        buf: &mut BytesMut,
+    ) -> Poll<std::io::Result<usize>> {
+        (**self).poll_recv(cx, buf)
     }
 }
 
@@ -91,7 +122,8 @@ impl ClientIo {
                 return Ok(Some(Incoming::Frame(frame.expect("a whole frame"))));
             }
             crate::net::room_to_read(&mut self.read_buf);
-            if self.stream.read_buf(&mut self.read_buf).await? == 0 {
+            let (stream, buf) = (&mut self.stream, &mut self.read_buf);
+            if std::future::poll_fn(|cx| stream.poll_recv(cx, buf)).await? == 0 {
                 return Ok(None);
             }
         }
