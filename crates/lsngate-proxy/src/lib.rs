@@ -2,11 +2,12 @@
 //! reads from writes across a primary and its streaming replicas. This crate is the proxy as a
 //! library — `run(config, listener, shutdown)` serves clients in-process (tests use
 //! 127.0.0.1:0) and `run_cli` is what the `lsngate proxy` command calls. Read-your-writes
-//! (causal reads) is not here yet; the backend flight is built so it can be added.
+//! (causal reads) rides in the same backend flights as the client's statements (`causal/`).
 //!
 //! Layout: `net/` the pure message codec, `frontend/` client sessions, auth and routing,
-//! `backend/` server connections, pools and the health/role monitor, `admin/` HTTP metrics and
-//! status, `config` the TOML file and flags.
+//! `backend/` server connections, pools and the health/role monitor, `causal/` floors, waits and
+//! the replay-position watcher, `admin/` HTTP metrics and status, `config` the TOML file and
+//! flags, `socket` plain TCP reads and writes on tokio's readiness, `timer` the timer thread.
 
 #![warn(missing_docs)]
 
