@@ -17,12 +17,16 @@ use tokio::io::Interest;
 use tokio::net::TcpStream;
 
 /// Reads what the socket holds into `buf`'s spare room, once it is readable; `Ok(0)` when the
-/// peer closed the connection. The caller makes room first (see [`crate::net::room_to_read`]).
+/// peer closed the connection. The caller makes room first (see [`crate::net::room_to_read`]);
+/// a full buffer gets some here, so that a read of nothing always means the end.
 pub fn poll_recv(
     stream: &TcpStream,
     cx: &mut Context<'_>,
     buf: &mut BytesMut,
 ) -> Poll<io::Result<usize>> {
+    if buf.capacity() == buf.len() {
+        buf.reserve(4096);
+    }
     loop {
         ready!(stream.poll_read_ready(cx))?;
         let room = buf.spare_capacity_mut();
@@ -126,7 +130,8 @@ mod tests {
     fn reads_what_arrives_waits_for_more_and_sees_the_close() {
         runtime().block_on(async {
             let (a, mut b) = pair().await;
-            let mut buf = BytesMut::with_capacity(64);
+            // No room at all: some is made, and the read is not taken for the end.
+            let mut buf = BytesMut::new();
             b.write_all(b"hello").await.unwrap();
             assert_eq!(recv(&a, &mut buf).await, 5);
             // The short read cleared readiness: the next read waits for the next bytes.

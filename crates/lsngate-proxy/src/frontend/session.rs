@@ -35,6 +35,9 @@ pub trait ClientSocket: AsyncRead + AsyncWrite + Unpin + Send {
         cx: &mut Context<'_>,
         buf: &mut BytesMut,
     ) -> Poll<std::io::Result<usize>> {
+        if buf.capacity() == buf.len() {
+            buf.reserve(4096); // a read into no room would look like the end
+        }
         let mut read = tokio::io::ReadBuf::uninit(buf.spare_capacity_mut());
         ready!(std::pin::Pin::new(&mut *self).poll_read(cx, &mut read))?;
         let n = read.filled().len();
