@@ -457,7 +457,7 @@ impl BackendConn {
     /// Moves the complete messages at the front of the read buffer whose tag `plain` accepts
     /// into `out` as they are — one copy, no parsing — and stops at the first other or
     /// incomplete one. Returns the bytes moved.
-    pub fn take_plain(&mut self, out: &mut BytesMut, plain: fn(u8) -> bool) -> usize {
+    pub fn take_plain(&mut self, out: &mut BytesMut, plain: impl Fn(u8) -> bool) -> usize {
         let b = &self.read_buf;
         let mut end = 0;
         while b.len() >= end + 5 && plain(b[end]) {

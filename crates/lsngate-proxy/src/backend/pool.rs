@@ -176,7 +176,9 @@ impl Pool {
                 (None, Vec::new(), Some(rx))
             }
         };
-        self.close(expired);
+        if !expired.is_empty() {
+            self.close(expired);
+        }
         if let Some(mut rx) = queued {
             lent = match crate::timer::timeout(wait, &mut rx).await {
                 Ok(Ok(lent)) => Some(lent),
@@ -283,7 +285,9 @@ impl Pool {
                 }
             }
         }
-        self.close(outlived.into_iter().collect());
+        if let Some(conn) = outlived {
+            self.close(vec![conn]);
+        }
     }
 
     /// Closes idle connections past their idle timeout or lifetime; returns how many.
