@@ -100,7 +100,7 @@ fn pgbench_output(cluster: &Cluster, port: u16, args: &[&str]) -> String {
     text
 }
 
-fn start_pgbouncer(dir: &Path, primary_port: u16, port: u16, pool: usize) -> Child {
+fn start_pgbouncer(dir: &Path, primary_port: u16, port: u16, pool: usize) -> Pooler {
     std::fs::create_dir_all(dir).unwrap();
     std::fs::write(dir.join("userlist.txt"), "\"postgres\" \"\"\n").unwrap();
     let ini = format!(
@@ -127,9 +127,20 @@ fn start_pgbouncer(dir: &Path, primary_port: u16, port: u16, pool: usize) -> Chi
     )
 }
 
+/// A pooler process, killed when dropped: in a session of its own it would outlive a benchmark
+/// that panics.
+struct Pooler(Child);
+
+impl Drop for Pooler {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 /// Starts a pooler as its own process in its own session (see the top of this file) and waits
 /// until it accepts connections on `port`.
-fn start_pooler(mut command: Command, port: u16, what: &str) -> Child {
+fn start_pooler(mut command: Command, port: u16, what: &str) -> Pooler {
     // SAFETY: setsid is async-signal-safe, the one call made between fork and exec.
     unsafe {
         command.pre_exec(|| {
@@ -139,19 +150,18 @@ fn start_pooler(mut command: Command, port: u16, what: &str) -> Child {
             Ok(())
         });
     }
-    let mut child = command
+    let child = command
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
         .unwrap_or_else(|e| panic!("start {what}: {e}"));
+    let pooler = Pooler(child);
     for _ in 0..200 {
         if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
-            return child;
+            return pooler;
         }
         std::thread::sleep(Duration::from_millis(50));
     }
-    let _ = child.kill();
-    let _ = child.wait();
     panic!("{what} did not start");
 }
 
@@ -172,7 +182,7 @@ fn start_lsngate(
     consistency: &str,
     pool: usize,
     threads: usize,
-) -> (u16, Child) {
+) -> (u16, Pooler) {
     let port = free_port();
     let replicas = if with_replica {
         cluster.replica_urls()
@@ -189,8 +199,8 @@ fn start_lsngate(
     std::fs::write(&path, config).unwrap();
     let mut command = Command::new(std::env::current_exe().unwrap());
     command.arg("serve-proxy").arg(&path);
-    let child = start_pooler(command, port, &format!("lsngate ({})", path.display()));
-    (port, child)
+    let pooler = start_pooler(command, port, &format!("lsngate ({})", path.display()));
+    (port, pooler)
 }
 
 /// `serve-proxy CONFIG`: what `lsngate proxy --config CONFIG` runs.
@@ -230,21 +240,25 @@ fn main() {
         start_lsngate(&cluster, &dir, true, "session", pool, threads);
     let targets: [(&'static str, u16, Option<u32>); 5] = [
         ("direct (primary)", primary_port, None),
-        ("pgbouncer (transaction)", bouncer_port, Some(bouncer.id())),
+        (
+            "pgbouncer (transaction)",
+            bouncer_port,
+            Some(bouncer.0.id()),
+        ),
         (
             "lsngate (primary only)",
             lsn_primary_port,
-            Some(lsn_primary.id()),
+            Some(lsn_primary.0.id()),
         ),
         (
             "lsngate (primary + replica)",
             lsn_split_port,
-            Some(lsn_split.id()),
+            Some(lsn_split.0.id()),
         ),
         (
             "lsngate (replica, causal)",
             lsn_causal_port,
-            Some(lsn_causal.id()),
+            Some(lsn_causal.0.id()),
         ),
     ];
     let (c, t) = (clients.to_string(), seconds.to_string());
@@ -306,10 +320,7 @@ fn main() {
         );
     }
     let results = medians(&runs);
-    for mut pooler in [bouncer, lsn_primary, lsn_split, lsn_causal] {
-        let _ = pooler.kill();
-        let _ = pooler.wait();
-    }
+    drop((bouncer, lsn_primary, lsn_split, lsn_causal));
     print_table(&results, clients, seconds, threads, rounds);
 }
 
