@@ -16,45 +16,46 @@ use bytes::BytesMut;
 use tokio::io::Interest;
 use tokio::net::TcpStream;
 
-/// Reads what the socket holds into `buf`'s spare room, once it is readable; `Ok(0)` when the
-/// peer closed the connection. The caller makes room first (see [`crate::net::room_to_read`]);
-/// a full buffer gets some here, so that a read of nothing always means the end.
+/// A socket system call (its six arguments), retried when a signal interrupted it; the count
+/// it returned, or the error.
+///
+/// # Safety
+/// The arguments must be valid for `call`: a buffer pointer must be valid for its length.
+unsafe fn socket_call(call: libc::c_long, args: [libc::c_long; 6]) -> io::Result<usize> {
+    loop {
+        // SAFETY: the arguments are valid for `call` (this function's contract).
+        let n =
+            unsafe { libc::syscall(call, args[0], args[1], args[2], args[3], args[4], args[5]) };
+        if n >= 0 {
+            return Ok(n as usize);
+        }
+        let e = io::Error::last_os_error();
+        if e.kind() != io::ErrorKind::Interrupted {
+            return Err(e);
+        }
+    }
+}
+
+/// Reads what the socket holds into `buf`'s spare room (made first, see
+/// [`crate::net::room_to_read`]), once it is readable; `Ok(0)` when the peer closed the
+/// connection.
 pub fn poll_recv(
     stream: &TcpStream,
     cx: &mut Context<'_>,
     buf: &mut BytesMut,
 ) -> Poll<io::Result<usize>> {
-    if buf.capacity() == buf.len() {
-        buf.reserve(4096);
-    }
+    crate::net::room_to_read(buf);
     loop {
         ready!(stream.poll_read_ready(cx))?;
         let room = buf.spare_capacity_mut();
         let (ptr, len) = (room.as_mut_ptr(), room.len());
         let mut received = None;
         let attempt = stream.try_io(Interest::READABLE, || {
-            let n = loop {
-                // SAFETY: `ptr` and `len` describe `buf`'s spare room, writable memory that
-                // outlives the call; recvfrom writes at most `len` bytes there.
-                let n = unsafe {
-                    libc::syscall(
-                        libc::SYS_recvfrom,
-                        stream.as_raw_fd() as libc::c_long,
-                        ptr as libc::c_long,
-                        len as libc::c_long,
-                        0 as libc::c_long,
-                        0 as libc::c_long,
-                        0 as libc::c_long,
-                    )
-                };
-                if n >= 0 {
-                    break n as usize;
-                }
-                let e = io::Error::last_os_error();
-                if e.kind() != io::ErrorKind::Interrupted {
-                    return Err(e);
-                }
-            };
+            let fd = stream.as_raw_fd() as libc::c_long;
+            let args = [fd, ptr as _, len as _, 0, 0, 0];
+            // SAFETY: `ptr` and `len` describe `buf`'s spare room, writable memory that outlives
+            // the call; recvfrom writes at most `len` bytes there.
+            let n = unsafe { socket_call(libc::SYS_recvfrom, args) }?;
             received = Some(n);
             if n > 0 && n < len {
                 // Less than the room: the socket is drained. Reported as WouldBlock so tokio
@@ -80,27 +81,11 @@ pub fn poll_recv(
 /// Writes what the socket takes now, without waiting; `WouldBlock` when it takes nothing.
 pub fn try_send(stream: &TcpStream, bytes: &[u8]) -> io::Result<usize> {
     stream.try_io(Interest::WRITABLE, || {
-        loop {
-            // SAFETY: `bytes` is readable for its length during the call.
-            let n = unsafe {
-                libc::syscall(
-                    libc::SYS_sendto,
-                    stream.as_raw_fd() as libc::c_long,
-                    bytes.as_ptr() as libc::c_long,
-                    bytes.len() as libc::c_long,
-                    libc::MSG_NOSIGNAL as libc::c_long,
-                    0 as libc::c_long,
-                    0 as libc::c_long,
-                )
-            };
-            if n >= 0 {
-                return Ok(n as usize);
-            }
-            let e = io::Error::last_os_error();
-            if e.kind() != io::ErrorKind::Interrupted {
-                return Err(e);
-            }
-        }
+        let fd = stream.as_raw_fd() as libc::c_long;
+        let flags = libc::MSG_NOSIGNAL as libc::c_long;
+        let args = [fd, bytes.as_ptr() as _, bytes.len() as _, flags, 0, 0];
+        // SAFETY: `bytes` is readable for its length during the call.
+        unsafe { socket_call(libc::SYS_sendto, args) }
     })
 }
 

@@ -348,7 +348,6 @@ impl BackendConn {
     /// Reads until at least one whole frame is buffered. Cancel-safe.
     pub async fn fill(&mut self) -> Result<(), BackendError> {
         while !self.has_frame() {
-            crate::net::room_to_read(&mut self.read_buf);
             let (stream, buf) = (&self.stream, &mut self.read_buf);
             let n = std::future::poll_fn(|cx| crate::socket::poll_recv(stream, cx, buf))
                 .await

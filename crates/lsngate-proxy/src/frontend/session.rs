@@ -35,9 +35,7 @@ pub trait ClientSocket: AsyncRead + AsyncWrite + Unpin + Send {
         cx: &mut Context<'_>,
         buf: &mut BytesMut,
     ) -> Poll<std::io::Result<usize>> {
-        if buf.capacity() == buf.len() {
-            buf.reserve(4096); // a read into no room would look like the end
-        }
+        crate::net::room_to_read(buf); // a read into no room would look like the end
         let mut read = tokio::io::ReadBuf::uninit(buf.spare_capacity_mut());
         ready!(std::pin::Pin::new(&mut *self).poll_read(cx, &mut read))?;
         let n = read.filled().len();
@@ -124,7 +122,6 @@ impl ClientIo {
                 let frame = decode_frame(&mut self.read_buf, self.max_len)?;
                 return Ok(Some(Incoming::Frame(frame.expect("a whole frame"))));
             }
-            crate::net::room_to_read(&mut self.read_buf);
             let (stream, buf) = (&mut self.stream, &mut self.read_buf);
             if std::future::poll_fn(|cx| stream.poll_recv(cx, buf)).await? == 0 {
                 return Ok(None);
