@@ -113,11 +113,8 @@ pub struct Attached {
     pub probe_row: Option<Vec<Option<String>>>,
     /// A cancel request (57014 "user request") hit the proxy segment in progress.
     pub probe_cancelled: Option<String>,
-    /// Hold the client's last ReadyForQuery until the trailing position is known: the client
-    /// then never sees a floor-raising reply before the floor is raised, nor a backend still
-    /// busy after its ReadyForQuery (transaction pooling hands it on at once).
-    pub hold_ready: bool,
-    /// The held ReadyForQuery.
+    /// A client ReadyForQuery held until the proxy segment trailing its flight (see
+    /// [`Attached::trailing_segment_next`]) has answered.
     pub held_ready: Option<Frame>,
     /// A trailing proxy segment sent only after the client's last ReadyForQuery (behind a
     /// `COPY … FROM STDIN`, whose server would read it as COPY data).
@@ -146,7 +143,6 @@ impl Attached {
             discard: None,
             probe_row: None,
             probe_cancelled: None,
-            hold_ready: false,
             held_ready: None,
             deferred: Vec::new(),
             resync_rows: Vec::new(),
@@ -157,6 +153,20 @@ impl Attached {
     /// Whether replies are still due (the backend must not be reused or released yet).
     pub fn awaiting_replies(&self) -> bool {
         !self.expect.is_empty() || self.open || self.copy_in
+    }
+
+    /// Whether the next reply due belongs to the segment the proxy put behind a client flight
+    /// (the replay position behind a replica read, the primary's position behind a write or a
+    /// transaction's end). The client's ReadyForQuery just before it is held until it answers:
+    /// the client then never sees a floor-raising reply before the floor is raised, nor a
+    /// backend still busy after its ReadyForQuery (transaction pooling hands it on at once).
+    /// Read off the queue, not kept as a flag: a client that pipelines its next flight before
+    /// this one's replies arrive has its own segments queued behind the trailing one.
+    pub fn trailing_segment_next(&self) -> bool {
+        matches!(
+            self.expect.front(),
+            Some(Owner::Proxy(Duty::Served | Duty::Position { .. }))
+        )
     }
 
     /// Client segments still due.
@@ -768,7 +778,6 @@ impl Session {
                 Target::Replica if standalone_read || ends_block || read.is_some() => {
                     frames.extend(probe_segment(Probe::Replay, &mut attached.conn.prepared));
                     attached.expect.push_back(Owner::Proxy(Duty::Served));
-                    attached.hold_ready = true;
                 }
                 Target::Primary
                     if ends_block
@@ -785,7 +794,6 @@ impl Session {
                     attached
                         .expect
                         .push_back(Owner::Proxy(Duty::Position { wrote }));
-                    attached.hold_ready = true;
                 }
                 _ => {}
             }

@@ -118,7 +118,6 @@ impl Session {
             let b = self.backend.as_mut().expect("attached");
             let last_plain = plain_relay
                 && b.expect.len() == 1
-                && !b.hold_ready
                 && b.deferred.is_empty()
                 && b.read.is_none()
                 && !self.floors.guard_slot
@@ -296,15 +295,14 @@ impl Session {
                 return self.backend_lost(e).await;
             }
             let attached = self.backend.as_mut().expect("attached");
-            if !attached.hold_ready {
+            if !attached.trailing_segment_next() {
                 attached.held_ready = Some(frame);
                 return Ok(());
             }
         }
         let attached = self.backend.as_mut().expect("attached");
-        if last && attached.hold_ready {
+        if attached.trailing_segment_next() {
             // The trailing position follows; the client's floor (and ParameterStatus) first.
-            attached.hold_ready = false;
             attached.held_ready = Some(frame);
             return Ok(());
         }

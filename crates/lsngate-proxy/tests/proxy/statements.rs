@@ -31,8 +31,13 @@ struct Wire {
 impl Wire {
     /// Logs in as `postgres` (the test proxy trusts loopback clients in flags-only mode).
     fn connect(proxy: &TestProxy) -> Wire {
+        let stream = TcpStream::connect(proxy.addr).unwrap();
+        // A reply that never comes fails the test instead of hanging it.
+        stream
+            .set_read_timeout(Some(std::time::Duration::from_secs(60)))
+            .unwrap();
         let mut wire = Wire {
-            stream: TcpStream::connect(proxy.addr).unwrap(),
+            stream,
             buf: BytesMut::new(),
         };
         let mut startup = BytesMut::new();
@@ -76,7 +81,9 @@ impl Wire {
                 Some(frame) => frame,
                 None => {
                     let mut chunk = [0u8; 8192];
-                    let n = self.stream.read(&mut chunk).unwrap();
+                    let n = self.stream.read(&mut chunk).unwrap_or_else(|e| {
+                        panic!("no reply from the proxy ({e}); so far {reply:?}")
+                    });
                     assert!(n > 0, "the proxy closed the connection: {reply:?}");
                     self.buf.extend_from_slice(&chunk[..n]);
                     continue;
@@ -220,4 +227,42 @@ fn the_unnamed_statement_follows_its_client_to_other_server_connections() {
     let reply = a.flight(&execute_unnamed("6"));
     assert!(reply.errors.is_empty(), "{reply:?}");
     assert_eq!(reply.rows, row("a:6", false));
+}
+
+/// Flights a client sends before a write's replies are back (pipelining; tokio-postgres does it
+/// when a failed statement's Close+Sync and the next query follow the error at once) all get
+/// their replies. The write's ReadyForQuery waits for the commit position the proxy reads behind
+/// it; the ReadyForQuery of the flights queued behind that position must not wait for another.
+#[test]
+fn flights_pipelined_behind_a_write_all_get_their_replies() {
+    let cluster = shared_cluster();
+    let table = unique("pipelined");
+    cluster
+        .primary()
+        .sql(&format!("CREATE TABLE {table} (id int)"))
+        .unwrap();
+    // Consistency `session`, the default: a write's position is read in its flight.
+    let proxy = TestProxy::start(cluster);
+    let mut wire = Wire::connect(&proxy);
+    for round in 1..=20 {
+        let mut messages = vec![parse_unnamed(&format!(
+            "INSERT INTO {table} VALUES ($1::int)"
+        ))];
+        messages.extend(execute_unnamed(&round.to_string()));
+        messages.extend(
+            [
+                "BEGIN".to_string(),
+                format!("SELECT count(*) FROM {table}"),
+                "COMMIT".to_string(),
+            ]
+            .map(FrontendMessage::Query),
+        );
+        let reply = wire.flight(&messages);
+        assert!(reply.errors.is_empty(), "round {round}: {reply:?}");
+        assert_eq!(
+            reply.rows,
+            vec![vec![Some(round.to_string())]],
+            "round {round}: the transaction sees every insert"
+        );
+    }
 }
