@@ -132,6 +132,28 @@ pub struct UserEntry {
     /// `scram-sha-256` (default), `md5` or `trust`.
     #[serde(default = "default_auth")]
     pub auth: String,
+    /// The role this user's statements run as on every node, with pools of its own; default:
+    /// the node URL's user, shared by every client user.
+    #[serde(default)]
+    pub server_user: Option<String>,
+    /// `server_user`'s password; default: `password` when `server_user` is the user's own name,
+    /// else none (the server trusts the proxy).
+    #[serde(default)]
+    pub server_password: Option<String>,
+}
+
+impl UserEntry {
+    /// A user who logs in with `password` and runs as the node URL's user.
+    pub fn new(name: &str, password: Option<&str>, auth: &str) -> UserEntry {
+        UserEntry {
+            name: name.into(),
+            password: password.map(Into::into),
+            verifier: None,
+            auth: auth.into(),
+            server_user: None,
+            server_password: None,
+        }
+    }
 }
 
 fn default_auth() -> String {
@@ -153,7 +175,7 @@ pub struct FileConfig {
     pub replicas: Vec<String>,
     /// transaction (default) or session.
     pub pool_mode: Option<PoolMode>,
-    /// Max backend connections per (node, database). Default 20.
+    /// Max backend connections per (node, database, role). Default 20.
     pub pool_size: Option<usize>,
     /// Max client connections. Default 1000.
     pub max_client_connections: Option<usize>,
@@ -326,7 +348,7 @@ pub struct Config {
     pub nodes: Vec<NodeUrl>,
     /// Pooling mode.
     pub pool_mode: PoolMode,
-    /// Max backend connections per (node, database).
+    /// Max backend connections per (node, database, role).
     pub pool_size: usize,
     /// Max client connections.
     pub max_client_connections: usize,
@@ -348,8 +370,8 @@ pub struct Config {
     pub retry_buffer_size: usize,
     /// Functions that force the primary.
     pub write_functions: Vec<String>,
-    /// Login name → credential.
-    pub users: Vec<(String, Credential)>,
+    /// Who may log in, with what, and as whom they reach the servers.
+    pub users: Vec<ClientUser>,
     /// Client TLS, when configured.
     pub tls: Option<TlsSettings>,
     /// Causal-read settings.
@@ -436,12 +458,43 @@ impl Config {
         }
     }
 
+    /// The user with this login name, if there is one.
+    pub fn user(&self, name: &str) -> Option<&ClientUser> {
+        self.users.iter().find(|u| u.name == name)
+    }
+
     /// The credential a login name must present, if the user exists.
     pub fn credential(&self, user: &str) -> Option<&Credential> {
-        self.users
-            .iter()
-            .find(|(name, _)| name == user)
-            .map(|(_, c)| c)
+        self.user(user).map(|u| &u.credential)
+    }
+}
+
+/// A user clients may log in as.
+#[derive(Debug, Clone)]
+pub struct ClientUser {
+    /// Login name.
+    pub name: String,
+    /// What the client must present.
+    pub credential: Credential,
+    /// The role the user's statements run as; None = each node URL's user.
+    pub server_login: Option<ServerLogin>,
+}
+
+/// A role the proxy logs into servers as, instead of the node URL's user.
+#[derive(Clone, PartialEq, Eq, Hash)]
+pub struct ServerLogin {
+    /// Role name.
+    pub user: String,
+    /// Its password, if the server asks for one.
+    pub password: Option<String>,
+}
+
+impl std::fmt::Debug for ServerLogin {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ServerLogin")
+            .field("user", &self.user)
+            .field("password", &self.password.as_ref().map(|_| "…"))
+            .finish()
     }
 }
 
@@ -548,23 +601,55 @@ fn limit_ms(ms: u64) -> Option<Duration> {
     (ms > 0).then(|| Duration::from_millis(ms))
 }
 
-fn flags_only_users(
-    primary: &NodeUrl,
-    listen: SocketAddr,
-) -> Result<Vec<(String, Credential)>, ConfigError> {
+fn flags_only_users(primary: &NodeUrl, listen: SocketAddr) -> Result<Vec<ClientUser>, ConfigError> {
     let credential = match &primary.password {
         Some(password) => Credential::Scram(ScramVerifier::from_password(password, 4096)),
         None if listen.ip().is_loopback() => Credential::Trust,
         None => return Err(ConfigError::OpenTrust(listen)),
     };
-    Ok(vec![(primary.user.clone(), credential)])
+    Ok(vec![ClientUser {
+        name: primary.user.clone(),
+        credential,
+        server_login: None,
+    }])
 }
 
-fn config_users(entries: &[UserEntry]) -> Result<Vec<(String, Credential)>, ConfigError> {
-    entries
-        .iter()
-        .map(|u| Ok((u.name.clone(), user_credential(u)?)))
-        .collect()
+fn config_users(entries: &[UserEntry]) -> Result<Vec<ClientUser>, ConfigError> {
+    let mut users: Vec<ClientUser> = Vec::with_capacity(entries.len());
+    for u in entries {
+        if users.iter().any(|seen| seen.name == u.name) {
+            return Err(ConfigError::User {
+                user: u.name.clone(),
+                why: "listed twice under [[users]]; keep one entry".into(),
+            });
+        }
+        users.push(ClientUser {
+            name: u.name.clone(),
+            credential: user_credential(u)?,
+            server_login: server_login(u)?,
+        });
+    }
+    Ok(users)
+}
+
+fn server_login(u: &UserEntry) -> Result<Option<ServerLogin>, ConfigError> {
+    match (&u.server_user, &u.server_password) {
+        (None, None) => Ok(None),
+        (None, Some(_)) => Err(ConfigError::User {
+            user: u.name.clone(),
+            why: "server_password without server_user; name the role it belongs to".into(),
+        }),
+        (Some(role), _) if role.is_empty() || role.contains('\0') => Err(ConfigError::User {
+            user: u.name.clone(),
+            why: format!("server_user {role:?} is not a role name"),
+        }),
+        (Some(role), password) => Ok(Some(ServerLogin {
+            user: role.clone(),
+            password: password
+                .clone()
+                .or_else(|| (*role == u.name).then(|| u.password.clone()).flatten()),
+        })),
+    }
 }
 
 fn user_credential(u: &UserEntry) -> Result<Credential, ConfigError> {
@@ -681,5 +766,76 @@ mod tests {
             .pool_limits();
         assert_eq!(limits.idle_timeout, None);
         assert_eq!(limits.lifetime, Some(Duration::from_millis(1500)));
+    }
+
+    fn users(entries: &str) -> Result<Config, ConfigError> {
+        let text = format!("primary = \"postgres://app:pw@db:5432/app\"\n{entries}");
+        Config::build(toml::from_str(&text).unwrap())
+    }
+
+    #[test]
+    fn server_logins_default_to_the_node_url_and_to_the_users_own_password() {
+        let config = users(
+            r#"
+            [[users]]
+            name = "app"
+            password = "a"
+            [[users]]
+            name = "reporting"
+            password = "r"
+            server_user = "reporting"
+            [[users]]
+            name = "etl"
+            password = "e"
+            server_user = "loader"
+            [[users]]
+            name = "ops"
+            verifier = "md5aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa"
+            auth = "md5"
+            server_user = "loader"
+            server_password = "l"
+        "#,
+        )
+        .unwrap();
+        let login = |name: &str| config.user(name).unwrap().server_login.clone();
+        let role = |user: &str, password: Option<&str>| {
+            Some(ServerLogin {
+                user: user.into(),
+                password: password.map(Into::into),
+            })
+        };
+        assert_eq!(login("app"), None, "the node URL's user");
+        assert_eq!(login("reporting"), role("reporting", Some("r")));
+        assert_eq!(
+            login("etl"),
+            role("loader", None),
+            "another role's password is not guessed"
+        );
+        assert_eq!(login("ops"), role("loader", Some("l")));
+        assert!(
+            !format!("{:?}", login("ops")).contains("\"l\""),
+            "Debug hides the password"
+        );
+    }
+
+    #[test]
+    fn bad_server_logins_and_duplicate_users_are_refused() {
+        let error = users("[[users]]\nname = \"a\"\npassword = \"x\"\nserver_password = \"y\"")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            error.contains("server_password without server_user"),
+            "{error}"
+        );
+        let error = users("[[users]]\nname = \"a\"\npassword = \"x\"\nserver_user = \"\"")
+            .unwrap_err()
+            .to_string();
+        assert!(error.contains("is not a role name"), "{error}");
+        let error = users(
+            "[[users]]\nname = \"a\"\npassword = \"x\"\n[[users]]\nname = \"a\"\npassword = \"y\"",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(error.contains("listed twice"), "{error}");
     }
 }

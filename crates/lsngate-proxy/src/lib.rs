@@ -52,7 +52,7 @@ pub struct ProxyArgs {
     /// Pooling mode [default: transaction].
     #[arg(long, value_enum)]
     pub pool_mode: Option<PoolMode>,
-    /// Max backend connections per (node, database) [default: 20].
+    /// Max backend connections per (node, database, role) [default: 20].
     #[arg(long)]
     pub pool_size: Option<usize>,
     /// Max client connections [default: 1000].

@@ -43,11 +43,7 @@ pub fn status(proxy: &Proxy) -> serde_json::Value {
         .all()
         .iter()
         .map(|n| {
-            let pools: Vec<_> = n
-                .pool_stats()
-                .into_iter()
-                .map(|(db, open, idle, size)| serde_json::json!({"database": db, "open": open, "idle": idle, "size": size}))
-                .collect();
+            let pools = n.pool_stats();
             serde_json::json!({
                 "index": n.index,
                 "address": n.url.address(),
@@ -152,11 +148,15 @@ fn refresh_gauges(proxy: &Proxy) {
         let role = format!("{:?}", n.role()).to_lowercase();
         metrics::gauge!("lsngate_proxy_node_up", "node" => address.clone(), "role" => role)
             .set(if n.healthy() { 1.0 } else { 0.0 });
-        for (db, open, idle, size) in n.pool_stats() {
-            let labels = [("node", address.clone()), ("database", db)];
-            metrics::gauge!("lsngate_proxy_pool_open_connections", &labels).set(open as f64);
-            metrics::gauge!("lsngate_proxy_pool_idle_connections", &labels).set(idle as f64);
-            metrics::gauge!("lsngate_proxy_pool_size", &labels).set(size as f64);
+        for pool in n.pool_stats() {
+            let labels = [
+                ("node", address.clone()),
+                ("database", pool.database),
+                ("role", pool.role),
+            ];
+            metrics::gauge!("lsngate_proxy_pool_open_connections", &labels).set(pool.open as f64);
+            metrics::gauge!("lsngate_proxy_pool_idle_connections", &labels).set(pool.idle as f64);
+            metrics::gauge!("lsngate_proxy_pool_size", &labels).set(pool.size as f64);
         }
     }
     metrics::gauge!("lsngate_proxy_connected_clients").set(proxy.client_count() as f64);

@@ -12,7 +12,7 @@ use bytes::{Buf, BytesMut};
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 
-use crate::config::NodeUrl;
+use crate::config::{NodeUrl, ServerLogin};
 use crate::frontend::auth::{md5_response, md5_stored, scram_client_final, scram_server_final_ok};
 use crate::net::{BackendMessage, ErrorFields, Frame, FrontendMessage, StartupFrame, decode_frame};
 
@@ -25,15 +25,18 @@ pub enum BackendError {
     #[error("cannot connect to {node}: {why}; is the server up and the URL right?")]
     Connect { node: String, why: String },
     /// The server refused our credentials or sent an error at startup.
-    #[error("{node} refused the proxy's login: {message}; check the user/password in the node URL")]
+    #[error("{node} refused the proxy's login as {role:?}: {message}; check {check}")]
     Startup {
         node: String,
+        role: String,
         message: String,
         sqlstate: String,
+        /// Where the credentials come from: the node URL or a user's `server_user`.
+        check: &'static str,
     },
-    /// The server's SCRAM-SHA-256 signature does not match the password in the node URL.
+    /// The server's SCRAM-SHA-256 signature does not match the password the proxy logs in with.
     #[error(
-        "{node} did not prove that it knows the password of the node URL (SCRAM server signature missing or wrong); check that the URL points at the right server"
+        "{node} did not prove that it knows the password the proxy logs in with (SCRAM server signature missing or wrong); check that the URL points at the right server"
     )]
     ServerProof { node: String },
     /// The server asked for an authentication method we do not implement.
@@ -136,14 +139,35 @@ impl ServerFacts {
     }
 }
 
+/// Whom a new connection logs in as, and where those credentials are configured.
+struct Login<'a> {
+    user: &'a str,
+    password: Option<&'a str>,
+    check: &'static str,
+}
+
 impl BackendConn {
-    /// Opens and authenticates a connection to `url` for `database`.
+    /// Opens and authenticates a connection to `url` for `database`, as `login` when given,
+    /// else as the URL's user.
     pub async fn connect(
         node: usize,
         url: &NodeUrl,
+        login: Option<&ServerLogin>,
         database: &str,
         timeout: Duration,
     ) -> Result<BackendConn, BackendError> {
+        let login = match login {
+            Some(l) => Login {
+                user: &l.user,
+                password: l.password.as_deref(),
+                check: "server_user/server_password of the client's [[users]] entry",
+            },
+            None => Login {
+                user: &url.user,
+                password: url.password.as_deref(),
+                check: "the user/password in the node URL",
+            },
+        };
         let address = url.address();
         let stream = crate::timer::timeout(timeout, TcpStream::connect(&address))
             .await
@@ -174,14 +198,14 @@ impl BackendConn {
         let startup = StartupFrame::Startup {
             minor: 0,
             params: vec![
-                ("user".into(), url.user.clone()),
+                ("user".into(), login.user.to_string()),
                 ("database".into(), database.into()),
             ],
         };
         let mut out = BytesMut::new();
         startup.encode(&mut out);
         conn.write_raw(&out).await?;
-        crate::timer::timeout(timeout, conn.authenticate(url))
+        crate::timer::timeout(timeout, conn.authenticate(&login))
             .await
             .map_err(|_| BackendError::Connect {
                 node: conn.address.clone(),
@@ -200,7 +224,7 @@ impl BackendConn {
         Ok(conn)
     }
 
-    async fn authenticate(&mut self, url: &NodeUrl) -> Result<(), BackendError> {
+    async fn authenticate(&mut self, login: &Login<'_>) -> Result<(), BackendError> {
         let mut scram: Option<(String, Vec<u8>)> = None;
         loop {
             let frame = self.recv().await?;
@@ -211,13 +235,13 @@ impl BackendConn {
                 }
                 BackendMessage::Authentication { code: 0, .. } => {}
                 BackendMessage::Authentication { code: 3, .. } => {
-                    let mut body = url.password.clone().unwrap_or_default().into_bytes();
+                    let mut body = login.password.unwrap_or_default().as_bytes().to_vec();
                     body.push(0);
                     self.send(&[FrontendMessage::AuthResponse(body.into()).to_frame()])
                         .await?;
                 }
                 BackendMessage::Authentication { code: 5, data } if data.len() == 4 => {
-                    let stored = md5_stored(&url.user, url.password.as_deref().unwrap_or_default());
+                    let stored = md5_stored(login.user, login.password.unwrap_or_default());
                     let mut body =
                         md5_response(&stored, [data[0], data[1], data[2], data[3]]).into_bytes();
                     body.push(0);
@@ -241,7 +265,7 @@ impl BackendConn {
                 BackendMessage::Authentication { code: 11, data } => {
                     let (bare, _) = scram.take().ok_or_else(|| self.unsupported(11))?;
                     let server_first = String::from_utf8_lossy(&data).to_string();
-                    let password = url.password.as_deref().unwrap_or_default();
+                    let password = login.password.unwrap_or_default();
                     let (client_final, signature) =
                         scram_client_final(password, &bare, &server_first)
                             .ok_or_else(|| self.unsupported(11))?;
@@ -268,7 +292,7 @@ impl BackendConn {
                         secret: secret.to_vec(),
                     })
                 }
-                BackendMessage::ErrorResponse(e) => return Err(self.startup_error(&e)),
+                BackendMessage::ErrorResponse(e) => return Err(self.startup_error(&e, login)),
                 BackendMessage::ReadyForQuery(_) => return Ok(()),
                 _ => {}
             }
@@ -288,9 +312,11 @@ impl BackendConn {
         }
     }
 
-    fn startup_error(&self, e: &ErrorFields) -> BackendError {
+    fn startup_error(&self, e: &ErrorFields, login: &Login<'_>) -> BackendError {
         BackendError::Startup {
             node: self.address.clone(),
+            role: login.user.to_string(),
+            check: login.check,
             message: e.get(b'M').unwrap_or("unknown error").to_string(),
             sqlstate: e.sqlstate().unwrap_or("08000").to_string(),
         }

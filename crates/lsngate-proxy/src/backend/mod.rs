@@ -1,4 +1,4 @@
-//! The server side: connections (`conn`), pools per (node, database) (`pool`) and the
+//! The server side: connections (`conn`), pools per (node, database, role) (`pool`) and the
 //! health/role monitor (`monitor`). `Nodes` holds what is known about every configured server —
 //! its role as detected with `pg_is_in_recovery()`, not as configured — and picks one for a
 //! target. It never parses client SQL.
@@ -16,7 +16,7 @@ use std::sync::{Arc, Mutex};
 pub use conn::{BackendConn, BackendError, CancelKey, ServerFacts, Settings};
 pub use pool::{Pool, PoolError, PoolLimits, PooledConn};
 
-use crate::config::NodeUrl;
+use crate::config::{NodeUrl, ServerLogin};
 
 /// A node's detected role.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
@@ -50,7 +50,7 @@ pub struct NodeState {
     healthy: AtomicBool,
     /// Last health-check error, for /status.
     pub last_error: Mutex<Option<String>>,
-    pools: Mutex<HashMap<String, Arc<Pool>>>,
+    pools: Mutex<HashMap<PoolKey, Arc<Pool>>>,
     /// Wakes the node's monitor for an immediate re-check (a wait said `not in recovery`).
     pub recheck: tokio::sync::Notify,
     /// Removed from the config by a reload: its monitor stops, nothing new is routed to it.
@@ -120,18 +120,29 @@ impl NodeState {
         *self.last_error.lock().expect("error lock") = error;
     }
 
-    /// The pool for `database`, created on first use with `limits`; an existing pool takes
-    /// over the idle timeout and lifetime of `limits` (its size stays).
-    pub fn pool(&self, database: &str, limits: PoolLimits) -> Arc<Pool> {
+    /// The pool for `database` as `login` (None: the URL's user), created on first use with
+    /// `limits`; an existing pool takes over the idle timeout and lifetime of `limits` (its size
+    /// stays).
+    pub fn pool(
+        &self,
+        database: &str,
+        login: Option<&ServerLogin>,
+        limits: PoolLimits,
+    ) -> Arc<Pool> {
+        let key = PoolKey {
+            database: database.to_string(),
+            login: login.cloned(),
+        };
+        let role = login.map_or(&self.url.user, |l| &l.user);
         let mut pools = self.pools.lock().expect("pools lock");
-        if let Some(pool) = pools.get(database) {
+        if let Some(pool) = pools.get(&key) {
             pool.set_limits(limits);
             return Arc::clone(pool);
         }
         Arc::clone(
             pools
-                .entry(database.to_string())
-                .or_insert_with(|| Pool::new(self.index, database, limits)),
+                .entry(key)
+                .or_insert_with(|| Pool::new(self.index, database, role, limits)),
         )
     }
 
@@ -145,19 +156,53 @@ impl NodeState {
             .collect()
     }
 
-    /// (database, open, idle, size) per pool.
-    pub fn pool_stats(&self) -> Vec<(String, usize, usize, usize)> {
+    /// Every pool's figures, by database and role.
+    pub fn pool_stats(&self) -> Vec<PoolStats> {
         let pools = self.pools.lock().expect("pools lock");
         let mut stats: Vec<_> = pools
             .iter()
-            .map(|(db, p)| {
-                let (o, i, s) = p.stats();
-                (db.clone(), o, i, s)
+            .map(|(key, p)| {
+                let (open, idle, size) = p.stats();
+                PoolStats {
+                    database: key.database.clone(),
+                    role: key
+                        .login
+                        .as_ref()
+                        .map_or(&self.url.user, |l| &l.user)
+                        .clone(),
+                    open,
+                    idle,
+                    size,
+                }
             })
             .collect();
-        stats.sort();
+        stats.sort_by(|a, b| (&a.database, &a.role).cmp(&(&b.database, &b.role)));
         stats
     }
+}
+
+/// What a node's pools are told apart by: the database, and who the connections log in as — the
+/// node URL's user, or a user's `server_user` with its password (so two users naming one role
+/// with different passwords never share connections one of them could not open).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+struct PoolKey {
+    database: String,
+    login: Option<ServerLogin>,
+}
+
+/// One pool's figures, for /status and /metrics.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct PoolStats {
+    /// Database its connections are logged into.
+    pub database: String,
+    /// Role they log in as.
+    pub role: String,
+    /// Connections open (idle or lent).
+    pub open: usize,
+    /// Connections idle in the pool.
+    pub idle: usize,
+    /// Most connections it may open.
+    pub size: usize,
 }
 
 /// Every configured node. The list is replaced as a whole when a reload changes it; a node whose

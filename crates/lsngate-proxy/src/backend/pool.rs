@@ -1,4 +1,4 @@
-//! A pool of server connections for one (node, database). At most `size` connections are lent
+//! A pool of server connections for one (node, database, role). At most `size` connections are lent
 //! at a time; idle ones wait in a stack (most recently used first, so the hot ones stay warm).
 //! When every slot is lent, checkouts queue, and a connection (or the slot of one that was
 //! closed) given back goes straight to the oldest waiter: first come, first served, and a
@@ -22,12 +22,12 @@ use tokio::sync::{oneshot, watch};
 use super::Nodes;
 use super::clock::Coarse;
 use super::conn::{BackendConn, BackendError};
-use crate::config::NodeUrl;
+use crate::config::{NodeUrl, ServerLogin};
 
 /// How many connections a pool may hold and how long they live.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PoolLimits {
-    /// Max connections per (node, database); fixed when the pool is created.
+    /// Max connections per (node, database, role); fixed when the pool is created.
     pub size: usize,
     /// An idle connection unused for longer than this is closed; None = never.
     pub idle_timeout: Option<Duration>,
@@ -101,11 +101,13 @@ const PROBE_AFTER: Duration = Duration::from_secs(1);
 /// ParameterStatus (name, value) pairs a server sends at login.
 pub type ServerParams = Vec<(String, String)>;
 
-/// Connections of one (node, database).
+/// Connections of one (node, database, role).
 #[derive(Debug)]
 pub struct Pool {
     node: usize,
     database: String,
+    /// The role its connections log in as.
+    role: String,
     shelf: Mutex<Shelf>,
     size: usize,
     open: AtomicUsize,
@@ -120,11 +122,12 @@ pub struct Pool {
 pub enum PoolError {
     /// Every connection stayed busy for the whole acquire timeout.
     #[error(
-        "all {size} connections to node {node} database {database:?} stayed busy for {waited:?}; raise pool_size or acquire_timeout_ms"
+        "all {size} connections to node {node} database {database:?} as {role:?} stayed busy for {waited:?}; raise pool_size or acquire_timeout_ms"
     )]
     Exhausted {
         node: usize,
         database: String,
+        role: String,
         size: usize,
         waited: Duration,
     },
@@ -134,11 +137,12 @@ pub enum PoolError {
 }
 
 impl Pool {
-    /// An empty pool kept to `limits`.
-    pub fn new(node: usize, database: &str, limits: PoolLimits) -> Arc<Pool> {
+    /// An empty pool of connections as `role`, kept to `limits`.
+    pub fn new(node: usize, database: &str, role: &str, limits: PoolLimits) -> Arc<Pool> {
         Arc::new(Pool {
             node,
             database: database.to_string(),
+            role: role.to_string(),
             shelf: Mutex::new(Shelf {
                 conns: Vec::new(),
                 limits,
@@ -156,11 +160,12 @@ impl Pool {
         self.shelf.lock().expect("pool lock").limits = limits;
     }
 
-    /// A connection: an idle one, or a new one while under the size limit; else the next one
-    /// given back, waiting up to `wait` for it.
+    /// A connection: an idle one, or a new one (to `url`, as `login` or else the URL's user) while
+    /// under the size limit; else the next one given back, waiting up to `wait` for it.
     pub async fn acquire(
         self: &Arc<Self>,
         url: &NodeUrl,
+        login: Option<&ServerLogin>,
         wait: Duration,
         connect: Duration,
     ) -> Result<PooledConn, PoolError> {
@@ -195,6 +200,7 @@ impl Pool {
             return Err(PoolError::Exhausted {
                 node: self.node,
                 database: self.database.clone(),
+                role: self.role.clone(),
                 size: self.size,
                 waited: wait,
             });
@@ -202,7 +208,7 @@ impl Pool {
         if lent.conn.is_none() {
             // A free slot without an idle connection: open one. On failure `lent` is dropped
             // and its slot goes to the next waiter.
-            let conn = BackendConn::connect(self.node, url, &self.database, connect).await?;
+            let conn = BackendConn::connect(self.node, url, login, &self.database, connect).await?;
             self.open.fetch_add(1, Ordering::Relaxed);
             // The newest connection's: a server restarted with other settings shows here.
             *self.server_params.lock().expect("params lock") =
@@ -325,7 +331,7 @@ impl Pool {
         }
         self.open.fetch_sub(conns.len(), Ordering::Relaxed);
         for conn in conns {
-            tracing::debug!(node = %conn.address, database = %self.database, "closing an expired or discarded server connection");
+            tracing::debug!(node = %conn.address, database = %self.database, role = %self.role, "closing an expired or discarded server connection");
             conn.close();
         }
     }

@@ -218,6 +218,7 @@ impl Causal {
                 let conn = BackendConn::connect(
                     node.index,
                     &node.url,
+                    None,
                     &node.url.database,
                     connect_timeout,
                 )

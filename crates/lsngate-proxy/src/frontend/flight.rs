@@ -15,6 +15,7 @@ use super::router::{Class, session_set};
 use super::session::{ClientStatement, Session};
 use crate::backend::{BackendConn, BackendError, NodeState, PooledConn, Role, Settings, Target};
 use crate::causal::sql::{Probe, probe_segment, wait_for};
+use crate::config::ServerLogin;
 use crate::net::backend::build;
 use crate::net::{ErrorFields, Frame, FrontendMessage};
 
@@ -269,19 +270,28 @@ fn closes_unnamed(flight: &[FrontendMessage]) -> bool {
 impl Proxy {
     /// ParameterStatus values to report at login: those the primary sent the pool's newest
     /// connection (a checkout only before there was one).
-    pub async fn server_params(&self, database: &str) -> anyhow::Result<Vec<(String, String)>> {
+    pub async fn server_params(
+        &self,
+        database: &str,
+        login: Option<&ServerLogin>,
+    ) -> anyhow::Result<Vec<(String, String)>> {
         let config = self.config();
         let node = self
             .nodes
             .pick(Target::Primary)
             .ok_or_else(|| anyhow::anyhow!(no_primary()))?;
-        let pool = node.pool(database, config.pool_limits());
+        let pool = node.pool(database, login, config.pool_limits());
         // Known once the pool opened a connection: a login does not wait for a busy pool.
         if let Some(params) = pool.server_params() {
             return Ok(params.to_vec());
         }
         let conn = pool
-            .acquire(&node.url, config.acquire_timeout, config.connect_timeout)
+            .acquire(
+                &node.url,
+                login,
+                config.acquire_timeout,
+                config.connect_timeout,
+            )
             .await?;
         let params = conn.server_params.clone();
         conn.release();
@@ -373,13 +383,22 @@ impl Session {
             let pool = match self.pools.iter().find(|(index, _)| *index == node.index) {
                 Some((_, pool)) => Arc::clone(pool),
                 None => {
-                    let pool = node.pool(&self.database, config.pool_limits());
+                    let pool = node.pool(
+                        &self.database,
+                        self.server_login.as_ref(),
+                        config.pool_limits(),
+                    );
                     self.pools.push((node.index, Arc::clone(&pool)));
                     pool
                 }
             };
             match pool
-                .acquire(&node.url, config.acquire_timeout, config.connect_timeout)
+                .acquire(
+                    &node.url,
+                    self.server_login.as_ref(),
+                    config.acquire_timeout,
+                    config.connect_timeout,
+                )
                 .await
             {
                 Ok(conn) => {

@@ -223,6 +223,10 @@ pub struct Session {
     /// The pools this session used, by node index (saves the per-node pool lookup per flight).
     pub(super) pools: Vec<(usize, Arc<crate::backend::Pool>)>,
     pub(super) io: ClientIo,
+    /// The client's login name.
+    user: String,
+    /// The role its statements run as, when its [[users]] entry names one (else the node URLs').
+    pub(super) server_login: Option<crate::config::ServerLogin>,
     pub(super) database: String,
     /// Settings to apply on every backend: name → SQL value text.
     pub(super) settings: crate::backend::Settings,
@@ -397,7 +401,8 @@ impl Session {
                 anyhow::bail!(message);
             }
         }
-        let server_params = match proxy.server_params(&database).await {
+        let server_login = config.user(&user).and_then(|u| u.server_login.clone());
+        let server_params = match proxy.server_params(&database, server_login.as_ref()).await {
             Ok(p) => p,
             Err(e) => {
                 io.queue(&super::listener::fatal("08006", &e.to_string()));
@@ -418,7 +423,7 @@ impl Session {
         io.queue(&build::backend_key_data(cancel_key.0, cancel_key.1));
         io.queue(&build::ready_for_query(b'I'));
         io.flush().await?;
-        tracing::debug!(%user, %database, "client logged in");
+        tracing::debug!(%user, %database, role = ?server_login.as_ref().map(|l| &l.user), "client logged in");
         Ok(Session {
             config: Arc::clone(&config),
             config_seen,
@@ -428,6 +433,8 @@ impl Session {
             pinned: config.pool_mode == crate::config::PoolMode::Session,
             proxy,
             io,
+            user,
+            server_login,
             database,
             settings,
             statements: HashMap::new(),
@@ -447,6 +454,12 @@ impl Session {
     /// Takes up a reloaded config, once per reload (checked at every statement).
     fn refresh_config(&mut self) {
         if let Some(config) = self.proxy.config_if_changed(&mut self.config_seen) {
+            // A user the reload removed keeps the role it had; a changed role takes effect at
+            // the next checkout, from pools of its own.
+            if let Some(user) = config.user(&self.user) {
+                self.server_login = user.server_login.clone();
+            }
+            self.pools.clear();
             self.config = config;
             self.class_memo.clear();
         }

@@ -1,17 +1,40 @@
 //! The proxy logging into servers with SCRAM-SHA-256: a role whose pg_hba.conf rule demands
 //! scram-sha-256 over TCP, its password in the node URLs, reads on the replica and writes on the
 //! primary through the proxy; a wrong password gives clients a clear error and the proxy keeps
-//! serving, so fixing the password on the server is enough.
+//! serving, so fixing the password on the server is enough. Users with a `server_user` run as
+//! that role instead, from pools of their own.
 
 use std::process::Command;
+use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use crate::support::*;
 use lsngate_proxy::FileConfig;
 use lsngate_proxy::config::UserEntry;
 use lsngate_testkit::{Cluster, ClusterConfig, Node};
+use tokio_postgres::error::SqlState;
 
 const ROLE: &str = "scram_app";
+/// A role with a password, used as a `server_user`.
+const REPORTER: &str = "reporter";
+
+/// Primary + replica where ROLE and REPORTER must log in with scram-sha-256 over TCP (the
+/// testkit's own user stays trusted).
+fn scram_cluster() -> &'static Cluster {
+    static CLUSTER: OnceLock<&'static Cluster> = OnceLock::new();
+    CLUSTER.get_or_init(|| {
+        Cluster::start(
+            &ClusterConfig::default()
+                .replicas(1)
+                .setting("password_encryption", "scram-sha-256")
+                .hba(&format!(
+                    "host all {ROLE},{REPORTER} 127.0.0.1/32 scram-sha-256"
+                )),
+        )
+        .expect("scram cluster")
+        .leak_until_exit()
+    })
+}
 
 fn node_url(node: &Node, password: &str) -> String {
     format!(
@@ -30,12 +53,7 @@ fn proxy_config(cluster: &Cluster, password: &str) -> FileConfig {
         .iter()
         .map(|n| node_url(n, password))
         .collect();
-    file.users = vec![UserEntry {
-        name: "app".into(),
-        password: Some("client-pw".into()),
-        verifier: None,
-        auth: "scram-sha-256".into(),
-    }];
+    file.users = vec![UserEntry::new("app", Some("client-pw"), "scram-sha-256")];
     file
 }
 
@@ -62,13 +80,7 @@ async fn try_connect(conninfo: &str) -> Result<tokio_postgres::Client, tokio_pos
 
 #[test]
 fn the_proxy_logs_into_servers_with_scram_and_reports_a_wrong_password() {
-    let cluster = Cluster::start(
-        &ClusterConfig::default()
-            .replicas(1)
-            .setting("password_encryption", "scram-sha-256")
-            .hba(&format!("host all {ROLE} 127.0.0.1/32 scram-sha-256")),
-    )
-    .unwrap();
+    let cluster = scram_cluster();
     let primary = cluster.primary();
     primary
         .sql(&format!(
@@ -89,7 +101,7 @@ fn the_proxy_logs_into_servers_with_scram_and_reports_a_wrong_password() {
             "CREATE TABLE scram_t (id int); GRANT SELECT, INSERT ON scram_t TO {ROLE}"
         ))
         .unwrap();
-    caught_up(&cluster);
+    caught_up(cluster);
     // The rule is in force on both nodes: no password, no login.
     for node in cluster.nodes() {
         let conninfo = format!(
@@ -108,7 +120,7 @@ fn the_proxy_logs_into_servers_with_scram_and_reports_a_wrong_password() {
         );
     }
 
-    let proxy = TestProxy::with(proxy_config(&cluster, "backend-s3cret"));
+    let proxy = TestProxy::with(proxy_config(cluster, "backend-s3cret"));
     rt().block_on(async {
         let client = connect(&client_conninfo(&proxy)).await;
         let sql = "SELECT current_user::text, pg_is_in_recovery()";
@@ -132,7 +144,7 @@ fn the_proxy_logs_into_servers_with_scram_and_reports_a_wrong_password() {
     assert_eq!(primary.sql("SELECT count(*) FROM scram_t").unwrap(), "1");
     drop(proxy);
 
-    let proxy = TestProxy::with(proxy_config(&cluster, "not-the-password"));
+    let proxy = TestProxy::with(proxy_config(cluster, "not-the-password"));
     rt().block_on(async {
         for attempt in 0..2 {
             let error = match try_connect(&client_conninfo(&proxy)).await {
@@ -156,7 +168,7 @@ fn the_proxy_logs_into_servers_with_scram_and_reports_a_wrong_password() {
     primary
         .sql(&format!("ALTER ROLE {ROLE} PASSWORD 'not-the-password'"))
         .unwrap();
-    caught_up(&cluster);
+    caught_up(cluster);
     rt().block_on(async {
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
@@ -180,4 +192,121 @@ fn the_proxy_logs_into_servers_with_scram_and_reports_a_wrong_password() {
             }
         }
     });
+}
+
+fn login(proxy: &TestProxy, user: &str, password: &str) -> String {
+    format!(
+        "host=127.0.0.1 port={} user={user} password={password} dbname=postgres",
+        proxy.addr.port()
+    )
+}
+
+/// A user with `server_user` runs as that role everywhere (its default `server_password` is its
+/// own password), a user without runs as the node URL's user, and the two never get each
+/// other's server connections, even with one connection per pool. A wrong `server_password`
+/// fails only that user's logins, naming the entry to fix.
+#[test]
+fn each_user_runs_as_its_server_role_from_pools_of_its_own() {
+    let cluster = scram_cluster();
+    let primary = cluster.primary();
+    primary
+        .sql(&format!(
+            "CREATE ROLE {REPORTER} LOGIN PASSWORD 'rep-pw'; \
+             CREATE TABLE ledger (id int); GRANT SELECT ON ledger TO {REPORTER}"
+        ))
+        .unwrap();
+    caught_up(cluster);
+    let mut file = file_config(cluster);
+    file.pool_size = Some(1);
+    let mut reporter = UserEntry::new(REPORTER, Some("rep-pw"), "scram-sha-256");
+    reporter.server_user = Some(REPORTER.into());
+    let mut guesser = UserEntry::new("guesser", Some("guesser-pw"), "md5");
+    guesser.server_user = Some(REPORTER.into());
+    guesser.server_password = Some("a-guess".into());
+    file.users = vec![
+        UserEntry::new("app", Some("app-pw"), "scram-sha-256"),
+        reporter,
+        guesser,
+    ];
+    let proxy = TestProxy::with(file);
+    let sql = "SELECT current_user::text, pg_is_in_recovery()";
+    rt().block_on(async {
+        let app = connect(&login(&proxy, "app", "app-pw")).await;
+        let rep = connect(&login(&proxy, REPORTER, "rep-pw")).await;
+        for round in 0..5 {
+            for (client, role) in [(&app, "postgres"), (&rep, REPORTER)] {
+                assert_eq!(
+                    who_and_where(client, sql).await,
+                    (role.to_string(), true),
+                    "round {round}: a read on the replica"
+                );
+                client.batch_execute("BEGIN").await.unwrap();
+                assert_eq!(
+                    who_and_where(client, sql).await,
+                    (role.to_string(), false),
+                    "round {round}: a transaction on the primary"
+                );
+                client.batch_execute("COMMIT").await.unwrap();
+            }
+        }
+        app.execute("INSERT INTO ledger VALUES (1)", &[])
+            .await
+            .unwrap();
+        let denied = rep
+            .execute("INSERT INTO ledger VALUES (2)", &[])
+            .await
+            .unwrap_err();
+        assert_eq!(
+            denied.code(),
+            Some(&SqlState::INSUFFICIENT_PRIVILEGE),
+            "the reporter writes as itself, not as the URL's superuser: {denied:?}"
+        );
+        rep.batch_execute("BEGIN").await.unwrap();
+        let row = rep
+            .query_one("SELECT count(*) FROM ledger", &[])
+            .await
+            .unwrap();
+        assert_eq!(row.get::<_, i64>(0), 1);
+        rep.batch_execute("COMMIT").await.unwrap();
+
+        let error = match try_connect(&login(&proxy, "guesser", "guesser-pw")).await {
+            Ok(client) => client.batch_execute("SELECT 1").await.unwrap_err(),
+            Err(e) => e,
+        };
+        let text = error
+            .as_db_error()
+            .map(|e| e.message().to_string())
+            .unwrap_or_else(|| format!("{error:?}"));
+        assert!(
+            text.contains("password authentication failed")
+                && text.contains(&format!("login as \"{REPORTER}\""))
+                && text
+                    .contains("check server_user/server_password of the client's [[users]] entry"),
+            "{text}"
+        );
+        // The others are untouched.
+        assert_eq!(who_and_where(&rep, sql).await, (REPORTER.to_string(), true));
+    });
+    let status = proxy.http_get("/status");
+    let body = status.split("\r\n\r\n").nth(1).unwrap_or_default();
+    let json: serde_json::Value = serde_json::from_str(body).expect("status JSON");
+    for node in json["nodes"].as_array().unwrap() {
+        let mut roles: Vec<&str> = node["pools"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|p| p["open"].as_u64() == Some(1))
+            .map(|p| p["role"].as_str().unwrap())
+            .collect();
+        roles.sort();
+        assert_eq!(roles, ["postgres", REPORTER], "{node}");
+    }
+    let metrics = proxy.http_get("/metrics");
+    assert!(
+        metrics
+            .lines()
+            .any(|l| l.starts_with("lsngate_proxy_pool_open_connections")
+                && l.contains(&format!("role=\"{REPORTER}\""))),
+        "{metrics}"
+    );
 }

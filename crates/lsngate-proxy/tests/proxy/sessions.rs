@@ -9,12 +9,7 @@ use lsngate_proxy::{Config, PoolMode};
 use lsngate_testkit::{Cluster, shared_cluster};
 
 fn user(name: &str, password: &str, auth: &str) -> UserEntry {
-    UserEntry {
-        name: name.into(),
-        password: Some(password.into()),
-        verifier: None,
-        auth: auth.into(),
-    }
+    UserEntry::new(name, Some(password), auth)
 }
 
 fn psql_login(proxy: &TestProxy, user: &str, password: &str) -> (bool, String) {

@@ -36,6 +36,11 @@ impl TestProxy {
     }
 
     pub fn with(file: FileConfig) -> TestProxy {
+        // The proxy's log on stderr when asked for: RUST_LOG=lsngate_proxy=trace ... --nocapture
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+            .with_writer(std::io::stderr)
+            .try_init();
         let mut config = Config::build(file).expect("valid test config");
         let std_listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let admin_listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
