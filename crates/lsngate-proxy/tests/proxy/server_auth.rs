@@ -216,19 +216,25 @@ fn each_user_runs_as_its_server_role_from_pools_of_its_own() {
         ))
         .unwrap();
     caught_up(cluster);
-    let mut file = file_config(cluster);
-    file.pool_size = Some(1);
-    let mut reporter = UserEntry::new(REPORTER, Some("rep-pw"), "scram-sha-256");
-    reporter.server_user = Some(REPORTER.into());
-    let mut guesser = UserEntry::new("guesser", Some("guesser-pw"), "md5");
-    guesser.server_user = Some(REPORTER.into());
-    guesser.server_password = Some("a-guess".into());
-    file.users = vec![
-        UserEntry::new("app", Some("app-pw"), "scram-sha-256"),
-        reporter,
-        guesser,
-    ];
-    let proxy = TestProxy::with(file);
+    // `app` runs as the node URL's user (or as REPORTER: the reload below), REPORTER as itself
+    // with its own password, `guesser` as REPORTER with a wrong password.
+    let config = |app_runs_as_reporter: bool| {
+        let mut file = file_config(cluster);
+        file.pool_size = Some(1);
+        let mut app = UserEntry::new("app", Some("app-pw"), "scram-sha-256");
+        if app_runs_as_reporter {
+            app.server_user = Some(REPORTER.into());
+            app.server_password = Some("rep-pw".into());
+        }
+        let mut reporter = UserEntry::new(REPORTER, Some("rep-pw"), "scram-sha-256");
+        reporter.server_user = Some(REPORTER.into());
+        let mut guesser = UserEntry::new("guesser", Some("guesser-pw"), "md5");
+        guesser.server_user = Some(REPORTER.into());
+        guesser.server_password = Some("a-guess".into());
+        file.users = vec![app, reporter, guesser];
+        file
+    };
+    let proxy = TestProxy::with(config(false));
     let sql = "SELECT current_user::text, pg_is_in_recovery()";
     rt().block_on(async {
         let app = connect(&login(&proxy, "app", "app-pw")).await;
@@ -286,6 +292,16 @@ fn each_user_runs_as_its_server_role_from_pools_of_its_own() {
         );
         // The others are untouched.
         assert_eq!(who_and_where(&rep, sql).await, (REPORTER.to_string(), true));
+
+        // A reload that gives `app` a role applies from its next statement, in its session.
+        proxy
+            .proxy
+            .reload(lsngate_proxy::Config::build(config(true)).unwrap());
+        assert_eq!(
+            who_and_where(&app, sql).await,
+            (REPORTER.to_string(), true),
+            "app after the reload"
+        );
     });
     let status = proxy.http_get("/status");
     let body = status.split("\r\n\r\n").nth(1).unwrap_or_default();
