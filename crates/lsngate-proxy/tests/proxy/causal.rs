@@ -4,7 +4,9 @@
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
+use crate::statements::{Wire, execute_unnamed, parse_unnamed};
 use crate::support::*;
+use lsngate_proxy::net::FrontendMessage;
 use lsngate_testkit::{Cluster, ClusterConfig, shared_cluster};
 
 /// One replica held 50 ms behind with `recovery_min_apply_delay`: a read right after a write
@@ -901,4 +903,37 @@ fn a_cancel_stops_a_read_waiting_for_its_floor() {
         assert_eq!(status(&proxy)["causal"]["outcomes"]["fallback"], 0);
     });
     cluster.replica(0).resume_replay().unwrap();
+}
+
+/// Reads pipelined behind a write, in the same network write, see it on a replica 50 ms behind:
+/// the write's position is known before they are routed.
+#[test]
+fn reads_pipelined_behind_a_write_see_it() {
+    let cluster = delayed_cluster();
+    let table = unique("pipelined_reads");
+    cluster
+        .primary()
+        .sql(&format!("CREATE TABLE {table} (id int)"))
+        .unwrap();
+    caught_up(cluster);
+    let proxy = TestProxy::start(cluster);
+    let mut wire = Wire::connect(&proxy);
+    for round in 1..=20 {
+        let mut messages = vec![parse_unnamed(&format!(
+            "INSERT INTO {table} VALUES ($1::int)"
+        ))];
+        messages.extend(execute_unnamed(&round.to_string()));
+        for _ in 0..2 {
+            messages.push(FrontendMessage::Query(format!(
+                "SELECT count(*) FROM {table}"
+            )));
+        }
+        let reply = wire.flight(&messages);
+        assert!(reply.errors.is_empty(), "round {round}: {reply:?}");
+        assert_eq!(
+            reply.rows,
+            vec![vec![Some(round.to_string())]; 2],
+            "round {round}: both reads see every insert"
+        );
+    }
 }

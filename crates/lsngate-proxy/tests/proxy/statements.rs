@@ -13,24 +13,24 @@ use lsngate_testkit::shared_cluster;
 
 /// What came back for one flight, up to its ReadyForQuery.
 #[derive(Debug, Default)]
-struct Reply {
+pub(crate) struct Reply {
     /// Column names of RowDescription messages.
-    columns: Vec<String>,
+    pub(crate) columns: Vec<String>,
     /// DataRow values as text (NULL as None).
-    rows: Vec<Vec<Option<String>>>,
+    pub(crate) rows: Vec<Vec<Option<String>>>,
     /// ErrorResponse messages.
-    errors: Vec<String>,
+    pub(crate) errors: Vec<String>,
 }
 
 /// A client speaking protocol 3 by hand over a blocking socket.
-struct Wire {
+pub(crate) struct Wire {
     stream: TcpStream,
     buf: BytesMut,
 }
 
 impl Wire {
     /// Logs in as `postgres` (the test proxy trusts loopback clients in flags-only mode).
-    fn connect(proxy: &TestProxy) -> Wire {
+    pub(crate) fn connect(proxy: &TestProxy) -> Wire {
         let stream = TcpStream::connect(proxy.addr).unwrap();
         // A reply that never comes fails the test instead of hanging it.
         stream
@@ -56,7 +56,7 @@ impl Wire {
     }
 
     /// Sends `messages` in one write and reads the replies up to the last ReadyForQuery.
-    fn flight(&mut self, messages: &[FrontendMessage]) -> Reply {
+    pub(crate) fn flight(&mut self, messages: &[FrontendMessage]) -> Reply {
         let mut out = BytesMut::new();
         messages.iter().for_each(|m| m.to_frame().encode(&mut out));
         self.stream.write_all(&out).unwrap();
@@ -133,7 +133,7 @@ fn data_row(body: &[u8]) -> Vec<Option<String>> {
         .collect()
 }
 
-fn parse_unnamed(query: &str) -> FrontendMessage {
+pub(crate) fn parse_unnamed(query: &str) -> FrontendMessage {
     FrontendMessage::Parse {
         statement: String::new(),
         query: query.into(),
@@ -156,7 +156,7 @@ fn bind_unnamed(value: &str) -> FrontendMessage {
     }
 }
 
-fn execute_unnamed(value: &str) -> Vec<FrontendMessage> {
+pub(crate) fn execute_unnamed(value: &str) -> Vec<FrontendMessage> {
     vec![
         bind_unnamed(value),
         FrontendMessage::Execute {
