@@ -906,7 +906,9 @@ fn a_cancel_stops_a_read_waiting_for_its_floor() {
 }
 
 /// Reads pipelined behind a write, in the same network write, see it on a replica 50 ms behind:
-/// the write's position is known before they are routed.
+/// the write's position is known before they are routed. With the default budget they wait on
+/// the replica; with a 5 ms one they fall back to the primary, and the replies still come in
+/// order, one ReadyForQuery per flight.
 #[test]
 fn reads_pipelined_behind_a_write_see_it() {
     let cluster = delayed_cluster();
@@ -916,24 +918,34 @@ fn reads_pipelined_behind_a_write_see_it() {
         .sql(&format!("CREATE TABLE {table} (id int)"))
         .unwrap();
     caught_up(cluster);
-    let proxy = TestProxy::start(cluster);
-    let mut wire = Wire::connect(&proxy);
-    for round in 1..=20 {
-        let mut messages = vec![parse_unnamed(&format!(
-            "INSERT INTO {table} VALUES ($1::int)"
-        ))];
-        messages.extend(execute_unnamed(&round.to_string()));
-        for _ in 0..2 {
-            messages.push(FrontendMessage::Query(format!(
-                "SELECT count(*) FROM {table}"
-            )));
+    let mut inserted = 0;
+    for budget in [None, Some(5)] {
+        let proxy = proxy_with(cluster, |f| f.wait_timeout_ms = budget);
+        let mut wire = Wire::connect(&proxy);
+        for round in 1..=20 {
+            inserted += 1;
+            let mut messages = vec![parse_unnamed(&format!(
+                "INSERT INTO {table} VALUES ($1::int)"
+            ))];
+            messages.extend(execute_unnamed(&inserted.to_string()));
+            for _ in 0..2 {
+                messages.push(FrontendMessage::Query(format!(
+                    "SELECT count(*) FROM {table}"
+                )));
+            }
+            let reply = wire.flight(&messages);
+            assert!(
+                reply.errors.is_empty(),
+                "{budget:?} round {round}: {reply:?}"
+            );
+            assert_eq!(
+                reply.rows,
+                vec![vec![Some(inserted.to_string())]; 2],
+                "{budget:?} round {round}: both reads see every insert"
+            );
         }
-        let reply = wire.flight(&messages);
-        assert!(reply.errors.is_empty(), "round {round}: {reply:?}");
-        assert_eq!(
-            reply.rows,
-            vec![vec![Some(round.to_string())]; 2],
-            "round {round}: both reads see every insert"
-        );
+        if budget.is_some() {
+            assert!(outcome(&proxy, "fallback") > 0, "{}", status(&proxy));
+        }
     }
 }
