@@ -19,7 +19,7 @@
 //! CPU share with pgbench, and is preempted and kept waiting far more than one in its own.
 
 use std::os::unix::process::CommandExt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
@@ -127,6 +127,17 @@ fn start_pgbouncer(dir: &Path, primary_port: u16, port: u16, pool: usize) -> Poo
     )
 }
 
+/// Files and directories the benchmark writes, removed when it ends (or panics).
+struct Scratch(Vec<PathBuf>);
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        for path in &self.0 {
+            let _ = std::fs::remove_dir_all(path).or_else(|_| std::fs::remove_file(path));
+        }
+    }
+}
+
 /// A pooler process, killed when dropped: in a session of its own it would outlive a benchmark
 /// that panics.
 struct Pooler(Child);
@@ -228,8 +239,9 @@ fn main() {
     pgbench_output(&cluster, primary_port, &["-i", "-s", "10", "-q"]);
     cluster.wait_caught_up(Duration::from_secs(60)).unwrap();
     let script = std::env::temp_dir().join(format!("lsngate-mixed-{}.sql", std::process::id()));
-    std::fs::write(&script, MIXED).unwrap();
     let dir = std::env::temp_dir().join(format!("lsngate-bench-poolers-{}", std::process::id()));
+    let _scratch = Scratch(vec![script.clone(), dir.clone()]);
+    std::fs::write(&script, MIXED).unwrap();
     let bouncer_port = free_port();
     let bouncer = start_pgbouncer(&dir, primary_port, bouncer_port, pool);
     let (lsn_primary_port, lsn_primary) =
