@@ -165,11 +165,7 @@ impl NodeState {
                 let (open, idle, size) = p.stats();
                 PoolStats {
                     database: key.database.clone(),
-                    role: key
-                        .login
-                        .as_ref()
-                        .map_or(&self.url.user, |l| &l.user)
-                        .clone(),
+                    role: p.role().to_string(),
                     open,
                     idle,
                     size,

@@ -218,6 +218,11 @@ impl Pool {
         Ok(lent)
     }
 
+    /// The role its connections log in as.
+    pub fn role(&self) -> &str {
+        &self.role
+    }
+
     /// The server's ParameterStatus values, once a connection was opened.
     pub fn server_params(&self) -> Option<Arc<ServerParams>> {
         self.server_params.lock().expect("params lock").clone()
