@@ -949,3 +949,47 @@ fn reads_pipelined_behind_a_write_see_it() {
         }
     }
 }
+
+/// Distinct reads pipelined behind a write each get their own answer, in order, whether they
+/// wait on the replica or fall back to the primary (a fallback re-runs its own read, not the
+/// one queued behind it).
+#[test]
+fn distinct_pipelined_reads_get_their_own_answers() {
+    let cluster = delayed_cluster();
+    let table = unique("pipelined_distinct");
+    cluster
+        .primary()
+        .sql(&format!("CREATE TABLE {table} (id int)"))
+        .unwrap();
+    caught_up(cluster);
+    let mut inserted = 0;
+    for budget in [None, Some(5)] {
+        let proxy = proxy_with(cluster, |f| f.wait_timeout_ms = budget);
+        let mut wire = Wire::connect(&proxy);
+        for round in 1..=10 {
+            inserted += 1;
+            let mut messages = vec![parse_unnamed(&format!(
+                "INSERT INTO {table} VALUES ($1::int)"
+            ))];
+            messages.extend(execute_unnamed(&inserted.to_string()));
+            for read in ["a", "b", "c"] {
+                messages.push(FrontendMessage::Query(format!(
+                    "SELECT '{read}' || count(*) FROM {table}"
+                )));
+            }
+            let reply = wire.flight(&messages);
+            assert!(
+                reply.errors.is_empty(),
+                "{budget:?} round {round}: {reply:?}"
+            );
+            let want: Vec<Vec<Option<String>>> = ["a", "b", "c"]
+                .iter()
+                .map(|read| vec![Some(format!("{read}{inserted}"))])
+                .collect();
+            assert_eq!(reply.rows, want, "{budget:?} round {round}");
+        }
+        if budget.is_some() {
+            assert!(outcome(&proxy, "fallback") > 0, "{}", status(&proxy));
+        }
+    }
+}
