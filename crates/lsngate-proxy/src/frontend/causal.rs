@@ -154,6 +154,9 @@ impl Session {
     ) -> anyhow::Result<()> {
         if self.backend.as_ref().is_some_and(|b| b.awaiting_replies()) {
             // A commit position or served position of an earlier flight may still be on its way.
+            // This also keeps a server connection to one routed read at a time, with nothing
+            // pipelined behind it undecided: `Attached`'s single `read`/`verdict`/`discard`
+            // slots rely on that (a failed wait drops every reply due and re-runs that one read).
             self.drain().await?;
         }
         let floor = match self.read_floor(statement_floor).await {

@@ -950,6 +950,59 @@ fn reads_pipelined_behind_a_write_see_it() {
     }
 }
 
+/// The same without the retry buffer (which alone would keep a read from having company on its
+/// server connection) and with reads of two statements each (never buffered for a retry): a
+/// routed read is still sent only on a connection with nothing else due, so each gets its own
+/// answers, in order, waiting or falling back.
+#[test]
+fn pipelined_reads_without_a_retry_buffer_get_their_own_answers() {
+    let cluster = delayed_cluster();
+    let table = unique("pipelined_unbuffered");
+    cluster
+        .primary()
+        .sql(&format!("CREATE TABLE {table} (id int)"))
+        .unwrap();
+    caught_up(cluster);
+    let mut inserted = 0;
+    for (budget, buffer) in [(None, 0), (Some(5), 0), (None, 1 << 20), (Some(5), 1 << 20)] {
+        let proxy = proxy_with(cluster, |f| {
+            f.wait_timeout_ms = budget;
+            f.retry_buffer_size = Some(buffer);
+        });
+        let mut wire = Wire::connect(&proxy);
+        for round in 1..=10 {
+            inserted += 1;
+            let mut messages = vec![parse_unnamed(&format!(
+                "INSERT INTO {table} VALUES ($1::int)"
+            ))];
+            messages.extend(execute_unnamed(&inserted.to_string()));
+            for read in ["a", "b", "c"] {
+                messages.push(FrontendMessage::Query(format!(
+                    "SELECT '{read}1:' || count(*) FROM {table}; SELECT '{read}2:' || max(id) FROM {table}"
+                )));
+            }
+            let reply = wire.flight(&messages);
+            let context = format!("budget {budget:?}, buffer {buffer}, round {round}");
+            assert!(reply.errors.is_empty(), "{context}: {reply:?}");
+            let want: Vec<Vec<Option<String>>> = ["a", "b", "c"]
+                .iter()
+                .flat_map(|read| {
+                    [
+                        vec![Some(format!("{read}1:{inserted}"))],
+                        vec![Some(format!("{read}2:{inserted}"))],
+                    ]
+                })
+                .collect();
+            assert_eq!(reply.rows, want, "{context}");
+        }
+        if budget.is_some() {
+            assert!(outcome(&proxy, "fallback") > 0, "{}", status(&proxy));
+        } else {
+            assert!(outcome(&proxy, "waited") > 0, "{}", status(&proxy));
+        }
+    }
+}
+
 /// Distinct reads pipelined behind a write each get their own answer, in order, whether they
 /// wait on the replica or fall back to the primary (a fallback re-runs its own read, not the
 /// one queued behind it).
