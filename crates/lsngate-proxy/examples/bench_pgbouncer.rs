@@ -33,6 +33,7 @@ UPDATE pgbench_accounts SET abalance = abalance + 1 WHERE aid = :aid;
 ";
 
 struct Measured {
+    round: usize,
     target: &'static str,
     workload: &'static str,
     tps: f64,
@@ -299,7 +300,14 @@ fn main() {
     let mut runs = Vec::new();
     for round in 1..=rounds {
         for (workload, wargs) in &workloads {
-            for (target, port, pooler) in targets {
+            // Every other round runs the targets in reverse, so no target always follows the
+            // same one (and inherits its replay, checkpoint or vacuum work).
+            let mut order = targets.to_vec();
+            if round % 2 == 0 {
+                order.reverse();
+            }
+            for (target, port, pooler) in order {
+                quiesce(&cluster);
                 let cpu_before = pooler_cpu(pooler);
                 let (tps, latency_ms) = pgbench(&cluster, port, wargs);
                 let cpu = pooler_cpu(pooler) - cpu_before;
@@ -309,6 +317,7 @@ fn main() {
                     cpu_us.unwrap_or(0.0)
                 );
                 runs.push(Measured {
+                    round,
                     target,
                     workload,
                     tps,
@@ -318,14 +327,12 @@ fn main() {
             }
         }
     }
-    // Each chunk: one workload in one round, the targets in order (pgbouncer second, lsngate as
-    // a plain pooler third).
     for (workload, _) in &workloads {
-        let ratios: Vec<String> = runs
-            .chunks(targets.len())
-            .filter(|chunk| chunk[0].workload == *workload)
-            .map(|chunk| format!("{:.2}", chunk[2].tps / chunk[1].tps))
-            .collect();
+        let ratios: Vec<String> =
+            paired_ratios(&runs, workload, "lsngate (primary only)", |m| Some(m.tps))
+                .iter()
+                .map(|r| format!("{r:.2}"))
+                .collect();
         println!(
             "per round, lsngate (primary only) / pgbouncer TPS, {workload}: {}",
             ratios.join(", ")
@@ -333,15 +340,44 @@ fn main() {
     }
     let results = medians(&runs);
     drop((bouncer, lsn_primary, lsn_split, lsn_causal));
-    print_table(&results, clients, seconds, threads, rounds);
+    print_table(&runs, &results, clients, seconds, threads, rounds);
+}
+
+/// Lets the replica replay everything and checkpoints both servers, so each run starts from the
+/// same quiet state instead of paying for the previous run's work.
+fn quiesce(cluster: &Cluster) {
+    cluster.wait_caught_up(Duration::from_secs(120)).unwrap();
+    cluster.primary().sql("CHECKPOINT").unwrap();
+    cluster.wait_caught_up(Duration::from_secs(120)).unwrap();
+    cluster.replica(0).sql("CHECKPOINT").unwrap();
+}
+
+fn median(mut values: Vec<f64>) -> f64 {
+    values.sort_by(f64::total_cmp);
+    values[values.len() / 2]
+}
+
+/// Per round, `target`'s measure over PgBouncer's in the same round and workload (runs next to
+/// each other in time, so slow drift of the machine cancels out).
+fn paired_ratios(
+    runs: &[Measured],
+    workload: &str,
+    target: &str,
+    measure: impl Fn(&Measured) -> Option<f64>,
+) -> Vec<f64> {
+    let find = |round: usize, target: &str| {
+        runs.iter()
+            .find(|m| m.round == round && m.workload == workload && m.target == target)
+            .and_then(&measure)
+    };
+    let rounds = runs.iter().map(|m| m.round).max().unwrap_or(0);
+    (1..=rounds)
+        .filter_map(|round| Some(find(round, target)? / find(round, "pgbouncer (transaction)")?))
+        .collect()
 }
 
 /// Per workload and target, the median of each measure over the rounds.
 fn medians(runs: &[Measured]) -> Vec<Measured> {
-    let median = |mut values: Vec<f64>| {
-        values.sort_by(f64::total_cmp);
-        values[values.len() / 2]
-    };
     let mut results: Vec<Measured> = Vec::new();
     for run in runs {
         if results
@@ -355,6 +391,7 @@ fn medians(runs: &[Measured]) -> Vec<Measured> {
             .filter(|m| m.workload == run.workload && m.target == run.target)
             .collect();
         results.push(Measured {
+            round: 0,
             target: run.target,
             workload: run.workload,
             tps: median(same.iter().map(|m| m.tps).collect()),
@@ -367,9 +404,16 @@ fn medians(runs: &[Measured]) -> Vec<Measured> {
     results
 }
 
-fn print_table(results: &[Measured], clients: usize, seconds: u64, threads: usize, rounds: usize) {
+fn print_table(
+    runs: &[Measured],
+    results: &[Measured],
+    clients: usize,
+    seconds: u64,
+    threads: usize,
+    rounds: usize,
+) {
     println!(
-        "\npgbench, {clients} clients, {seconds} s per run, medians of {rounds} interleaved rounds, scale 10, -M simple, loopback, 2 cores shared by everything, each pooler a process in its own session, lsngate on {threads} runtime thread(s)\n"
+        "\npgbench, {clients} clients, {seconds} s per run, medians of {rounds} interleaved rounds (every other one in reverse order, the replica caught up and both servers checkpointed before each run), scale 10, -M simple, loopback, 2 cores shared by everything, each pooler a process in its own session, lsngate on {threads} runtime thread(s); ratios are medians of the per-round ratios to PgBouncer's run of the same round\n"
     );
     println!(
         "| workload | target | TPS | avg latency | pooler CPU per txn | TPS vs pgbouncer | latency vs pgbouncer | CPU vs pgbouncer |"
@@ -381,9 +425,14 @@ fn print_table(results: &[Measured], clients: usize, seconds: u64, threads: usiz
             .iter()
             .find(|b| b.workload == m.workload && b.target.starts_with("pgbouncer"))
             .expect("pgbouncer row");
-        let (cpu, cpu_ratio) = match (m.cpu_us, bouncer.cpu_us) {
-            (Some(c), Some(b)) => (format!("{c:.1} µs"), format!("{:.2}x", c / b)),
-            _ => ("–".to_string(), "–".to_string()),
+        let ratio = |measure: fn(&Measured) -> Option<f64>| {
+            let ratios = paired_ratios(runs, m.workload, m.target, measure);
+            (!ratios.is_empty()).then(|| median(ratios))
+        };
+        let cpu = m.cpu_us.map_or("–".to_string(), |c| format!("{c:.1} µs"));
+        let cpu_ratio = match (m.cpu_us, bouncer.cpu_us) {
+            (Some(_), Some(_)) => ratio(|r| r.cpu_us).map_or("–".into(), |r| format!("{r:.2}x")),
+            _ => "–".to_string(),
         };
         println!(
             "| {} | {} | {:.0} | {:.3} ms | {cpu} | {:.2}x | {:.2}x | {cpu_ratio} |",
@@ -391,8 +440,8 @@ fn print_table(results: &[Measured], clients: usize, seconds: u64, threads: usiz
             m.target,
             m.tps,
             m.latency_ms,
-            m.tps / bouncer.tps,
-            m.latency_ms / bouncer.latency_ms
+            ratio(|r| Some(r.tps)).unwrap_or(f64::NAN),
+            ratio(|r| Some(r.latency_ms)).unwrap_or(f64::NAN),
         );
         json.push(format!(
             "{{\"workload\":\"{}\",\"target\":\"{}\",\"tps\":{:.1},\"latency_ms\":{:.3},\"pooler_cpu_us\":{}}}",
