@@ -233,6 +233,13 @@ fn main() {
     let clients: usize = args.get(2).and_then(|s| s.parse().ok()).unwrap_or(8);
     let threads: usize = args.get(3).and_then(|s| s.parse().ok()).unwrap_or(1);
     let rounds: usize = args.get(4).and_then(|s| s.parse().ok()).unwrap_or(3);
+    // `poolers`: only PgBouncer and lsngate as a plain pooler, for many rounds of the one
+    // comparison that has a target.
+    let only_poolers = match args.get(5).map(String::as_str) {
+        None | Some("all") => false,
+        Some("poolers") => true,
+        Some(other) => panic!("targets {other:?}: use `all` (the default) or `poolers`"),
+    };
     let pool = clients.min(16);
     let cluster = Cluster::start(&ClusterConfig::default().replicas(1)).expect("start cluster");
     cluster.wait_streaming(Duration::from_secs(30)).unwrap();
@@ -251,7 +258,7 @@ fn main() {
         start_lsngate(&cluster, &dir, true, "eventual", pool, threads);
     let (lsn_causal_port, lsn_causal) =
         start_lsngate(&cluster, &dir, true, "session", pool, threads);
-    let targets: [(&'static str, u16, Option<u32>); 5] = [
+    let all_targets: [(&'static str, u16, Option<u32>); 5] = [
         ("direct (primary)", primary_port, None),
         (
             "pgbouncer (transaction)",
@@ -274,6 +281,16 @@ fn main() {
             Some(lsn_causal.0.id()),
         ),
     ];
+    let targets: Vec<_> = all_targets
+        .into_iter()
+        .filter(|(target, ..)| {
+            !only_poolers
+                || matches!(
+                    *target,
+                    "pgbouncer (transaction)" | "lsngate (primary only)"
+                )
+        })
+        .collect();
     let (c, t) = (clients.to_string(), seconds.to_string());
     let script_arg = format!("-f{}", script.display());
     let workloads: [(&'static str, Vec<&str>); 2] = [
@@ -302,7 +319,7 @@ fn main() {
         for (workload, wargs) in &workloads {
             // Every other round runs the targets in reverse, so no target always follows the
             // same one (and inherits its replay, checkpoint or vacuum work).
-            let mut order = targets.to_vec();
+            let mut order = targets.clone();
             if round % 2 == 0 {
                 order.reverse();
             }
@@ -337,6 +354,21 @@ fn main() {
             "per round, lsngate (primary only) / pgbouncer TPS, {workload}: {}",
             ratios.join(", ")
         );
+        for (measure, of) in [
+            (
+                "TPS",
+                (|m: &Measured| Some(m.tps)) as fn(&Measured) -> Option<f64>,
+            ),
+            ("latency", |m: &Measured| Some(m.latency_ms)),
+        ] {
+            let ratios = paired_ratios(&runs, workload, "lsngate (primary only)", of);
+            let (low, high) = median_interval(&ratios);
+            println!(
+                "  {measure} ratio: median {:.3}, 95 % interval of the median {low:.3}–{high:.3} ({} rounds)",
+                median(ratios.clone()),
+                ratios.len()
+            );
+        }
     }
     let results = medians(&runs);
     drop((bouncer, lsn_primary, lsn_split, lsn_causal));
@@ -355,6 +387,30 @@ fn quiesce(cluster: &Cluster) {
 fn median(mut values: Vec<f64>) -> f64 {
     values.sort_by(f64::total_cmp);
     values[values.len() / 2]
+}
+
+/// A distribution-free interval holding the median of what `values` sample with at least 95 %
+/// confidence (order statistics of the sign test); the whole range for fewer than 6 values.
+fn median_interval(values: &[f64]) -> (f64, f64) {
+    let mut sorted = values.to_vec();
+    sorted.sort_by(f64::total_cmp);
+    let n = sorted.len();
+    if n == 0 {
+        return (f64::NAN, f64::NAN);
+    }
+    // The largest k with P(Binomial(n, 1/2) < k) <= 2.5 %.
+    let choose = |n: usize, k: usize| (0..k).fold(1.0, |c, i| c * (n - i) as f64 / (i + 1) as f64);
+    let mut below = 0.0;
+    let mut k = 0;
+    while k < n / 2 {
+        below += choose(n, k) / 2f64.powi(n as i32);
+        if below > 0.025 {
+            break;
+        }
+        k += 1;
+    }
+    let k = k.max(1);
+    (sorted[k - 1], sorted[n - k])
 }
 
 /// Per round, `target`'s measure over PgBouncer's in the same round and workload (runs next to
