@@ -5,9 +5,12 @@
 //! default) — same clients, one run side by side. Prints a table with TPS and latency ratios,
 //! then JSON.
 //!
-//! `cargo run --release -p lsngate-proxy --example bench_pgbouncer -- [seconds] [clients] [proxy threads] [rounds]`
+//! `cargo run --release -p lsngate-proxy --example bench_pgbouncer -- [seconds] [clients] [proxy threads] [rounds] [all|poolers]`
 //!
-//! Each round runs every target once, interleaved; the table shows medians over the rounds and
+//! Each round runs every target once, interleaved (every other round in reverse order, each run
+//! after the replica caught up and both servers checkpointed); `poolers` runs only PgBouncer and
+//! lsngate as a plain pooler, and prints each median ratio with a 95 % interval. The table shows
+//! medians over the rounds, ratios as medians of per-round ratios to PgBouncer, and
 //! the CPU time the pooler itself used per transaction (from /proc), which is far steadier than
 //! TPS on a machine where the pooler, pgbench and PostgreSQL share two cores.
 //! Needs pgbouncer (scripts/install/proxy.sh) and runs it as the testkit's server user.
