@@ -35,6 +35,10 @@ SELECT abalance FROM pgbench_accounts WHERE aid = :aid + 2;
 UPDATE pgbench_accounts SET abalance = abalance + 1 WHERE aid = :aid;
 ";
 
+/// The comparison that has a target (issue #5): PgBouncer against lsngate as a plain pooler.
+const PGBOUNCER: &str = "pgbouncer (transaction)";
+const PLAIN_LSNGATE: &str = "lsngate (primary only)";
+
 struct Measured {
     round: usize,
     target: &'static str,
@@ -263,16 +267,8 @@ fn main() {
         start_lsngate(&cluster, &dir, true, "session", pool, threads);
     let all_targets: [(&'static str, u16, Option<u32>); 5] = [
         ("direct (primary)", primary_port, None),
-        (
-            "pgbouncer (transaction)",
-            bouncer_port,
-            Some(bouncer.0.id()),
-        ),
-        (
-            "lsngate (primary only)",
-            lsn_primary_port,
-            Some(lsn_primary.0.id()),
-        ),
+        (PGBOUNCER, bouncer_port, Some(bouncer.0.id())),
+        (PLAIN_LSNGATE, lsn_primary_port, Some(lsn_primary.0.id())),
         (
             "lsngate (primary + replica)",
             lsn_split_port,
@@ -286,13 +282,7 @@ fn main() {
     ];
     let targets: Vec<_> = all_targets
         .into_iter()
-        .filter(|(target, ..)| {
-            !only_poolers
-                || matches!(
-                    *target,
-                    "pgbouncer (transaction)" | "lsngate (primary only)"
-                )
-        })
+        .filter(|(target, ..)| !only_poolers || *target == PGBOUNCER || *target == PLAIN_LSNGATE)
         .collect();
     let (c, t) = (clients.to_string(), seconds.to_string());
     let script_arg = format!("-f{}", script.display());
@@ -348,23 +338,14 @@ fn main() {
         }
     }
     for (workload, _) in &workloads {
-        let ratios: Vec<String> =
-            paired_ratios(&runs, workload, "lsngate (primary only)", |m| Some(m.tps))
-                .iter()
-                .map(|r| format!("{r:.2}"))
-                .collect();
+        let tps = paired_ratios(&runs, workload, PLAIN_LSNGATE, |m| Some(m.tps));
+        let latency = paired_ratios(&runs, workload, PLAIN_LSNGATE, |m| Some(m.latency_ms));
+        let per_round: Vec<String> = tps.iter().map(|r| format!("{r:.2}")).collect();
         println!(
-            "per round, lsngate (primary only) / pgbouncer TPS, {workload}: {}",
-            ratios.join(", ")
+            "per round, {PLAIN_LSNGATE} / pgbouncer TPS, {workload}: {}",
+            per_round.join(", ")
         );
-        for (measure, of) in [
-            (
-                "TPS",
-                (|m: &Measured| Some(m.tps)) as fn(&Measured) -> Option<f64>,
-            ),
-            ("latency", |m: &Measured| Some(m.latency_ms)),
-        ] {
-            let ratios = paired_ratios(&runs, workload, "lsngate (primary only)", of);
+        for (measure, ratios) in [("TPS", tps), ("latency", latency)] {
             let (low, high) = median_interval(&ratios);
             println!(
                 "  {measure} ratio: median {:.3}, 95 % interval of the median {low:.3}–{high:.3} ({} rounds)",
@@ -431,7 +412,7 @@ fn paired_ratios(
     };
     let rounds = runs.iter().map(|m| m.round).max().unwrap_or(0);
     (1..=rounds)
-        .filter_map(|round| Some(find(round, target)? / find(round, "pgbouncer (transaction)")?))
+        .filter_map(|round| Some(find(round, target)? / find(round, PGBOUNCER)?))
         .collect()
 }
 
@@ -482,7 +463,7 @@ fn print_table(
     for m in results {
         let bouncer = results
             .iter()
-            .find(|b| b.workload == m.workload && b.target.starts_with("pgbouncer"))
+            .find(|b| b.workload == m.workload && b.target == PGBOUNCER)
             .expect("pgbouncer row");
         let ratio = |measure: fn(&Measured) -> Option<f64>| {
             let ratios = paired_ratios(runs, m.workload, m.target, measure);
