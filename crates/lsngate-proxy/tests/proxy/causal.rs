@@ -911,43 +911,17 @@ fn a_cancel_stops_a_read_waiting_for_its_floor() {
 /// order, one ReadyForQuery per flight.
 #[test]
 fn reads_pipelined_behind_a_write_see_it() {
-    let cluster = delayed_cluster();
-    let table = unique("pipelined_reads");
-    cluster
-        .primary()
-        .sql(&format!("CREATE TABLE {table} (id int)"))
-        .unwrap();
-    caught_up(cluster);
-    let mut inserted = 0;
-    for budget in [None, Some(5)] {
-        let proxy = proxy_with(cluster, |f| f.wait_timeout_ms = budget);
-        let mut wire = Wire::connect(&proxy);
-        for round in 1..=20 {
-            inserted += 1;
-            let mut messages = vec![parse_unnamed(&format!(
-                "INSERT INTO {table} VALUES ($1::int)"
-            ))];
-            messages.extend(execute_unnamed(&inserted.to_string()));
-            for _ in 0..2 {
-                messages.push(FrontendMessage::Query(format!(
-                    "SELECT count(*) FROM {table}"
-                )));
-            }
-            let reply = wire.flight(&messages);
-            assert!(
-                reply.errors.is_empty(),
-                "{budget:?} round {round}: {reply:?}"
-            );
-            assert_eq!(
-                reply.rows,
-                vec![vec![Some(inserted.to_string())]; 2],
-                "{budget:?} round {round}: both reads see every insert"
-            );
-        }
-        if budget.is_some() {
-            assert!(outcome(&proxy, "fallback") > 0, "{}", status(&proxy));
-        }
-    }
+    let settings = [(None, None), (Some(5), None)];
+    pipelined_reads_get_their_own_answers("pipelined_reads", &["", ""], 1, 20, &settings);
+}
+
+/// Distinct reads pipelined behind a write each get their own answer, in order, whether they
+/// wait on the replica or fall back to the primary (a fallback re-runs its own read, not the
+/// one queued behind it).
+#[test]
+fn distinct_pipelined_reads_get_their_own_answers() {
+    let settings = [(None, None), (Some(5), None)];
+    pipelined_reads_get_their_own_answers("pipelined_distinct", &["a", "b", "c"], 1, 10, &settings);
 }
 
 /// The same without the retry buffer (which alone would keep a read from having company on its
@@ -956,93 +930,70 @@ fn reads_pipelined_behind_a_write_see_it() {
 /// answers, in order, waiting or falling back.
 #[test]
 fn pipelined_reads_without_a_retry_buffer_get_their_own_answers() {
-    let cluster = delayed_cluster();
-    let table = unique("pipelined_unbuffered");
-    cluster
-        .primary()
-        .sql(&format!("CREATE TABLE {table} (id int)"))
-        .unwrap();
-    caught_up(cluster);
-    let mut inserted = 0;
-    for (budget, buffer) in [(None, 0), (Some(5), 0), (None, 1 << 20), (Some(5), 1 << 20)] {
-        let proxy = proxy_with(cluster, |f| {
-            f.wait_timeout_ms = budget;
-            f.retry_buffer_size = Some(buffer);
-        });
-        let mut wire = Wire::connect(&proxy);
-        for round in 1..=10 {
-            inserted += 1;
-            let mut messages = vec![parse_unnamed(&format!(
-                "INSERT INTO {table} VALUES ($1::int)"
-            ))];
-            messages.extend(execute_unnamed(&inserted.to_string()));
-            for read in ["a", "b", "c"] {
-                messages.push(FrontendMessage::Query(format!(
-                    "SELECT '{read}1:' || count(*) FROM {table}; SELECT '{read}2:' || max(id) FROM {table}"
-                )));
-            }
-            let reply = wire.flight(&messages);
-            let context = format!("budget {budget:?}, buffer {buffer}, round {round}");
-            assert!(reply.errors.is_empty(), "{context}: {reply:?}");
-            let want: Vec<Vec<Option<String>>> = ["a", "b", "c"]
-                .iter()
-                .flat_map(|read| {
-                    [
-                        vec![Some(format!("{read}1:{inserted}"))],
-                        vec![Some(format!("{read}2:{inserted}"))],
-                    ]
-                })
-                .collect();
-            assert_eq!(reply.rows, want, "{context}");
-        }
-        if budget.is_some() {
-            assert!(outcome(&proxy, "fallback") > 0, "{}", status(&proxy));
-        } else {
-            assert!(outcome(&proxy, "waited") > 0, "{}", status(&proxy));
-        }
-    }
+    let settings = [
+        (None, Some(0)),
+        (Some(5), Some(0)),
+        (None, Some(1 << 20)),
+        (Some(5), Some(1 << 20)),
+    ];
+    pipelined_reads_get_their_own_answers(
+        "pipelined_unbuffered",
+        &["a", "b", "c"],
+        2,
+        10,
+        &settings,
+    );
 }
 
-/// Distinct reads pipelined behind a write each get their own answer, in order, whether they
-/// wait on the replica or fall back to the primary (a fallback re-runs its own read, not the
-/// one queued behind it).
-#[test]
-fn distinct_pipelined_reads_get_their_own_answers() {
+/// Per (wait budget in ms, retry buffer size) setting, `rounds` rounds of one read per label in
+/// `reads`, each of `statements` statements, pipelined behind an INSERT in one network write on
+/// the replica held 50 ms behind: every statement answers its own label and the count with the
+/// insert, in order. The default budget waits, a 5 ms one falls back to the primary.
+fn pipelined_reads_get_their_own_answers(
+    name: &str,
+    reads: &[&str],
+    statements: usize,
+    rounds: usize,
+    settings: &[(Option<u64>, Option<usize>)],
+) {
     let cluster = delayed_cluster();
-    let table = unique("pipelined_distinct");
+    let table = unique(name);
     cluster
         .primary()
         .sql(&format!("CREATE TABLE {table} (id int)"))
         .unwrap();
     caught_up(cluster);
     let mut inserted = 0;
-    for budget in [None, Some(5)] {
-        let proxy = proxy_with(cluster, |f| f.wait_timeout_ms = budget);
+    for &(budget, buffer) in settings {
+        let proxy = proxy_with(cluster, |f| {
+            f.wait_timeout_ms = budget;
+            f.retry_buffer_size = buffer;
+        });
         let mut wire = Wire::connect(&proxy);
-        for round in 1..=10 {
+        for round in 1..=rounds {
             inserted += 1;
             let mut messages = vec![parse_unnamed(&format!(
                 "INSERT INTO {table} VALUES ($1::int)"
             ))];
             messages.extend(execute_unnamed(&inserted.to_string()));
-            for read in ["a", "b", "c"] {
-                messages.push(FrontendMessage::Query(format!(
-                    "SELECT '{read}' || count(*) FROM {table}"
-                )));
+            let mut want: Vec<Vec<Option<String>>> = Vec::new();
+            for read in reads {
+                let texts: Vec<String> = (1..=statements)
+                    .map(|s| format!("SELECT '{read}{s}:' || count(*) FROM {table}"))
+                    .collect();
+                messages.push(FrontendMessage::Query(texts.join("; ")));
+                want.extend((1..=statements).map(|s| vec![Some(format!("{read}{s}:{inserted}"))]));
             }
             let reply = wire.flight(&messages);
-            assert!(
-                reply.errors.is_empty(),
-                "{budget:?} round {round}: {reply:?}"
-            );
-            let want: Vec<Vec<Option<String>>> = ["a", "b", "c"]
-                .iter()
-                .map(|read| vec![Some(format!("{read}{inserted}"))])
-                .collect();
-            assert_eq!(reply.rows, want, "{budget:?} round {round}");
+            let context = format!("budget {budget:?}, buffer {buffer:?}, round {round}");
+            assert!(reply.errors.is_empty(), "{context}: {reply:?}");
+            assert_eq!(reply.rows, want, "{context}");
         }
-        if budget.is_some() {
-            assert!(outcome(&proxy, "fallback") > 0, "{}", status(&proxy));
-        }
+        let expected = if budget.is_some() {
+            "fallback"
+        } else {
+            "waited"
+        };
+        assert!(outcome(&proxy, expected) > 0, "{}", status(&proxy));
     }
 }
