@@ -35,6 +35,9 @@ pub struct ReplicaState {
     pub lag_bytes: Option<u64>,
     /// True lag, from a heartbeat, when measured.
     pub lag: Option<Duration>,
+    /// Work the caller has in flight there now (server connections in use); among replicas
+    /// that can serve a read equally well, the least busy one gets it. 0 when not counted.
+    pub busy: usize,
 }
 
 impl ReplicaState {
@@ -83,7 +86,8 @@ pub struct ReadRequest {
     pub may_wait: bool,
     /// Lag bound for reads without a floor.
     pub lag_bound: LagBound,
-    /// Rotates the choice among equal replicas (a counter or a random number).
+    /// Rotates the choice among equally good, equally busy replicas (a counter or a random
+    /// number).
     pub spin: usize,
 }
 
@@ -114,9 +118,10 @@ pub enum Decision {
 
 /// Places one read.
 ///
-/// With a floor: a replica known to cover it (rotating among them), else — when waiting is
-/// allowed — the replica with the highest known replay position, which is the likeliest to
-/// catch up within the budget. Without a floor: a replica inside the lag bound, rotating.
+/// With a floor: a replica known to cover it, else — when waiting is allowed — the replica with
+/// the highest known replay position, which is the likeliest to catch up within the budget.
+/// Without a floor: a replica inside the lag bound. Among the replicas that qualify, the least
+/// busy one; `spin` rotates among equally busy ones.
 pub fn route(request: &ReadRequest, replicas: &[ReplicaState]) -> Decision {
     let serving: Vec<usize> = (0..replicas.len())
         .filter(|&i| replicas[i].is_serving())
@@ -124,7 +129,15 @@ pub fn route(request: &ReadRequest, replicas: &[ReplicaState]) -> Decision {
     if serving.is_empty() {
         return Decision::Primary(PrimaryReason::NoReplica);
     }
-    let pick = |among: &[usize]| among[request.spin % among.len()];
+    let pick = |among: &[usize]| {
+        let least = among.iter().map(|&i| replicas[i].busy).min().unwrap_or(0);
+        let idle: Vec<usize> = among
+            .iter()
+            .copied()
+            .filter(|&i| replicas[i].busy == least)
+            .collect();
+        idle[request.spin % idle.len()]
+    };
     match request.floor {
         Some(floor) => {
             let covering: Vec<usize> = serving
@@ -271,6 +284,53 @@ mod tests {
         );
     }
 
+    #[test]
+    fn the_least_busy_of_the_qualifying_replicas_gets_the_read() {
+        let busy = |replayed: u64, busy: usize| ReplicaState {
+            busy,
+            ..standby(replayed)
+        };
+        // Covering replicas: the idle one, whatever the spin; a busier replica that does not
+        // cover the floor is never preferred for being idle.
+        let replicas = [busy(50, 3), busy(50, 1), busy(10, 0), busy(50, 1)];
+        let mut seen = std::collections::BTreeSet::new();
+        for spin in 0..8 {
+            match route(&read(Some(40), true, spin), &replicas) {
+                Decision::Replica { index, wait: false } => {
+                    seen.insert(index);
+                }
+                other => panic!("{other:?}"),
+            }
+        }
+        assert_eq!(seen.into_iter().collect::<Vec<_>>(), vec![1, 3]);
+        // Waiting: among the most advanced, the least busy.
+        let replicas = [busy(30, 2), busy(30, 0), busy(20, 0)];
+        for spin in 0..4 {
+            assert_eq!(
+                route(&read(Some(99), true, spin), &replicas),
+                Decision::Replica {
+                    index: 1,
+                    wait: true
+                }
+            );
+        }
+        // No floor: the least busy inside the lag bound.
+        let mut lagging = busy(1, 0);
+        lagging.lag_bytes = Some(10_000_000);
+        let mut request = read(None, true, 0);
+        request.lag_bound.max_bytes = Some(1_000_000);
+        for spin in 0..4 {
+            request.spin = spin;
+            assert_eq!(
+                route(&request, &[busy(5, 4), lagging, busy(5, 2)]),
+                Decision::Replica {
+                    index: 2,
+                    wait: false
+                }
+            );
+        }
+    }
+
     proptest! {
         /// The guarantee in one line: a read that does not wait only ever lands on a replica
         /// known to have replayed its floor.
@@ -278,14 +338,16 @@ mod tests {
         fn never_reads_without_waiting_below_the_floor(
             positions in proptest::collection::vec(proptest::option::of(0u64..100), 0..5),
             healthy in proptest::collection::vec(any::<bool>(), 5),
+            busy in proptest::collection::vec(0usize..3, 5),
             floor in 0u64..120,
             may_wait: bool,
             spin: usize,
         ) {
-            let replicas: Vec<ReplicaState> = positions.iter().zip(&healthy).map(|(p, h)| ReplicaState {
+            let replicas: Vec<ReplicaState> = positions.iter().zip(&healthy).zip(&busy).map(|((p, h), b)| ReplicaState {
                 healthy: *h,
                 role: Role::Standby,
                 replayed: p.map(Lsn::new),
+                busy: *b,
                 ..ReplicaState::default()
             }).collect();
             match route(&read(Some(floor), may_wait, spin), &replicas) {

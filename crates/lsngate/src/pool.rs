@@ -280,6 +280,12 @@ impl NodePool {
         })
     }
 
+    /// Connections in use plus checkouts waiting for one: the load reads are balanced by.
+    pub fn busy(&self) -> usize {
+        let status = self.pool.status();
+        status.size.saturating_sub(status.available) + status.waiting
+    }
+
     /// A connection, or an error by `deadline` at the latest.
     pub async fn checkout(&self, deadline: Instant) -> Result<Pooled, CheckoutError> {
         match tokio::time::timeout_at(deadline, self.pool.get()).await {

@@ -186,8 +186,9 @@ fn next_replica(
     deadline: Instant,
 ) -> Result<usize, FallbackReason> {
     let mut states = inner.watcher.states(plan.token.and_then(|t| t.timeline));
-    for (state, out) in states.iter_mut().zip(excluded) {
+    for ((state, out), pool) in states.iter_mut().zip(excluded).zip(&inner.replicas) {
         state.healthy &= !out;
+        state.busy = pool.busy();
     }
     let request = ReadRequest {
         floor: plan.token.map(|t| t.lsn),

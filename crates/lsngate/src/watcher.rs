@@ -207,6 +207,8 @@ impl Watcher {
                         _ => None,
                     },
                     lag: state.lag,
+                    // Filled in by the read path, which holds the pools.
+                    busy: 0,
                 }
             })
             .collect()

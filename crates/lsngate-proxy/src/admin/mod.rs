@@ -52,6 +52,7 @@ pub fn status(proxy: &Proxy) -> serde_json::Value {
                 "last_error": *n.last_error.lock().expect("error lock"),
                 "polls": n.polls.load(std::sync::atomic::Ordering::Relaxed),
                 "poll_period_ms": n.poll_period_ms.load(std::sync::atomic::Ordering::Relaxed),
+                "busy": n.busy(),
                 "pools": pools,
             })
         })
@@ -148,6 +149,8 @@ fn refresh_gauges(proxy: &Proxy) {
         let role = format!("{:?}", n.role()).to_lowercase();
         metrics::gauge!("lsngate_proxy_node_up", "node" => address.clone(), "role" => role)
             .set(if n.healthy() { 1.0 } else { 0.0 });
+        metrics::gauge!("lsngate_proxy_node_busy_connections", "node" => address.clone())
+            .set(n.busy() as f64);
         for pool in n.pool_stats() {
             let labels = [
                 ("node", address.clone()),

@@ -10,7 +10,7 @@ pub mod pool;
 pub mod settings;
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 pub use conn::{BackendConn, BackendError, CancelKey, ServerFacts, Settings};
@@ -35,7 +35,7 @@ pub enum Role {
 pub enum Target {
     /// The node currently detected as primary.
     Primary,
-    /// A healthy replica, round robin; the primary when there is none.
+    /// The least busy healthy replica; the primary when there is none.
     Replica,
 }
 
@@ -59,6 +59,8 @@ pub struct NodeState {
     pub polls: AtomicU64,
     /// The monitor's wait before its next poll, in ms (see `monitor::poll_period`), for /status.
     pub poll_period_ms: AtomicU64,
+    /// Server connections of this node in use now, all its pools together (kept by the pools).
+    busy: Arc<AtomicUsize>,
 }
 
 impl NodeState {
@@ -91,6 +93,12 @@ impl NodeState {
     /// Asks the monitor to poll this node now (its role may have changed).
     pub fn request_check(&self) {
         self.recheck.notify_one();
+    }
+
+    /// Server connections of this node in use now (lent out by its pools): the load reads are
+    /// balanced by.
+    pub fn busy(&self) -> usize {
+        self.busy.load(Ordering::Relaxed)
     }
 
     /// Whether the last health check (or connection attempt) succeeded.
@@ -139,11 +147,9 @@ impl NodeState {
             pool.set_limits(limits);
             return Arc::clone(pool);
         }
-        Arc::clone(
-            pools
-                .entry(key)
-                .or_insert_with(|| Pool::new(self.index, database, role, limits)),
-        )
+        Arc::clone(pools.entry(key).or_insert_with(|| {
+            Pool::new(self.index, database, role, limits, Arc::clone(&self.busy))
+        }))
     }
 
     /// Every pool of this node.
@@ -221,6 +227,7 @@ fn node_state(index: usize, url: &NodeUrl) -> Arc<NodeState> {
         retired: AtomicBool::new(false),
         polls: AtomicU64::new(0),
         poll_period_ms: AtomicU64::new(0),
+        busy: Arc::new(AtomicUsize::new(0)),
     })
 }
 
@@ -278,19 +285,39 @@ impl Nodes {
         (added, retired)
     }
 
-    /// The node to use for `target` (a uniformly random healthy replica), or None when no
-    /// primary is known.
+    /// The node to use for `target` (the least busy healthy replica, at random among equally
+    /// busy ones), or None when no primary is known.
     pub fn pick(&self, target: Target) -> Option<Arc<NodeState>> {
         // Under the read lock, not on a copy of the list: this runs on every statement.
         let all = self.current.read().expect("nodes lock");
         if target == Target::Replica {
-            let serving = |n: &&Arc<NodeState>| n.healthy() && n.role() == Role::Replica;
-            let count = all.iter().filter(serving).count();
-            if count > 0 {
-                // Random, not round robin: drivers send two flights per statement (prepare,
-                // then execute), and a strict rotation would give every execute the same replica.
-                let i = rand::random_range(0..count);
-                return all.iter().filter(serving).nth(i).cloned();
+            // One pass, each count read once: the least busy so far, replaced by an equally busy
+            // one with probability 1/(equals seen), so ties end up uniformly random. Random, not
+            // round robin: drivers send two flights per statement (prepare, then execute), and
+            // a strict rotation would give every execute the same replica.
+            let mut chosen: Option<(&Arc<NodeState>, usize, usize)> = None;
+            for node in all.iter() {
+                if !(node.healthy() && node.role() == Role::Replica) {
+                    continue;
+                }
+                let busy = node.busy();
+                chosen = match chosen {
+                    Some((_, least, _)) if busy < least => Some((node, busy, 1)),
+                    Some((kept, least, ties)) if busy == least => {
+                        let ties = ties + 1;
+                        let node = if rand::random_range(0..ties) == 0 {
+                            node
+                        } else {
+                            kept
+                        };
+                        Some((node, least, ties))
+                    }
+                    Some(kept) => Some(kept),
+                    None => Some((node, busy, 1)),
+                };
+            }
+            if let Some((node, ..)) = chosen {
+                return Some(Arc::clone(node));
             }
         }
         Self::primary_of(&all)
@@ -311,5 +338,49 @@ impl Nodes {
             .or_else(|| all.iter().find(|n| n.role() == Role::Primary))
             .or_else(|| all.first().filter(|n| n.role() == Role::Unknown))
             .cloned()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A primary and three healthy replicas.
+    fn cluster() -> Nodes {
+        let urls: Vec<NodeUrl> = (0..4)
+            .map(|i| NodeUrl::parse(&format!("postgres://app@127.0.0.1:{}/app", 5432 + i)).unwrap())
+            .collect();
+        let nodes = Nodes::new(&urls);
+        for (i, node) in nodes.all().iter().enumerate() {
+            let role = if i == 0 { Role::Primary } else { Role::Replica };
+            node.set_health(Some(role), None);
+        }
+        nodes
+    }
+
+    /// Which nodes 300 picks of a replica landed on, with these busy counts on the replicas.
+    fn picked(nodes: &Nodes, busy: [usize; 3]) -> std::collections::BTreeSet<usize> {
+        for (node, busy) in nodes.all()[1..].iter().zip(busy) {
+            node.busy.store(busy, Ordering::Relaxed);
+        }
+        (0..300)
+            .map(|_| nodes.pick(Target::Replica).unwrap().index)
+            .collect()
+    }
+
+    #[test]
+    fn replica_reads_go_to_the_least_busy_and_ties_are_shared() {
+        let nodes = cluster();
+        assert_eq!(picked(&nodes, [2, 0, 0]), [2, 3].into());
+        assert_eq!(picked(&nodes, [5, 4, 3]), [3].into());
+        assert_eq!(picked(&nodes, [1, 1, 1]), [1, 2, 3].into());
+        // An unhealthy replica is never picked for being idle; none serving means the primary.
+        nodes.all()[3].set_health(None, Some("down".into()));
+        assert_eq!(picked(&nodes, [1, 1, 0]), [1, 2].into());
+        for node in &nodes.all()[1..] {
+            node.set_health(None, Some("down".into()));
+        }
+        assert_eq!(picked(&nodes, [0, 0, 0]), [0].into());
+        assert_eq!(nodes.pick(Target::Primary).unwrap().index, 0);
     }
 }

@@ -111,6 +111,9 @@ pub struct Pool {
     shelf: Mutex<Shelf>,
     size: usize,
     open: AtomicUsize,
+    /// The node's count of connections in use, all its pools together: raised and lowered
+    /// with `lent`.
+    node_busy: Arc<AtomicUsize>,
     /// The ParameterStatus values the server sent the newest connection (server_version,
     /// encodings, DateStyle...): what a client is told at login, without a checkout.
     server_params: Mutex<Option<Arc<ServerParams>>>,
@@ -137,8 +140,15 @@ pub enum PoolError {
 }
 
 impl Pool {
-    /// An empty pool of connections as `role`, kept to `limits`.
-    pub fn new(node: usize, database: &str, role: &str, limits: PoolLimits) -> Arc<Pool> {
+    /// An empty pool of connections as `role`, kept to `limits`, counting the connections it
+    /// lends in `node_busy` too.
+    pub fn new(
+        node: usize,
+        database: &str,
+        role: &str,
+        limits: PoolLimits,
+        node_busy: Arc<AtomicUsize>,
+    ) -> Arc<Pool> {
         Arc::new(Pool {
             node,
             database: database.to_string(),
@@ -151,6 +161,7 @@ impl Pool {
             }),
             size: limits.size,
             open: AtomicUsize::new(0),
+            node_busy,
             server_params: Mutex::new(None),
         })
     }
@@ -173,6 +184,7 @@ impl Pool {
             let mut shelf = self.shelf.lock().expect("pool lock");
             if shelf.waiting.is_empty() && shelf.lent < self.size {
                 shelf.lent += 1;
+                self.node_busy.fetch_add(1, Ordering::Relaxed);
                 let (idle, expired) = self.take_idle(&mut shelf);
                 (Some(self.lend(idle)), expired, None)
             } else {
@@ -279,6 +291,7 @@ impl Pool {
                     Some(waiter) => waiter,
                     None => {
                         shelf.lent -= 1;
+                        self.node_busy.fetch_sub(1, Ordering::Relaxed);
                         if let Some(conn) = conn {
                             shelf.conns.push(Idle { conn, since: now });
                         }

@@ -277,6 +277,7 @@ impl Watcher {
                     lag: replayed
                         .filter(|_| with_lag)
                         .and_then(|r| self.lag_behind(r, now)),
+                    busy: n.busy(),
                 };
                 (Arc::clone(n), state)
             })

@@ -32,14 +32,8 @@ fn proxy_with(cluster: &Cluster, change: impl FnOnce(&mut lsngate_proxy::FileCon
     TestProxy::with(file)
 }
 
-fn status(proxy: &TestProxy) -> serde_json::Value {
-    let response = proxy.http_get("/status");
-    let body = response.split("\r\n\r\n").nth(1).expect("HTTP body");
-    serde_json::from_str(body).expect("JSON status")
-}
-
 fn outcome(proxy: &TestProxy, name: &str) -> u64 {
-    status(proxy)["causal"]["outcomes"][name]
+    proxy.status()["causal"]["outcomes"][name]
         .as_u64()
         .unwrap_or(0)
 }
@@ -94,11 +88,11 @@ fn psycopg_8_workers_x_1000_insert_then_read_never_miss_their_row() {
     let (stale, replica, reads) = psycopg("own", &proxy, &t, 1000, 8);
     println!(
         "session mode, 8 x 1000: stale={stale} replica={replica} reads={reads}; {}",
-        status(&proxy)["causal"]["outcomes"]
+        proxy.status()["causal"]["outcomes"]
     );
     assert_eq!(reads, 8000);
     assert_eq!(stale, 0, "a read missed its own connection's insert");
-    let outcomes = status(&proxy)["causal"]["outcomes"].clone();
+    let outcomes = proxy.status()["causal"]["outcomes"].clone();
     let counted: u64 = outcomes
         .as_object()
         .unwrap()
@@ -177,7 +171,7 @@ fn the_budget_decides_who_serves_not_whether_the_read_is_fresh() {
             let client = connect(&proxy.conninfo()).await;
             write_then_read(&client, &t, 20).await
         });
-        let outcomes = &status(&proxy)["causal"]["outcomes"];
+        let outcomes = &proxy.status()["causal"]["outcomes"];
         println!("budget {budget} ms: stale={stale} replica={replica}/20 {outcomes}");
         assert_eq!(stale, 0, "budget {budget} ms");
         if expect_replica {
@@ -490,7 +484,7 @@ fn a_paused_replica_is_passed_over_and_a_killed_one_costs_no_stale_read() {
     killer.join().unwrap();
     println!(
         "slowest read across the kill: {slowest:?} (budget {budget} ms); {}",
-        status(&proxy)["causal"]["outcomes"]
+        proxy.status()["causal"]["outcomes"]
     );
     assert!(
         slowest < Duration::from_millis(budget) * 10,
@@ -601,7 +595,7 @@ fn the_breaker_stops_a_fallback_flood_with_its_own_sqlstate() {
             }
         }
     });
-    let causal = &status(&proxy)["causal"];
+    let causal = &proxy.status()["causal"];
     println!(
         "breaker: served={served} guarded={guarded} {}",
         causal["breaker"]
@@ -672,7 +666,7 @@ fn after_a_failover_old_floors_read_the_new_primary_and_an_orphaned_replica_serv
             );
         }
     });
-    let causal = &status(&proxy)["causal"];
+    let causal = &proxy.status()["causal"];
     println!("after failover: {}", causal);
     assert_eq!(causal["primary"]["timeline"], 2);
 }
@@ -757,7 +751,7 @@ fn reads_without_a_floor_skip_replicas_over_the_lag_bound() {
         .unwrap();
     // The watcher learns the lag from its polls.
     let deadline = Instant::now() + Duration::from_secs(10);
-    while !status(&proxy)["causal"]["replicas"]
+    while !proxy.status()["causal"]["replicas"]
         .as_array()
         .unwrap()
         .iter()
@@ -788,7 +782,7 @@ fn reads_without_a_floor_skip_replicas_over_the_lag_bound() {
 fn wait_for_poll_period(proxy: &TestProxy, want: u64, why: &str) {
     let deadline = Instant::now() + Duration::from_secs(15);
     loop {
-        let nodes = status(proxy)["nodes"].clone();
+        let nodes = proxy.status()["nodes"].clone();
         let periods: Vec<_> = nodes
             .as_array()
             .unwrap()
@@ -835,7 +829,7 @@ fn monitors_poll_positions_fast_only_while_reads_use_them() {
         700,
         "an eventual proxy polls at the health interval",
     );
-    let before: u64 = status(&proxy)["nodes"]
+    let before: u64 = proxy.status()["nodes"]
         .as_array()
         .unwrap()
         .iter()
@@ -900,7 +894,7 @@ fn a_cancel_stops_a_read_waiting_for_its_floor() {
             "the cancel did not stop the wait: {waited:?}"
         );
         // Not a fallback: nothing was read for the cancelled statement.
-        assert_eq!(status(&proxy)["causal"]["outcomes"]["fallback"], 0);
+        assert_eq!(proxy.status()["causal"]["outcomes"]["fallback"], 0);
     });
     cluster.replica(0).resume_replay().unwrap();
 }
@@ -994,6 +988,6 @@ fn pipelined_reads_get_their_own_answers(
         } else {
             "waited"
         };
-        assert!(outcome(&proxy, expected) > 0, "{}", status(&proxy));
+        assert!(outcome(&proxy, expected) > 0, "{}", proxy.status());
     }
 }

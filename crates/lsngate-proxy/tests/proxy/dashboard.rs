@@ -95,12 +95,6 @@ fn lsn(text: &str) -> Option<u64> {
     (lo <= u32::MAX as u64).then_some((hi << 32) | lo)
 }
 
-fn status(proxy: &TestProxy) -> serde_json::Value {
-    let response = proxy.http_get("/status");
-    let body = response.split("\r\n\r\n").nth(1).expect("HTTP body");
-    serde_json::from_str(body).expect("JSON status")
-}
-
 fn primary_position(status: &serde_json::Value) -> Option<u64> {
     status["causal"]["primary"]["position"]
         .as_str()
@@ -111,7 +105,7 @@ fn primary_position(status: &serde_json::Value) -> Option<u64> {
 fn wait_status(proxy: &TestProxy, what: &str, ready: impl Fn(&serde_json::Value) -> bool) {
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
-        let s = status(proxy);
+        let s = proxy.status();
         if ready(&s) {
             return;
         }
@@ -162,7 +156,7 @@ fn chromium_renders_the_live_dashboard_from_status() {
 
     let url = format!("http://{}/dashboard", proxy.admin);
     let dom = rendered_dom(&url, 4000);
-    let after = status(&proxy);
+    let after = proxy.status();
     let refreshes: u64 = text_after(&dom, "id=\"refreshes\"")
         .and_then(|t| t.parse().ok())
         .unwrap_or_else(|| panic!("no refresh counter in the DOM:\n{dom}"));

@@ -217,3 +217,86 @@ fn an_error_in_the_middle_of_a_pipeline_fails_only_that_statement() {
         }
     });
 }
+
+/// The replica ports, once the proxy's monitor saw both replicas healthy.
+fn replicas_serving(proxy: &TestProxy) -> Vec<i32> {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(15);
+    loop {
+        let status = proxy.status();
+        let ports: Vec<i32> = status["nodes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|n| n["role"] == "replica" && n["healthy"] == true)
+            .map(|n| {
+                let address = n["address"].as_str().unwrap();
+                address.rsplit(':').next().unwrap().parse().unwrap()
+            })
+            .collect();
+        if ports.len() == 2 {
+            return ports;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "both replicas never showed healthy: {status}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
+
+/// The busy count /status shows for the node on `port`.
+fn busy_on(proxy: &TestProxy, port: i32) -> u64 {
+    proxy.status()["nodes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|n| {
+            n["address"]
+                .as_str()
+                .unwrap()
+                .ends_with(&format!(":{port}"))
+        })
+        .expect("the node in /status")["busy"]
+        .as_u64()
+        .unwrap()
+}
+
+/// While one replica holds a client's read-only transaction, every other read goes to the
+/// other replica: reads go to the least busy replica, with or without causal reads.
+#[test]
+fn reads_go_to_the_least_busy_replica() {
+    let cluster = shared_cluster();
+    for consistency in ["eventual", "session"] {
+        let mut file = file_config(cluster);
+        file.consistency = Some(consistency.into());
+        let proxy = TestProxy::with(file);
+        let replicas = replicas_serving(&proxy);
+        rt().block_on(async {
+            let holder = connect(&proxy.conninfo()).await;
+            holder.batch_execute("BEGIN READ ONLY").await.unwrap();
+            let busy: i32 = holder
+                .query_one("SELECT inet_server_port()", &[])
+                .await
+                .unwrap()
+                .get(0);
+            assert!(replicas.contains(&busy), "{busy} is not a replica");
+            assert_eq!(busy_on(&proxy, busy), 1, "{consistency}");
+            let idle = *replicas.iter().find(|&&p| p != busy).unwrap();
+            assert_eq!(busy_on(&proxy, idle), 0, "{consistency}");
+            let reader = connect(&proxy.conninfo()).await;
+            for _ in 0..10 {
+                let port: i32 = reader
+                    .query_one("SELECT inet_server_port()", &[])
+                    .await
+                    .unwrap()
+                    .get(0);
+                assert_eq!(
+                    port, idle,
+                    "{consistency}: a read went to the replica busy with a transaction"
+                );
+            }
+            holder.batch_execute("COMMIT").await.unwrap();
+            assert_eq!(busy_on(&proxy, busy), 0, "{consistency}");
+        });
+    }
+}

@@ -108,6 +108,13 @@ impl TestProxy {
         response
     }
 
+    /// The admin port's `/status` document.
+    pub fn status(&self) -> serde_json::Value {
+        let response = self.http_get("/status");
+        let body = response.split("\r\n\r\n").nth(1).expect("HTTP body");
+        serde_json::from_str(body).expect("JSON status")
+    }
+
     /// Stops accepting and waits for sessions to drain.
     pub fn shutdown(mut self) {
         let _ = self.stop.send(true);

@@ -392,3 +392,60 @@ async fn tls_connector_is_used_for_every_connection() {
     assert!(matches!(error, Error::PrimaryUnavailable { .. }), "{error}");
     assert!(error.to_string().contains("check that it is up"), "{error}");
 }
+
+/// Reads go to the least busy replica: while one replica serves a long read of this gate, the
+/// gate's other reads all go to the other one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reads_go_to_the_least_busy_replica() {
+    let cluster = shared_cluster();
+    // A grace long enough that the long read is not taken for an unreachable replica; one
+    // monitor poll only (at start), as its probes borrow a connection of the same pools.
+    let gate = std::sync::Arc::new(
+        support::gate(cluster, |c| {
+            c.io_grace(Duration::from_secs(30))
+                .poll_interval(Duration::from_secs(3600))
+        })
+        .await,
+    );
+    let deadline = std::time::Instant::now() + Duration::from_secs(15);
+    while gate.replicas().iter().filter(|r| r.healthy).count() < 2 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "both replicas never showed healthy: {:?}",
+            gate.replicas()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let marker = format!("least_busy_{}", std::process::id());
+    let slow_sql = format!("SELECT pg_sleep(2) AS {marker}");
+    let slow = tokio::spawn({
+        let gate = std::sync::Arc::clone(&gate);
+        async move { gate.query(&slow_sql, &[]).await.unwrap().served }
+    });
+    // Which replica runs the long read, seen from the servers themselves.
+    let running = format!(
+        "SELECT count(*) FROM pg_stat_activity WHERE query LIKE '%AS {marker}' AND state = 'active'"
+    );
+    let busy = loop {
+        let on: Vec<usize> = (0..2)
+            .filter(|&i| cluster.replica(i).sql(&running).unwrap().trim() == "1")
+            .collect();
+        if let [index] = on[..] {
+            break index;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the long read never showed on a replica"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
+    for _ in 0..10 {
+        let read = gate.query("SELECT 1", &[]).await.unwrap();
+        assert_eq!(
+            read.served.by,
+            ServedBy::Replica(1 - busy),
+            "a read went to the busy replica{busy} while the other was idle"
+        );
+    }
+    assert_eq!(slow.await.unwrap().by, ServedBy::Replica(busy));
+}
