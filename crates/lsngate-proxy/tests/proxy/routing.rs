@@ -274,24 +274,16 @@ fn reads_go_to_the_least_busy_replica() {
         rt().block_on(async {
             let holder = connect(&proxy.conninfo()).await;
             holder.batch_execute("BEGIN READ ONLY").await.unwrap();
-            let busy: i32 = holder
-                .query_one("SELECT inet_server_port()", &[])
-                .await
-                .unwrap()
-                .get(0);
+            let busy = server_port(&holder).await;
             assert!(replicas.contains(&busy), "{busy} is not a replica");
             assert_eq!(busy_on(&proxy, busy), 1, "{consistency}");
             let idle = *replicas.iter().find(|&&p| p != busy).unwrap();
             assert_eq!(busy_on(&proxy, idle), 0, "{consistency}");
             let reader = connect(&proxy.conninfo()).await;
             for _ in 0..10 {
-                let port: i32 = reader
-                    .query_one("SELECT inet_server_port()", &[])
-                    .await
-                    .unwrap()
-                    .get(0);
                 assert_eq!(
-                    port, idle,
+                    server_port(&reader).await,
+                    idle,
                     "{consistency}: a read went to the replica busy with a transaction"
                 );
             }

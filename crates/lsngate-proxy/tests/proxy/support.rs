@@ -180,6 +180,15 @@ pub fn rt() -> tokio::runtime::Runtime {
         .unwrap()
 }
 
+/// The port of the server that answers `client`'s next statement (`inet_server_port()`).
+pub async fn server_port(client: &tokio_postgres::Client) -> i32 {
+    client
+        .query_one("SELECT inet_server_port()", &[])
+        .await
+        .unwrap()
+        .get(0)
+}
+
 pub async fn connect(conninfo: &str) -> tokio_postgres::Client {
     let (client, connection) = tokio_postgres::connect(conninfo, tokio_postgres::NoTls)
         .await
