@@ -438,8 +438,10 @@ pub fn cache_key(sql: &str) -> std::borrow::Cow<'_, str> {
 }
 
 /// Bytes the key scan stops at: quotes, digits, and the first byte of anything that makes the
-/// lexing ambiguous; and, for the pass-through's checks, NUL, `l`/`L` (a mention of lsngate) and
-/// non-ASCII bytes. Everything else is copied in runs.
+/// lexing ambiguous; and, for the pass-through's checks, NUL and non-ASCII bytes. An `l`/`L` is
+/// a stop too when an `s`/`S` follows it (a mention of lsngate starts so; see [`special_at`]):
+/// a lone `l`, as in `SELECT` or `balance`, is copied with the rest. Everything else is copied in
+/// runs.
 static KEY_SPECIAL: [bool; 256] = {
     let mut table = [false; 256];
     let mut digit = b'0';
@@ -453,8 +455,6 @@ static KEY_SPECIAL: [bool; 256] = {
         high += 1;
     }
     table[0] = true;
-    table[b'l' as usize] = true;
-    table[b'L' as usize] = true;
     table[b'\'' as usize] = true;
     table[b'"' as usize] = true;
     table[b'\\' as usize] = true;
@@ -464,47 +464,73 @@ static KEY_SPECIAL: [bool; 256] = {
     table
 };
 
-/// The index of the first [`KEY_SPECIAL`] byte at or after `from`, or `bytes.len()`. Sixteen
-/// bytes per step with SSE2 (part of every x86-64 CPU): most statement text is plain words that
-/// the scan only copies.
+/// Whether the scan stops at `bytes[i]`: a [`KEY_SPECIAL`] byte, or `ls` in any case.
+fn special_at(bytes: &[u8], i: usize) -> bool {
+    KEY_SPECIAL[bytes[i] as usize]
+        || (bytes[i] | 0x20 == b'l' && bytes.get(i + 1).is_some_and(|&next| next | 0x20 == b's'))
+}
+
+/// The index of the first byte at or after `from` the scan stops at ([`special_at`]), or
+/// `bytes.len()`. Sixteen bytes per step with SSE2 (part of every x86-64 CPU): most statement
+/// text is plain words that the scan only copies.
 #[cfg(target_arch = "x86_64")]
 fn next_special(bytes: &[u8], from: usize) -> usize {
     use std::arch::x86_64::*;
+    // SAFETY (both): SSE2 is part of the x86-64 baseline, and the callers keep the unaligned
+    // 16-byte load inside `bytes`.
+    // The stops among the 16 bytes at `at`, one bit each; an `l` in the last lane counts when
+    // `then_s`, the byte after them, is an `s`.
+    let stops = |at: usize, then_s: bool| unsafe {
+        let v = _mm_loadu_si128(bytes.as_ptr().add(at).cast());
+        let is = |b: u8| _mm_cmpeq_epi8(v, _mm_set1_epi8(b as i8));
+        // A digit: v - '0' (wrapping) is at most 9, i.e. min(v - '0', 9) == v - '0'.
+        let from_zero = _mm_sub_epi8(v, _mm_set1_epi8(b'0' as i8));
+        let digit = _mm_cmpeq_epi8(_mm_min_epu8(from_zero, _mm_set1_epi8(9)), from_zero);
+        let quotes = _mm_or_si128(_mm_or_si128(is(b'\''), is(b'"')), is(b'\\'));
+        let comments = _mm_or_si128(_mm_or_si128(is(b'$'), is(b'-')), is(b'/'));
+        let marks = _mm_or_si128(_mm_or_si128(quotes, comments), _mm_or_si128(is(0), digit));
+        // Bytes of 0x80 and above carry their own top bit.
+        let plain_stops = _mm_movemask_epi8(_mm_or_si128(marks, v)) as u32;
+        // Lower case by setting 0x20: only `L` and `l` become `l`, only `S` and `s` become `s`.
+        let lower = _mm_or_si128(v, _mm_set1_epi8(0x20));
+        let l = _mm_movemask_epi8(_mm_cmpeq_epi8(lower, _mm_set1_epi8(b'l' as i8))) as u32;
+        let s = _mm_movemask_epi8(_mm_cmpeq_epi8(lower, _mm_set1_epi8(b's' as i8))) as u32;
+        plain_stops | (l & ((s >> 1) | (u32::from(then_s) << 15)))
+    };
     let mut i = from;
     while i + 16 <= bytes.len() {
-        // SAFETY: SSE2 is part of the x86-64 baseline, and `i + 16 <= bytes.len()` keeps the
-        // unaligned 16-byte load inside `bytes`.
-        let mask = unsafe {
-            let v = _mm_loadu_si128(bytes.as_ptr().add(i).cast());
-            let is = |b: u8| _mm_cmpeq_epi8(v, _mm_set1_epi8(b as i8));
-            // A digit: v - '0' (wrapping) is at most 9, i.e. min(v - '0', 9) == v - '0'.
-            let from_zero = _mm_sub_epi8(v, _mm_set1_epi8(b'0' as i8));
-            let digit = _mm_cmpeq_epi8(_mm_min_epu8(from_zero, _mm_set1_epi8(9)), from_zero);
-            let quotes = _mm_or_si128(_mm_or_si128(is(b'\''), is(b'"')), is(b'\\'));
-            let comments = _mm_or_si128(_mm_or_si128(is(b'$'), is(b'-')), is(b'/'));
-            let notices = _mm_or_si128(_mm_or_si128(is(0), is(b'l')), is(b'L'));
-            let marks = _mm_or_si128(_mm_or_si128(quotes, comments), _mm_or_si128(notices, digit));
-            // Bytes of 0x80 and above carry their own top bit.
-            _mm_movemask_epi8(_mm_or_si128(marks, v)) as u32
-        };
+        let then_s = bytes.get(i + 16).is_some_and(|&next| next | 0x20 == b's');
+        let mask = stops(i, then_s);
         if mask != 0 {
             return i + mask.trailing_zeros() as usize;
         }
         i += 16;
     }
-    i + bytes[i..]
-        .iter()
-        .position(|&b| KEY_SPECIAL[b as usize])
-        .unwrap_or(bytes.len() - i)
+    if i == bytes.len() {
+        return i;
+    }
+    if bytes.len() >= 16 {
+        // The last 16 bytes, overlapping what was scanned: lanes before `i` are masked off.
+        let at = bytes.len() - 16;
+        let mask = stops(at, false) >> (i - at);
+        return if mask != 0 {
+            i + mask.trailing_zeros() as usize
+        } else {
+            bytes.len()
+        };
+    }
+    (i..bytes.len())
+        .find(|&j| special_at(bytes, j))
+        .unwrap_or(bytes.len())
 }
 
-/// The index of the first [`KEY_SPECIAL`] byte at or after `from`, or `bytes.len()`.
+/// The index of the first byte at or after `from` the scan stops at ([`special_at`]), or
+/// `bytes.len()`.
 #[cfg(not(target_arch = "x86_64"))]
 fn next_special(bytes: &[u8], from: usize) -> usize {
-    from + bytes[from..]
-        .iter()
-        .position(|&b| KEY_SPECIAL[b as usize])
-        .unwrap_or(bytes.len() - from)
+    (from..bytes.len())
+        .find(|&j| special_at(bytes, j))
+        .unwrap_or(bytes.len())
 }
 
 /// What the key scan noticed on the way, for the pass-through (`passthrough.rs`): a text with a
@@ -1063,14 +1089,20 @@ mod tests {
         #[test]
         fn the_wide_skip_finds_the_first_special_byte(
             text in proptest::collection::vec(any::<u8>(), 0..80),
-            plain in proptest::collection::vec(prop::sample::select(b"SELECT abc FROM t WHERE x = ;".to_vec()), 0..80),
+            plain in proptest::collection::vec(prop::sample::select(b"SELECT abc FROM tl WHERE x = ;sS".to_vec()), 0..80),
             from in 0usize..80,
         ) {
             // Random bytes (specials everywhere) and plain words with a few specials appended.
             for bytes in [text.clone(), [plain.clone(), text].concat()] {
                 let from = from.min(bytes.len());
                 let expected = (from..bytes.len())
-                    .find(|&i| KEY_SPECIAL[bytes[i] as usize])
+                    .find(|&i| {
+                        let b = bytes[i];
+                        b.is_ascii_digit()
+                            || b >= 0x80
+                            || b"\0'\"\\$-/".contains(&b)
+                            || (b"lL".contains(&b) && bytes.get(i + 1).is_some_and(|n| b"sS".contains(n)))
+                    })
                     .unwrap_or(bytes.len());
                 prop_assert_eq!(next_special(&bytes, from), expected);
             }
