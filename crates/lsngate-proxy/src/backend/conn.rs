@@ -4,6 +4,7 @@
 //! carries, and its cancel key. It does not decide where queries go.
 
 use std::collections::HashMap;
+use std::task::{Context, Poll, ready};
 use std::time::Duration;
 
 use std::sync::Arc;
@@ -331,23 +332,33 @@ impl BackendConn {
     }
 
     async fn write_raw(&mut self, bytes: &[u8]) -> Result<(), BackendError> {
-        let lost = |address: &String, e: std::io::Error| BackendError::Lost {
-            node: address.clone(),
-            why: e.to_string(),
-        };
-        // A statement nearly always fits the socket buffer: one non-blocking write, no future.
-        let written = match crate::socket::try_send(&self.stream, bytes) {
-            Ok(n) => n,
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => 0,
-            Err(e) => return Err(lost(&self.address, e)),
-        };
+        let written = self.send_now(bytes)?;
         if written < bytes.len() {
             self.stream
                 .write_all(&bytes[written..])
                 .await
-                .map_err(|e| lost(&self.address, e))?;
+                .map_err(|e| self.lost(e))?;
         }
         Ok(())
+    }
+
+    /// Writes what the socket takes right now, without waiting: how many bytes that was. A
+    /// statement nearly always fits the socket buffer, so this one non-blocking write is the
+    /// whole send; [`BackendConn::send_bytes`] writes any rest.
+    pub fn send_now(&mut self, bytes: &[u8]) -> Result<usize, BackendError> {
+        match crate::socket::try_send(&self.stream, bytes) {
+            Ok(n) => Ok(n),
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => Ok(0),
+            Err(e) => Err(self.lost(e)),
+        }
+    }
+
+    /// The error for a socket that failed under this connection.
+    fn lost(&self, e: std::io::Error) -> BackendError {
+        BackendError::Lost {
+            node: self.address.clone(),
+            why: e.to_string(),
+        }
     }
 
     /// Writes frames in one flight (one syscall for the batch).
@@ -373,22 +384,28 @@ impl BackendConn {
 
     /// Reads until at least one whole frame is buffered. Cancel-safe.
     pub async fn fill(&mut self) -> Result<(), BackendError> {
+        std::future::poll_fn(|cx| self.poll_fill(cx)).await
+    }
+
+    /// [`BackendConn::fill`] as a poll, for callers that poll it directly.
+    pub fn poll_fill(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), BackendError>> {
         while !self.has_frame() {
-            let (stream, buf) = (&self.stream, &mut self.read_buf);
-            let n = std::future::poll_fn(|cx| crate::socket::poll_recv(stream, cx, buf))
-                .await
-                .map_err(|e| BackendError::Lost {
-                    node: self.address.clone(),
-                    why: e.to_string(),
-                })?;
+            let n = match ready!(crate::socket::poll_recv(
+                &self.stream,
+                cx,
+                &mut self.read_buf
+            )) {
+                Ok(n) => n,
+                Err(e) => return Poll::Ready(Err(self.lost(e))),
+            };
             if n == 0 {
-                return Err(BackendError::Lost {
+                return Poll::Ready(Err(BackendError::Lost {
                     node: self.address.clone(),
                     why: "server closed the connection".into(),
-                });
+                }));
             }
         }
-        Ok(())
+        Poll::Ready(Ok(()))
     }
 
     /// The next buffered frame, if a whole one is there.

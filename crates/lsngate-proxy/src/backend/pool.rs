@@ -230,6 +230,25 @@ impl Pool {
         Ok(lent)
     }
 
+    /// An idle connection now, or None when the pool would have to queue or open one (then
+    /// [`Pool::acquire`] does). The checkout of the pass-through: no future, no waiting.
+    pub fn checkout_idle(self: &Arc<Self>) -> Option<PooledConn> {
+        let (idle, expired) = {
+            let mut shelf = self.shelf.lock().expect("pool lock");
+            if !shelf.waiting.is_empty() || shelf.lent >= self.size || shelf.conns.is_empty() {
+                return None;
+            }
+            let (idle, expired) = self.take_idle(&mut shelf);
+            if idle.is_some() {
+                shelf.lent += 1;
+                self.node_busy.fetch_add(1, Ordering::Relaxed);
+            }
+            (idle, expired)
+        };
+        self.close(expired);
+        idle.map(|conn| self.lend(Some(conn)))
+    }
+
     /// The role its connections log in as.
     pub fn role(&self) -> &str {
         &self.role
@@ -401,7 +420,8 @@ pub struct PooledConn {
 
 impl PooledConn {
     /// Gives the connection back for reuse (or closes it when it outlived `server_lifetime`).
-    pub fn release(mut self) {
+    /// In place: what is left is an empty loan, which dropping does nothing more to.
+    pub fn release(&mut self) {
         if let Some(pool) = self.pool.take() {
             pool.give_back(self.conn.take());
         }

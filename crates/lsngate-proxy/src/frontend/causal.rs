@@ -375,7 +375,7 @@ impl Session {
         for _ in 0..ends {
             self.io
                 .queue(&ErrorFields::new("ERROR", code, message).to_frame(b'E'));
-            self.io.queue(&build::ready_for_query(self.status));
+            self.io.queue_ready(self.status);
         }
         self.io.flush().await?;
         Ok(())

@@ -144,7 +144,7 @@ impl Session {
             }
             Err((code, message)) => return self.answer_error(code, &message).await,
         }
-        self.io.queue(&build::ready_for_query(self.status));
+        self.io.queue_ready(self.status);
         self.io.flush().await?;
         Ok(())
     }
@@ -225,7 +225,7 @@ impl Session {
                 }
                 FrontendMessage::Sync => {
                     failed = false;
-                    self.io.queue(&build::ready_for_query(self.status));
+                    self.io.queue_ready(self.status);
                 }
                 _ => {}
             }

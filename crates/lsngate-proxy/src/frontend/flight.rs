@@ -16,7 +16,6 @@ use super::session::{ClientStatement, Session};
 use crate::backend::{BackendConn, BackendError, NodeState, PooledConn, Role, Settings, Target};
 use crate::causal::sql::{Probe, probe_segment, wait_for};
 use crate::config::ServerLogin;
-use crate::net::backend::build;
 use crate::net::{ErrorFields, Frame, FrontendMessage};
 
 /// What a proxy-owned segment is for; its replies are consumed here, never relayed.
@@ -285,7 +284,7 @@ impl Proxy {
         if let Some(params) = pool.server_params() {
             return Ok(params.to_vec());
         }
-        let conn = pool
+        let mut conn = pool
             .acquire(
                 &node.url,
                 login,
@@ -356,11 +355,39 @@ impl Session {
         for _ in 0..segments.max(1) {
             self.io
                 .queue(&ErrorFields::new("ERROR", "08006", e.to_string()).to_frame(b'E'));
-            self.io.queue(&build::ready_for_query(self.status));
+            self.io.queue_ready(self.status);
         }
         self.io.flush().await?;
         self.end_fallback();
         Ok(())
+    }
+
+    /// Attaches an idle server connection of `node` if its pool has one right now: the
+    /// pass-through's checkout, with no future and no waiting. False when [`Session::attach`]
+    /// must open or wait for one.
+    pub(super) fn attach_idle(&mut self, node: &NodeState) -> bool {
+        let Some(conn) = self
+            .pools
+            .iter()
+            .find(|(index, _)| *index == node.index)
+            .and_then(|(_, pool)| pool.checkout_idle())
+        else {
+            return false;
+        };
+        self.attach_conn(conn, node);
+        true
+    }
+
+    /// Makes `conn`, checked out of `node`'s pool, the session's backend.
+    fn attach_conn(&mut self, conn: PooledConn, node: &NodeState) {
+        self.cancel_slot.lock().expect("cancel slot").target = Some(Arc::clone(&conn.cancel));
+        let serves = if node.role() == Role::Replica {
+            Target::Replica
+        } else {
+            Target::Primary
+        };
+        let expect = std::mem::take(&mut self.spare_expect);
+        self.backend = Some(Attached::new(conn, serves, expect));
     }
 
     pub(super) async fn attach(
@@ -402,15 +429,7 @@ impl Session {
                 .await
             {
                 Ok(conn) => {
-                    self.cancel_slot.lock().expect("cancel slot").target =
-                        Some(Arc::clone(&conn.cancel));
-                    let serves = if node.role() == Role::Replica {
-                        Target::Replica
-                    } else {
-                        Target::Primary
-                    };
-                    let expect = std::mem::take(&mut self.spare_expect);
-                    self.backend = Some(Attached::new(conn, serves, expect));
+                    self.attach_conn(conn, &node);
                     return Ok(());
                 }
                 Err(crate::backend::PoolError::Backend(e @ BackendError::Connect { .. }))
@@ -427,13 +446,16 @@ impl Session {
     }
 
     pub(super) fn release_backend(&mut self) {
-        if let Some(mut attached) = self.backend.take() {
-            self.cancel_slot.lock().expect("cancel slot").target = None;
-            if attached.expect.is_empty() {
-                self.spare_expect = std::mem::take(&mut attached.expect);
-            }
-            attached.conn.release();
+        // Released where it lies: the attachment is dropped in place, not moved out first.
+        let Some(attached) = self.backend.as_mut() else {
+            return;
+        };
+        self.cancel_slot.lock().expect("cancel slot").target = None;
+        if attached.expect.is_empty() {
+            std::mem::swap(&mut self.spare_expect, &mut attached.expect);
         }
+        attached.conn.release();
+        self.backend = None;
     }
 
     pub(super) fn maybe_release(&mut self) {

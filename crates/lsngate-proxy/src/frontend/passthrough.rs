@@ -56,16 +56,20 @@ impl Session {
         else {
             return Ok(false);
         };
-        // The node a read would get: the primary when no replica serves (picked once here).
+        // The primary, or for a read the node it would get: the primary when no replica serves
+        // (picked once here).
         let node = match class {
-            Class::Write => None,
+            Class::Write => self.proxy.nodes.pick(Target::Primary),
             Class::Read => match self.proxy.nodes.pick(Target::Replica) {
                 Some(n) if n.role() == Role::Replica => return Ok(false),
                 primary => primary,
             },
             _ => return Ok(false),
         };
+        // An idle server connection is taken without a future; opening or waiting for one (and
+        // the error when there is no primary) is `attach`'s.
         if self.backend.is_none()
+            && !node.as_deref().is_some_and(|node| self.attach_idle(node))
             && let Err(e) = self.attach(Target::Primary, node).await
         {
             self.no_backend(e, 1).await?;
@@ -87,7 +91,12 @@ impl Session {
         attached.read = None;
         self.proxy.queries[0].add(1);
         self.proxy.passed_through.add(1);
-        if let Err(e) = attached.conn.send_bytes(message).await {
+        let sent = match attached.conn.send_now(message) {
+            Ok(n) if n == message.len() => Ok(()),
+            Ok(n) => attached.conn.send_bytes(&message[n..]).await,
+            Err(e) => Err(e),
+        };
+        if let Err(e) = sent {
             self.backend_lost(e).await?;
         }
         Ok(true)

@@ -11,7 +11,6 @@ use super::flight::{Attached, Duty, Owner, RESYNC_SQL};
 use super::session::Session;
 use crate::backend::{BackendError, Target};
 use crate::causal::{Floor, Outcome};
-use crate::net::backend::build;
 use crate::net::{BackendMessage, ErrorFields, Frame, FrontendMessage};
 
 /// Waits until the attached backend has sent a whole frame. While a wait's answer is due, only
@@ -19,7 +18,7 @@ use crate::net::{BackendMessage, ErrorFields, Frame, FrontendMessage};
 /// than waited on past the read's budget. Cancel-safe.
 pub(super) async fn fill_attached(attached: &mut Attached) -> Result<(), BackendError> {
     let Some(deadline) = attached.verdict.as_ref().map(|v| v.deadline) else {
-        return attached.conn.fill().await;
+        return std::future::poll_fn(|cx| attached.conn.poll_fill(cx)).await;
     };
     match crate::timer::timeout_at(deadline, attached.conn.fill()).await {
         Ok(filled) => filled,
@@ -128,7 +127,7 @@ impl Session {
                 b.expect.pop_front();
                 b.error_relayed = false;
                 self.status = status;
-                self.io.queue(&build::ready_for_query(status));
+                self.io.queue_ready(status);
                 self.maybe_release();
                 self.io.flush().await?;
                 continue;
@@ -566,7 +565,7 @@ impl Session {
         for _ in 0..waiting {
             self.io
                 .queue(&ErrorFields::new("ERROR", "08006", message.clone()).to_frame(b'E'));
-            self.io.queue(&build::ready_for_query(b'I'));
+            self.io.queue_ready(b'I');
         }
         self.status = b'I';
         if waiting == 0 && self.pinned {

@@ -114,17 +114,25 @@ impl ClientIo {
     /// What the client sent next, `None` when it closed the connection. A simple Query stays in
     /// the read buffer (see [`Incoming::Query`]). Cancel-safe.
     pub async fn next(&mut self) -> Result<Option<Incoming>, anyhow::Error> {
+        std::future::poll_fn(|cx| self.poll_next(cx)).await
+    }
+
+    /// [`ClientIo::next`] as a poll: the session loop polls it directly, with no future to make
+    /// and drop for every message.
+    pub fn poll_next(
+        &mut self,
+        cx: &mut Context<'_>,
+    ) -> Poll<Result<Option<Incoming>, anyhow::Error>> {
         loop {
             if let Some(len) = whole_frame(&mut self.read_buf, self.max_len)? {
                 if self.read_buf[0] == b'Q' {
-                    return Ok(Some(Incoming::Query(len)));
+                    return Poll::Ready(Ok(Some(Incoming::Query(len))));
                 }
                 let frame = decode_frame(&mut self.read_buf, self.max_len)?;
-                return Ok(Some(Incoming::Frame(frame.expect("a whole frame"))));
+                return Poll::Ready(Ok(Some(Incoming::Frame(frame.expect("a whole frame")))));
             }
-            let (stream, buf) = (&mut self.stream, &mut self.read_buf);
-            if std::future::poll_fn(|cx| stream.poll_recv(cx, buf)).await? == 0 {
-                return Ok(None);
+            if ready!(self.stream.poll_recv(cx, &mut self.read_buf))? == 0 {
+                return Poll::Ready(Ok(None));
             }
         }
     }
@@ -140,6 +148,13 @@ impl ClientIo {
     /// Buffers a frame for the client.
     pub fn queue(&mut self, frame: &Frame) {
         frame.encode(&mut self.write_buf);
+    }
+
+    /// Buffers a ReadyForQuery with transaction status `status` (written as bytes: one ends
+    /// every transaction).
+    pub fn queue_ready(&mut self, status: u8) {
+        self.write_buf
+            .extend_from_slice(&[b'Z', 0, 0, 0, 5, status]);
     }
 
     /// The write buffer, for bytes relayed as they are.
@@ -421,7 +436,7 @@ impl Session {
             ));
         }
         io.queue(&build::backend_key_data(cancel_key.0, cancel_key.1));
-        io.queue(&build::ready_for_query(b'I'));
+        io.queue_ready(b'I');
         io.flush().await?;
         tracing::debug!(%user, %database, role = ?server_login.as_ref().map(|l| &l.user), "client logged in");
         Ok(Session {
@@ -507,7 +522,7 @@ impl Session {
             let event = tokio::select! {
                 biased;
                 filled = async { super::replies::fill_attached(self.backend.as_mut().expect("listening implies attached")).await }, if listening => Event::Backend(filled),
-                incoming = self.io.next() => Event::Client(incoming),
+                incoming = std::future::poll_fn(|cx| self.io.poll_next(cx)) => Event::Client(incoming),
                 _ = &mut shutdown_changed, if !draining && !shutdown_seen => Event::Shutdown,
             };
             match event {
@@ -803,7 +818,7 @@ impl Session {
         self.io
             .queue(&ErrorFields::new("ERROR", code, message).to_frame(b'E'));
         let status = self.status;
-        self.io.queue(&build::ready_for_query(status));
+        self.io.queue_ready(status);
         self.io.flush().await?;
         Ok(())
     }

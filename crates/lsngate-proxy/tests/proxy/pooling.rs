@@ -275,17 +275,25 @@ fn a_full_pool_queues_checkouts_and_times_them_out_without_losing_a_slot() {
             .batch_execute(&format!("INSERT INTO {t} VALUES (1)"))
             .await
             .unwrap();
-        // Queued checkouts are served when the connection comes back: start two, then commit.
+        // Queued checkouts are served when the connection comes back: start three, then
+        // commit. The simple queries take the pass-through, whose checkout without a future
+        // must queue behind the others as theirs does, not take the slot when it comes back.
+        let passed_before = passed_through(&proxy);
         let mut queued = Vec::new();
-        for _ in 0..2 {
+        for extended in [true, false, false] {
             let client = connect(&proxy.conninfo()).await;
             let count = format!("SELECT count(*)::text FROM {t}");
             queued.push(tokio::spawn(async move {
-                client
-                    .query_one(&count, &[])
-                    .await
-                    .map(|r| r.get::<_, String>(0))
+                if extended {
+                    client
+                        .query_one(&count, &[])
+                        .await
+                        .map(|r| r.get::<_, String>(0))
+                } else {
+                    Ok(show(&client, &count).await)
+                }
             }));
+            tokio::time::sleep(Duration::from_millis(50)).await;
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
         holder.batch_execute("COMMIT").await.unwrap();
@@ -296,6 +304,10 @@ fn a_full_pool_queues_checkouts_and_times_them_out_without_losing_a_slot() {
                 "served after the commit"
             );
         }
+        assert!(
+            passed_through(&proxy) >= passed_before + 2,
+            "the simple queries took the pass-through"
+        );
         // A checkout that waits longer than acquire_timeout_ms fails with the fix in the error.
         holder.batch_execute("BEGIN").await.unwrap();
         let late = connect(&proxy.conninfo()).await;

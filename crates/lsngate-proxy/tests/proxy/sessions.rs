@@ -77,17 +77,6 @@ fn scram_md5_and_unknown_users() {
     assert!(ok, "{out}");
 }
 
-async fn show(client: &tokio_postgres::Client, sql: &str) -> String {
-    let messages = client.simple_query(sql).await.unwrap();
-    messages
-        .iter()
-        .find_map(|m| match m {
-            tokio_postgres::SimpleQueryMessage::Row(r) => r.get(0).map(str::to_string),
-            _ => None,
-        })
-        .unwrap_or_default()
-}
-
 /// A proxy with one server connection per node: clients take turns on it.
 fn one_connection_per_node(cluster: &Cluster) -> TestProxy {
     let mut file = file_config(cluster);

@@ -198,3 +198,16 @@ pub async fn connect(conninfo: &str) -> tokio_postgres::Client {
     });
     client
 }
+
+/// The first value of the first row `sql` returns as a simple query ("" for none): a simple
+/// query, unlike `query_one`, can take the proxy's pass-through.
+pub async fn show(client: &tokio_postgres::Client, sql: &str) -> String {
+    let messages = client.simple_query(sql).await.unwrap();
+    messages
+        .iter()
+        .find_map(|m| match m {
+            tokio_postgres::SimpleQueryMessage::Row(r) => r.get(0).map(str::to_string),
+            _ => None,
+        })
+        .unwrap_or_default()
+}
