@@ -334,17 +334,19 @@ impl BackendConn {
     async fn write_raw(&mut self, bytes: &[u8]) -> Result<(), BackendError> {
         let written = self.send_now(bytes)?;
         if written < bytes.len() {
-            self.stream
-                .write_all(&bytes[written..])
-                .await
-                .map_err(|e| self.lost(e))?;
+            self.send_rest(&bytes[written..]).await?;
         }
         Ok(())
     }
 
+    /// Writes `rest`, what [`BackendConn::send_now`] could not, waiting for room as needed.
+    pub async fn send_rest(&mut self, rest: &[u8]) -> Result<(), BackendError> {
+        self.stream.write_all(rest).await.map_err(|e| self.lost(e))
+    }
+
     /// Writes what the socket takes right now, without waiting: how many bytes that was. A
     /// statement nearly always fits the socket buffer, so this one non-blocking write is the
-    /// whole send; [`BackendConn::send_bytes`] writes any rest.
+    /// whole send; [`BackendConn::send_rest`] writes any rest.
     pub fn send_now(&mut self, bytes: &[u8]) -> Result<usize, BackendError> {
         match crate::socket::try_send(&self.stream, bytes) {
             Ok(n) => Ok(n),
@@ -371,11 +373,6 @@ impl BackendConn {
         result
     }
 
-    /// Writes messages already in wire form, as they are.
-    pub async fn send_bytes(&mut self, messages: &[u8]) -> Result<(), BackendError> {
-        self.write_raw(messages).await
-    }
-
     /// Receives one frame. Cancel-safe: bytes only move into the connection's own buffer.
     pub async fn recv(&mut self) -> Result<Frame, BackendError> {
         self.fill().await?;
@@ -383,11 +380,12 @@ impl BackendConn {
     }
 
     /// Reads until at least one whole frame is buffered. Cancel-safe.
-    pub async fn fill(&mut self) -> Result<(), BackendError> {
-        std::future::poll_fn(|cx| self.poll_fill(cx)).await
+    // A plain poll_fn, not an async fn, as `ClientIo::incoming`: it runs for every reply.
+    pub fn fill(&mut self) -> impl Future<Output = Result<(), BackendError>> + Send + '_ {
+        std::future::poll_fn(move |cx| self.poll_fill(cx))
     }
 
-    /// [`BackendConn::fill`] as a poll, for callers that poll it directly.
+    /// [`BackendConn::fill`] as a poll.
     pub fn poll_fill(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), BackendError>> {
         while !self.has_frame() {
             let n = match ready!(crate::socket::poll_recv(

@@ -366,16 +366,19 @@ impl Session {
     /// pass-through's checkout, with no future and no waiting. False when [`Session::attach`]
     /// must open or wait for one.
     pub(super) fn attach_idle(&mut self, node: &NodeState) -> bool {
-        let Some(conn) = self
-            .pools
-            .iter()
-            .find(|(index, _)| *index == node.index)
-            .and_then(|(_, pool)| pool.checkout_idle())
-        else {
+        let Some(conn) = self.known_pool(node).and_then(|pool| pool.checkout_idle()) else {
             return false;
         };
         self.attach_conn(conn, node);
         true
+    }
+
+    /// The pool of `node` this session already used, if any.
+    fn known_pool(&self, node: &NodeState) -> Option<&Arc<crate::backend::Pool>> {
+        self.pools
+            .iter()
+            .find(|(index, _)| *index == node.index)
+            .map(|(_, pool)| pool)
     }
 
     /// Makes `conn`, checked out of `node`'s pool, the session's backend.
@@ -407,8 +410,8 @@ impl Session {
                     .pick(target)
                     .ok_or_else(|| anyhow::anyhow!(no_primary()))?,
             };
-            let pool = match self.pools.iter().find(|(index, _)| *index == node.index) {
-                Some((_, pool)) => Arc::clone(pool),
+            let pool = match self.known_pool(&node) {
+                Some(pool) => Arc::clone(pool),
                 None => {
                     let pool = node.pool(
                         &self.database,

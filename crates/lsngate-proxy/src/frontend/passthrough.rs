@@ -93,7 +93,7 @@ impl Session {
         self.proxy.passed_through.add(1);
         let sent = match attached.conn.send_now(message) {
             Ok(n) if n == message.len() => Ok(()),
-            Ok(n) => attached.conn.send_bytes(&message[n..]).await,
+            Ok(n) => attached.conn.send_rest(&message[n..]).await,
             Err(e) => Err(e),
         };
         if let Err(e) = sent {

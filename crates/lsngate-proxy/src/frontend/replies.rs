@@ -18,7 +18,7 @@ use crate::net::{BackendMessage, ErrorFields, Frame, FrontendMessage};
 /// than waited on past the read's budget. Cancel-safe.
 pub(super) async fn fill_attached(attached: &mut Attached) -> Result<(), BackendError> {
     let Some(deadline) = attached.verdict.as_ref().map(|v| v.deadline) else {
-        return std::future::poll_fn(|cx| attached.conn.poll_fill(cx)).await;
+        return attached.conn.fill().await;
     };
     match crate::timer::timeout_at(deadline, attached.conn.fill()).await {
         Ok(filled) => filled,
