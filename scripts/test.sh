@@ -27,6 +27,16 @@ for bin in "$pg19" "$debian"; do
   LSNGATE_PG_BIN=$bin cargo test --workspace --locked --no-fail-fast 2>&1 | tee -a "$log" || status=1
 done
 
+# The production build (scripts/build-pgo.sh, profile-guided), with a short training run: the
+# script must keep working, and its binary must run.
+echo "== pgo build: scripts/build-pgo.sh"
+if LSNGATE_PGO_SECONDS=1 bash scripts/build-pgo.sh && target/pgo/lsngate --version; then
+  echo "pgo build: ok"
+else
+  echo "pgo build: FAILED"
+  status=1
+fi
+
 # One closing line for both runs together.
 # -a: test output can hold non-UTF-8 bytes, which would make grep call the log binary.
 passed=$(grep -a '^test result:' "$log" | grep -ao '[0-9]* passed' | awk '{s+=$1} END {print s+0}')

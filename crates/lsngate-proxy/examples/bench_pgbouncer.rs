@@ -9,10 +9,13 @@
 //!
 //! Each round runs every target once, interleaved (every other round in reverse order, each run
 //! after the replica caught up and both servers checkpointed); `poolers` runs only PgBouncer and
-//! lsngate as a plain pooler, and prints each median ratio with a 95 % interval. The table shows
-//! medians over the rounds, ratios as medians of per-round ratios to PgBouncer, and
-//! the CPU time the pooler itself used per transaction (from /proc), which is far steadier than
-//! TPS on a machine where the pooler, pgbench and PostgreSQL share two cores.
+//! lsngate as a plain pooler, and prints each median ratio with a 95 % interval. With
+//! `LSNGATE_PGO_BIN=target/pgo/lsngate` (built by scripts/build-pgo.sh) the plain pooler also runs
+//! as that profile-guided build, `lsngate PGO build (primary only)`, next to this program's own
+//! build of the same code. The table shows medians over the rounds, ratios as medians of
+//! per-round ratios to PgBouncer, and the CPU time the pooler itself used per transaction (from
+//! /proc), which is far steadier than TPS on a machine where the pooler, pgbench and PostgreSQL
+//! share two cores.
 //! Needs pgbouncer (scripts/install/proxy.sh) and runs it as the testkit's server user.
 //!
 //! Every pooler runs as its own process in its own session, as a service would: PgBouncer, and
@@ -38,6 +41,9 @@ UPDATE pgbench_accounts SET abalance = abalance + 1 WHERE aid = :aid;
 /// The comparison that has a target (issue #5): PgBouncer against lsngate as a plain pooler.
 const PGBOUNCER: &str = "pgbouncer (transaction)";
 const PLAIN_LSNGATE: &str = "lsngate (primary only)";
+/// The same plain pooler run by the binary `LSNGATE_PGO_BIN` names (scripts/build-pgo.sh builds
+/// it), when that is set.
+const PGO_LSNGATE: &str = "lsngate PGO build (primary only)";
 
 struct Measured {
     round: usize,
@@ -192,8 +198,8 @@ fn free_port() -> u16 {
         .port()
 }
 
-/// An lsngate proxy: this program re-run as `serve-proxy CONFIG`, with a config file written to
-/// `dir`.
+/// An lsngate proxy, with a config file written to `dir`: this program re-run as `serve-proxy
+/// CONFIG`, or `binary proxy --config CONFIG` when an lsngate binary is given.
 fn start_lsngate(
     cluster: &Cluster,
     dir: &Path,
@@ -201,6 +207,7 @@ fn start_lsngate(
     consistency: &str,
     pool: usize,
     threads: usize,
+    binary: Option<&Path>,
 ) -> (u16, Pooler) {
     let port = free_port();
     let replicas = if with_replica {
@@ -216,8 +223,19 @@ fn start_lsngate(
     std::fs::create_dir_all(dir).unwrap();
     let path = dir.join(format!("lsngate-{port}.toml"));
     std::fs::write(&path, config).unwrap();
-    let mut command = Command::new(std::env::current_exe().unwrap());
-    command.arg("serve-proxy").arg(&path);
+    let mut command = match binary {
+        Some(binary) => {
+            let mut command = Command::new(binary);
+            command.arg("proxy").arg("--config");
+            command
+        }
+        None => {
+            let mut command = Command::new(std::env::current_exe().unwrap());
+            command.arg("serve-proxy");
+            command
+        }
+    };
+    command.arg(&path);
     let pooler = start_pooler(command, port, &format!("lsngate ({})", path.display()));
     (port, pooler)
 }
@@ -247,6 +265,14 @@ fn main() {
         Some("poolers") => true,
         Some(other) => panic!("targets {other:?}: use `all` (the default) or `poolers`"),
     };
+    let pgo_bin = std::env::var_os("LSNGATE_PGO_BIN").map(PathBuf::from);
+    if let Some(bin) = &pgo_bin {
+        assert!(
+            bin.is_file(),
+            "LSNGATE_PGO_BIN={}: no such file; build it with scripts/build-pgo.sh",
+            bin.display()
+        );
+    }
     let pool = clients.min(16);
     let cluster = Cluster::start(&ClusterConfig::default().replicas(1)).expect("start cluster");
     cluster.wait_streaming(Duration::from_secs(30)).unwrap();
@@ -260,12 +286,15 @@ fn main() {
     let bouncer_port = free_port();
     let bouncer = start_pgbouncer(&dir, primary_port, bouncer_port, pool);
     let (lsn_primary_port, lsn_primary) =
-        start_lsngate(&cluster, &dir, false, "eventual", pool, threads);
+        start_lsngate(&cluster, &dir, false, "eventual", pool, threads, None);
+    let lsn_pgo = pgo_bin
+        .as_deref()
+        .map(|bin| start_lsngate(&cluster, &dir, false, "eventual", pool, threads, Some(bin)));
     let (lsn_split_port, lsn_split) =
-        start_lsngate(&cluster, &dir, true, "eventual", pool, threads);
+        start_lsngate(&cluster, &dir, true, "eventual", pool, threads, None);
     let (lsn_causal_port, lsn_causal) =
-        start_lsngate(&cluster, &dir, true, "session", pool, threads);
-    let all_targets: [(&'static str, u16, Option<u32>); 5] = [
+        start_lsngate(&cluster, &dir, true, "session", pool, threads, None);
+    let mut all_targets: Vec<(&'static str, u16, Option<u32>)> = vec![
         ("direct (primary)", primary_port, None),
         (PGBOUNCER, bouncer_port, Some(bouncer.0.id())),
         (PLAIN_LSNGATE, lsn_primary_port, Some(lsn_primary.0.id())),
@@ -280,9 +309,18 @@ fn main() {
             Some(lsn_causal.0.id()),
         ),
     ];
+    if let Some((port, pooler)) = &lsn_pgo {
+        all_targets.insert(3, (PGO_LSNGATE, *port, Some(pooler.0.id())));
+    }
+    let plain_poolers: Vec<&str> = [PLAIN_LSNGATE]
+        .into_iter()
+        .chain(lsn_pgo.as_ref().map(|_| PGO_LSNGATE))
+        .collect();
     let targets: Vec<_> = all_targets
         .into_iter()
-        .filter(|(target, ..)| !only_poolers || *target == PGBOUNCER || *target == PLAIN_LSNGATE)
+        .filter(|(target, ..)| {
+            !only_poolers || *target == PGBOUNCER || plain_poolers.contains(target)
+        })
         .collect();
     let (c, t) = (clients.to_string(), seconds.to_string());
     let script_arg = format!("-f{}", script.display());
@@ -337,12 +375,15 @@ fn main() {
             }
         }
     }
-    for (workload, _) in &workloads {
-        let tps = paired_ratios(&runs, workload, PLAIN_LSNGATE, |m| Some(m.tps));
-        let latency = paired_ratios(&runs, workload, PLAIN_LSNGATE, |m| Some(m.latency_ms));
+    for ((workload, _), lsngate) in workloads
+        .iter()
+        .flat_map(|w| plain_poolers.iter().map(move |p| (w, p)))
+    {
+        let tps = paired_ratios(&runs, workload, lsngate, |m| Some(m.tps));
+        let latency = paired_ratios(&runs, workload, lsngate, |m| Some(m.latency_ms));
         let per_round: Vec<String> = tps.iter().map(|r| format!("{r:.2}")).collect();
         println!(
-            "per round, {PLAIN_LSNGATE} / pgbouncer TPS, {workload}: {}",
+            "per round, {lsngate} / pgbouncer TPS, {workload}: {}",
             per_round.join(", ")
         );
         for (measure, ratios) in [("TPS", tps), ("latency", latency)] {
@@ -355,7 +396,7 @@ fn main() {
         }
     }
     let results = medians(&runs);
-    drop((bouncer, lsn_primary, lsn_split, lsn_causal));
+    drop((bouncer, lsn_primary, lsn_pgo, lsn_split, lsn_causal));
     print_table(&runs, &results, clients, seconds, threads, rounds);
 }
 
