@@ -60,13 +60,16 @@ SELECT bid, bbalance FROM pgbench_branches WHERE bid = :bid;
 UPDATE pgbench_tellers SET tbalance = tbalance + :delta WHERE tid = :tid;
 EOF
 
-# serve CONSISTENCY REPLICAS...: runs the instrumented proxy on port 6499 in the background.
+# A free loopback port for the training proxy.
+port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+
+# serve CONSISTENCY REPLICAS...: runs the instrumented proxy on $port in the background.
 serve() {
   local consistency=$1 replicas="" url
   shift
   for url in "$@"; do replicas+="${replicas:+, }\"$url\""; done
   {
-    echo 'listen = "127.0.0.1:6499"'
+    echo "listen = \"127.0.0.1:$port\""
     echo "primary = \"$primary\""
     echo "replicas = [$replicas]"
     echo "consistency = \"$consistency\""
@@ -75,7 +78,7 @@ serve() {
   "$lsngate" proxy --config "$work/lsngate.toml" > "$work/proxy-$consistency.log" 2>&1 &
   proxy_pid=$!
   for _ in $(seq 50); do
-    "$pg/pg_isready" -q -h 127.0.0.1 -p 6499 && return 0
+    "$pg/pg_isready" -q -h 127.0.0.1 -p "$port" && return 0
     sleep 0.2
   done
   echo "pgo: the training proxy did not start; see $work/proxy-$consistency.log" >&2
@@ -84,7 +87,7 @@ serve() {
 
 # drive ARGS...: one pgbench run through the proxy.
 drive() {
-  "$pg/pgbench" -n -c 8 -j 2 -T "${LSNGATE_PGO_SECONDS:-4}" -h 127.0.0.1 -p 6499 \
+  "$pg/pgbench" -n -c 8 -j 2 -T "${LSNGATE_PGO_SECONDS:-4}" -h 127.0.0.1 -p "$port" \
     -U "$("$pg/psql" -Atc 'select current_user' "$primary")" "$@" postgres 2>&1 |
     awk -v run="${*/#*\//}" '/^tps/ { printf "   %-32s %8.0f TPS\n", run, $3 }'
 }
