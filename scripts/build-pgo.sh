@@ -47,6 +47,10 @@ echo "== pgo: training cluster"
 eval "$("$lsngate" cluster up --replicas 1 --dir "$cluster")"
 primary=$LSNGATE_PRIMARY_URL
 replica=${LSNGATE_REPLICA_URLS%%,*}
+# Clients log in as the primary URL's user (postgres://USER[:PASSWORD]@...).
+user=${primary#*://}
+user=${user%%@*}
+user=${user%%:*}
 "$pg/pgbench" -i -s 5 -q "$primary" >/dev/null 2>&1
 
 cat > "$work/autocommit.sql" <<'EOF'
@@ -88,7 +92,7 @@ serve() {
 # drive ARGS...: one pgbench run through the proxy.
 drive() {
   "$pg/pgbench" -n -c 8 -j 2 -T "${LSNGATE_PGO_SECONDS:-4}" -h 127.0.0.1 -p "$port" \
-    -U "$("$pg/psql" -Atc 'select current_user' "$primary")" "$@" postgres 2>&1 |
+    -U "$user" "$@" postgres 2>&1 |
     awk -v run="${*/#*\//}" '/^tps/ { printf "   %-32s %8.0f TPS\n", run, $3 }'
 }
 

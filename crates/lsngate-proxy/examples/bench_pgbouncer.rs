@@ -223,19 +223,12 @@ fn start_lsngate(
     std::fs::create_dir_all(dir).unwrap();
     let path = dir.join(format!("lsngate-{port}.toml"));
     std::fs::write(&path, config).unwrap();
-    let mut command = match binary {
-        Some(binary) => {
-            let mut command = Command::new(binary);
-            command.arg("proxy").arg("--config");
-            command
-        }
-        None => {
-            let mut command = Command::new(std::env::current_exe().unwrap());
-            command.arg("serve-proxy");
-            command
-        }
+    let (program, args): (PathBuf, &[&str]) = match binary {
+        Some(binary) => (binary.into(), &["proxy", "--config"]),
+        None => (std::env::current_exe().unwrap(), &["serve-proxy"]),
     };
-    command.arg(&path);
+    let mut command = Command::new(program);
+    command.args(args).arg(&path);
     let pooler = start_pooler(command, port, &format!("lsngate ({})", path.display()));
     (port, pooler)
 }
@@ -294,10 +287,17 @@ fn main() {
         start_lsngate(&cluster, &dir, true, "eventual", pool, threads, None);
     let (lsn_causal_port, lsn_causal) =
         start_lsngate(&cluster, &dir, true, "session", pool, threads, None);
-    let mut all_targets: Vec<(&'static str, u16, Option<u32>)> = vec![
+    let pgo_target = lsn_pgo
+        .as_ref()
+        .map(|(port, pooler)| (PGO_LSNGATE, *port, Some(pooler.0.id())));
+    let all_targets: Vec<(&'static str, u16, Option<u32>)> = [
         ("direct (primary)", primary_port, None),
         (PGBOUNCER, bouncer_port, Some(bouncer.0.id())),
         (PLAIN_LSNGATE, lsn_primary_port, Some(lsn_primary.0.id())),
+    ]
+    .into_iter()
+    .chain(pgo_target)
+    .chain([
         (
             "lsngate (primary + replica)",
             lsn_split_port,
@@ -308,10 +308,8 @@ fn main() {
             lsn_causal_port,
             Some(lsn_causal.0.id()),
         ),
-    ];
-    if let Some((port, pooler)) = &lsn_pgo {
-        all_targets.insert(3, (PGO_LSNGATE, *port, Some(pooler.0.id())));
-    }
+    ])
+    .collect();
     let plain_poolers: Vec<&str> = [PLAIN_LSNGATE]
         .into_iter()
         .chain(lsn_pgo.as_ref().map(|_| PGO_LSNGATE))
