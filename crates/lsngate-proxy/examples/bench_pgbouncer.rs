@@ -8,8 +8,11 @@
 //! `cargo run --release -p lsngate-proxy --example bench_pgbouncer -- [seconds] [clients] [proxy threads] [rounds] [all|poolers]`
 //!
 //! Each round runs every target once, interleaved (every other round in reverse order, each run
-//! after the replica caught up and both servers checkpointed); `poolers` runs only PgBouncer and
-//! lsngate as a plain pooler, and prints each median ratio with a 95 % interval. With
+//! after the replica caught up and both servers checkpointed); `poolers` runs only PgBouncer,
+//! lsngate as a plain pooler and the byte relay, and prints each median ratio to PgBouncer with a
+//! 95 % interval. The byte relay, in both modes, is the floor under any pooler: one thread
+//! relaying bytes between each client and a server connection of its own, nothing parsed or
+//! pooled. With
 //! `LSNGATE_PGO_BIN=target/pgo/lsngate` (built by scripts/build-pgo.sh) the plain pooler also runs
 //! as that profile-guided build, `lsngate PGO build (primary only)`, next to this program's own
 //! build of the same code. The table shows medians over the rounds, ratios as medians of
@@ -44,6 +47,8 @@ const PLAIN_LSNGATE: &str = "lsngate (primary only)";
 /// The same plain pooler run by the binary `LSNGATE_PGO_BIN` names (scripts/build-pgo.sh builds
 /// it), when that is set.
 const PGO_LSNGATE: &str = "lsngate PGO build (primary only)";
+/// The floor under every pooler: bytes relayed, nothing parsed or pooled (see [`serve_relay`]).
+const RELAY: &str = "byte relay (the floor)";
 
 struct Measured {
     round: usize,
@@ -138,6 +143,7 @@ fn start_pgbouncer(dir: &Path, primary_port: u16, port: u16, pool: usize) -> Poo
         command,
         port,
         &format!("pgbouncer; see {}/pgbouncer.log", dir.display()),
+        Stdio::null(),
     )
 }
 
@@ -163,9 +169,9 @@ impl Drop for Pooler {
     }
 }
 
-/// Starts a pooler as its own process in its own session (see the top of this file) and waits
-/// until it accepts connections on `port`.
-fn start_pooler(mut command: Command, port: u16, what: &str) -> Pooler {
+/// Starts a pooler as its own process in its own session (see the top of this file), its
+/// standard error to `stderr`, and waits until it accepts connections on `port`.
+fn start_pooler(mut command: Command, port: u16, what: &str, stderr: Stdio) -> Pooler {
     // SAFETY: setsid is async-signal-safe, the one call made between fork and exec.
     unsafe {
         command.pre_exec(|| {
@@ -177,7 +183,7 @@ fn start_pooler(mut command: Command, port: u16, what: &str) -> Pooler {
     }
     let child = command
         .stdout(Stdio::null())
-        .stderr(Stdio::null())
+        .stderr(stderr)
         .spawn()
         .unwrap_or_else(|e| panic!("start {what}: {e}"));
     let pooler = Pooler(child);
@@ -229,8 +235,21 @@ fn start_lsngate(
     };
     let mut command = Command::new(program);
     command.args(args).arg(&path);
-    let pooler = start_pooler(command, port, &format!("lsngate ({})", path.display()));
+    let what = format!("lsngate ({})", path.display());
+    let pooler = start_pooler(command, port, &what, Stdio::null());
     (port, pooler)
+}
+
+/// The byte relay in front of the primary: this program re-run as `serve-relay PORT
+/// BACKEND_PORT`, what it reports on its standard error passed on to the benchmark's.
+fn start_relay(primary_port: u16) -> (u16, Pooler) {
+    let port = free_port();
+    let mut command = Command::new(std::env::current_exe().unwrap());
+    command.args(["serve-relay", &port.to_string(), &primary_port.to_string()]);
+    (
+        port,
+        start_pooler(command, port, "byte relay", Stdio::inherit()),
+    )
 }
 
 /// `serve-proxy CONFIG`: what `lsngate proxy --config CONFIG` runs.
@@ -242,10 +261,96 @@ fn serve_proxy(config: &str) {
     lsngate_proxy::main(args).expect("lsngate proxy");
 }
 
+/// `serve-relay PORT BACKEND_PORT`: the least any pooler can do, as a reference point. One
+/// thread, level-triggered epoll; every client gets a server connection of its own, and whatever
+/// one side sends is read once and written to the other — no parsing, no pooling, no routing.
+/// That is the four socket calls per statement (two reads, two writes) plus the shared epoll
+/// waits that every pooler pays in the kernel, and next to nothing in user space. A write waits
+/// when the peer's buffer is full, which pgbench's small replies never do.
+fn serve_relay(port: &str, backend_port: &str) {
+    use std::collections::HashMap;
+    use std::io::{Read, Write};
+    use std::net::{TcpListener, TcpStream};
+    use std::os::fd::AsRawFd;
+
+    let listener = TcpListener::bind(("127.0.0.1", port.parse::<u16>().unwrap())).unwrap();
+    let backend: u16 = backend_port.parse().unwrap();
+    // SAFETY: a plain call; the result is checked.
+    let epoll = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
+    assert!(
+        epoll >= 0,
+        "epoll_create1: {}",
+        std::io::Error::last_os_error()
+    );
+    // Events carry a token, never reused, not the descriptor: a descriptor closed while handling
+    // one event of a batch may be reused by an accept before a later, stale event of the same
+    // batch for the old socket is handled, and reading the new socket then would block.
+    let watch = |fd: i32, token: u64| {
+        let mut event = libc::epoll_event {
+            events: libc::EPOLLIN as u32,
+            u64: token,
+        };
+        // SAFETY: `event` is valid for the call; `fd` is an open socket.
+        let rc = unsafe { libc::epoll_ctl(epoll, libc::EPOLL_CTL_ADD, fd, &mut event) };
+        assert_eq!(rc, 0, "epoll_ctl: {}", std::io::Error::last_os_error());
+    };
+    const LISTENER: u64 = 0;
+    watch(listener.as_raw_fd(), LISTENER);
+    // Each socket by its token, with its peer's token.
+    let mut sockets: HashMap<u64, (TcpStream, u64)> = HashMap::new();
+    let mut next_token = 1;
+    let mut buf = vec![0u8; 64 * 1024];
+    let mut events = vec![libc::epoll_event { events: 0, u64: 0 }; 64];
+    loop {
+        // SAFETY: `events` has room for 64 entries.
+        let n = unsafe { libc::epoll_wait(epoll, events.as_mut_ptr(), 64, -1) };
+        for event in &events[..n.max(0) as usize] {
+            let token = event.u64;
+            if token == LISTENER {
+                let Ok((client, _)) = listener.accept() else {
+                    continue;
+                };
+                let server = match TcpStream::connect(("127.0.0.1", backend)) {
+                    Ok(server) => server,
+                    Err(e) => {
+                        eprintln!("byte relay: connect to port {backend}: {e}");
+                        continue;
+                    }
+                };
+                let (c, s) = (next_token, next_token + 1);
+                next_token += 2;
+                for (stream, token) in [(&client, c), (&server, s)] {
+                    let _ = stream.set_nodelay(true);
+                    watch(stream.as_raw_fd(), token);
+                }
+                sockets.insert(c, (client, s));
+                sockets.insert(s, (server, c));
+                continue;
+            }
+            let Some((stream, peer)) = sockets.get_mut(&token) else {
+                continue;
+            };
+            let peer = *peer;
+            let got = stream.read(&mut buf).unwrap_or(0);
+            let sent = got > 0
+                && sockets
+                    .get_mut(&peer)
+                    .is_some_and(|(other, _)| other.write_all(&buf[..got]).is_ok());
+            if !sent {
+                // Closing both sockets also takes them out of the epoll set.
+                sockets.remove(&token);
+                sockets.remove(&peer);
+            }
+        }
+    }
+}
+
 fn main() {
     let args: Vec<String> = std::env::args().collect();
-    if args.get(1).map(String::as_str) == Some("serve-proxy") {
-        return serve_proxy(&args[2]);
+    match args.get(1).map(String::as_str) {
+        Some("serve-proxy") => return serve_proxy(&args[2]),
+        Some("serve-relay") => return serve_relay(&args[2], &args[3]),
+        _ => {}
     }
     let seconds: u64 = args.get(1).and_then(|s| s.parse().ok()).unwrap_or(10);
     let clients: usize = args.get(2).and_then(|s| s.parse().ok()).unwrap_or(8);
@@ -287,6 +392,7 @@ fn main() {
         start_lsngate(&cluster, &dir, true, "eventual", pool, threads, None);
     let (lsn_causal_port, lsn_causal) =
         start_lsngate(&cluster, &dir, true, "session", pool, threads, None);
+    let (relay_port, relay) = start_relay(primary_port);
     let pgo_target = lsn_pgo
         .as_ref()
         .map(|(port, pooler)| (PGO_LSNGATE, *port, Some(pooler.0.id())));
@@ -308,11 +414,15 @@ fn main() {
             lsn_causal_port,
             Some(lsn_causal.0.id()),
         ),
+        (RELAY, relay_port, Some(relay.0.id())),
     ])
     .collect();
+    // The targets whose ratios to PgBouncer get an interval: the plain pooler in each build, and
+    // the floor that bounds what any pooler could gain.
     let plain_poolers: Vec<&str> = [PLAIN_LSNGATE]
         .into_iter()
         .chain(lsn_pgo.as_ref().map(|_| PGO_LSNGATE))
+        .chain([RELAY])
         .collect();
     let targets: Vec<_> = all_targets
         .into_iter()
@@ -394,7 +504,7 @@ fn main() {
         }
     }
     let results = medians(&runs);
-    drop((bouncer, lsn_primary, lsn_pgo, lsn_split, lsn_causal));
+    drop((bouncer, lsn_primary, lsn_pgo, lsn_split, lsn_causal, relay));
     print_table(&runs, &results, clients, seconds, threads, rounds);
 }
 
