@@ -419,7 +419,7 @@ fn main() {
     .collect();
     // The targets whose ratios to PgBouncer get an interval: the plain pooler in each build, and
     // the floor that bounds what any pooler could gain.
-    let plain_poolers: Vec<&str> = [PLAIN_LSNGATE]
+    let against_pgbouncer: Vec<&str> = [PLAIN_LSNGATE]
         .into_iter()
         .chain(lsn_pgo.as_ref().map(|_| PGO_LSNGATE))
         .chain([RELAY])
@@ -427,7 +427,7 @@ fn main() {
     let targets: Vec<_> = all_targets
         .into_iter()
         .filter(|(target, ..)| {
-            !only_poolers || *target == PGBOUNCER || plain_poolers.contains(target)
+            !only_poolers || *target == PGBOUNCER || against_pgbouncer.contains(target)
         })
         .collect();
     let (c, t) = (clients.to_string(), seconds.to_string());
@@ -483,15 +483,15 @@ fn main() {
             }
         }
     }
-    for ((workload, _), lsngate) in workloads
+    for ((workload, _), target) in workloads
         .iter()
-        .flat_map(|w| plain_poolers.iter().map(move |p| (w, p)))
+        .flat_map(|w| against_pgbouncer.iter().map(move |p| (w, p)))
     {
-        let tps = paired_ratios(&runs, workload, lsngate, |m| Some(m.tps));
-        let latency = paired_ratios(&runs, workload, lsngate, |m| Some(m.latency_ms));
+        let tps = paired_ratios(&runs, workload, target, |m| Some(m.tps));
+        let latency = paired_ratios(&runs, workload, target, |m| Some(m.latency_ms));
         let per_round: Vec<String> = tps.iter().map(|r| format!("{r:.2}")).collect();
         println!(
-            "per round, {lsngate} / pgbouncer TPS, {workload}: {}",
+            "per round, {target} / pgbouncer TPS, {workload}: {}",
             per_round.join(", ")
         );
         for (measure, ratios) in [("TPS", tps), ("latency", latency)] {
