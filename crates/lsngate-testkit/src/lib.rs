@@ -13,6 +13,7 @@
 #![warn(missing_docs)]
 
 mod cluster;
+mod forwarder;
 mod node;
 mod pgbin;
 mod process;
@@ -22,6 +23,7 @@ use std::sync::OnceLock;
 use std::time::Duration;
 
 pub use cluster::{Cluster, ClusterConfig, MANIFEST, Manifest, SyncMode};
+pub use forwarder::{Fault, Forwarder};
 pub use node::{Node, NodeSpec};
 pub use pgbin::{BUNDLE_BIN, PG_BIN_ENV, PgBin};
 pub use process::SERVER_USER;

@@ -92,9 +92,9 @@ pub fn causal_status(proxy: &Proxy) -> serde_json::Value {
         "breaker": {"open": open, "fallbacks_in_flight": in_flight, "fallback_rate": rate},
         "primary": {
             "position": causal.watcher.primary_position().map(|l| l.to_string()),
-            "timeline": causal.watcher.primary_timeline(),
+            "timeline": proxy.nodes.newest_timeline.get(),
         },
-        "replicas": causal.watcher.views(&proxy.nodes.all()),
+        "replicas": causal.watcher.views(&proxy.nodes),
     })
 }
 
@@ -164,7 +164,7 @@ fn refresh_gauges(proxy: &Proxy) {
     }
     metrics::gauge!("lsngate_proxy_connected_clients").set(proxy.client_count() as f64);
     let causal = &proxy.causal;
-    for view in causal.watcher.views(&proxy.nodes.all()) {
+    for view in causal.watcher.views(&proxy.nodes) {
         let labels = [("node", view.address.clone())];
         if let Some(lsn) = view
             .replayed

@@ -98,6 +98,8 @@ pub struct BackendConn {
     pub opened: super::clock::Coarse,
     /// Which server this is and its WAL layout, learned right after login.
     pub facts: ServerFacts,
+    /// Its socket in the node's registry, shut down when the server stops answering.
+    pub severable: Option<Arc<super::sever::Severable>>,
 }
 
 /// What the proxy learns about the server behind a connection once, right after login.
@@ -195,6 +197,7 @@ impl BackendConn {
             applied: Settings::new(),
             facts: ServerFacts::default(),
             opened: super::clock::Coarse::now(),
+            severable: None,
         };
         let startup = StartupFrame::Startup {
             minor: 0,
@@ -357,10 +360,24 @@ impl BackendConn {
 
     /// The error for a socket that failed under this connection.
     fn lost(&self, e: std::io::Error) -> BackendError {
+        self.lost_because(e.to_string())
+    }
+
+    /// The error for a connection that broke for `why`, unless the proxy gave it up itself.
+    fn lost_because(&self, why: String) -> BackendError {
+        let why = match self.severable.as_ref().and_then(|s| s.reason()) {
+            Some(reason) => reason.to_string(),
+            None => why,
+        };
         BackendError::Lost {
             node: self.address.clone(),
-            why: e.to_string(),
+            why,
         }
+    }
+
+    /// The socket's descriptor (for the node's registry of connections).
+    pub fn socket_fd(&self) -> std::os::fd::RawFd {
+        std::os::fd::AsRawFd::as_raw_fd(&self.stream)
     }
 
     /// Writes frames in one flight (one syscall for the batch).
@@ -397,10 +414,7 @@ impl BackendConn {
                 Err(e) => return Poll::Ready(Err(self.lost(e))),
             };
             if n == 0 {
-                return Poll::Ready(Err(BackendError::Lost {
-                    node: self.address.clone(),
-                    why: "server closed the connection".into(),
-                }));
+                return Poll::Ready(Err(self.lost_because("server closed the connection".into())));
             }
         }
         Poll::Ready(Ok(()))

@@ -8,6 +8,8 @@ pub mod conn;
 pub mod monitor;
 pub mod pool;
 pub mod settings;
+pub mod sever;
+pub mod timeline;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, AtomicUsize, Ordering};
@@ -61,6 +63,10 @@ pub struct NodeState {
     pub poll_period_ms: AtomicU64,
     /// Server connections of this node in use now, all its pools together (kept by the pools).
     busy: Arc<AtomicUsize>,
+    /// The timeline it was last seen on, and its WAL receiver (see [`timeline`]).
+    pub timeline: timeline::TimelineCell,
+    /// Every open server connection to it, to shut down when it stops answering.
+    pub connections: Arc<sever::Severables>,
 }
 
 impl NodeState {
@@ -148,7 +154,14 @@ impl NodeState {
             return Arc::clone(pool);
         }
         Arc::clone(pools.entry(key).or_insert_with(|| {
-            Pool::new(self.index, database, role, limits, Arc::clone(&self.busy))
+            Pool::new(
+                self.index,
+                database,
+                role,
+                limits,
+                Arc::clone(&self.busy),
+                Arc::clone(&self.connections),
+            )
         }))
     }
 
@@ -213,6 +226,8 @@ pub struct PoolStats {
 pub struct Nodes {
     current: std::sync::RwLock<Arc<Vec<Arc<NodeState>>>>,
     next_index: std::sync::atomic::AtomicUsize,
+    /// The newest timeline a primary was seen writing: replicas behind it are orphans.
+    pub newest_timeline: timeline::NewestTimeline,
 }
 
 fn node_state(index: usize, url: &NodeUrl) -> Arc<NodeState> {
@@ -228,6 +243,8 @@ fn node_state(index: usize, url: &NodeUrl) -> Arc<NodeState> {
         polls: AtomicU64::new(0),
         poll_period_ms: AtomicU64::new(0),
         busy: Arc::new(AtomicUsize::new(0)),
+        timeline: timeline::TimelineCell::default(),
+        connections: Arc::default(),
     })
 }
 
@@ -242,6 +259,7 @@ impl Nodes {
         Nodes {
             current: std::sync::RwLock::new(Arc::new(all)),
             next_index: std::sync::atomic::AtomicUsize::new(urls.len()),
+            newest_timeline: timeline::NewestTimeline::default(),
         }
     }
 
@@ -285,8 +303,16 @@ impl Nodes {
         (added, retired)
     }
 
-    /// The node to use for `target` (the least busy healthy replica, at random among equally
-    /// busy ones), or None when no primary is known.
+    /// Whether `node` is a healthy replica that may serve a read needing `need` (see
+    /// [`timeline`]: orphans of a failover serve nothing).
+    pub fn serves(&self, node: &NodeState, need: timeline::Need) -> bool {
+        node.healthy()
+            && node.role() == Role::Replica
+            && timeline::admits(node.timeline.get(), self.newest_timeline.get(), need)
+    }
+
+    /// The node to use for `target` (the least busy healthy replica that is not an orphan, at
+    /// random among equally busy ones), or None when no primary is known.
     pub fn pick(&self, target: Target) -> Option<Arc<NodeState>> {
         // Under the read lock, not on a copy of the list: this runs on every statement.
         let all = self.current.read().expect("nodes lock");
@@ -297,7 +323,7 @@ impl Nodes {
             // a strict rotation would give every execute the same replica.
             let mut chosen: Option<(&Arc<NodeState>, usize, usize)> = None;
             for node in all.iter() {
-                if !(node.healthy() && node.role() == Role::Replica) {
+                if !self.serves(node, timeline::Need::Any) {
                     continue;
                 }
                 let busy = node.busy();

@@ -16,9 +16,12 @@ use super::{NodeState, Role};
 use crate::causal::{ServerId, Watcher};
 use crate::config::NodeUrl;
 
+/// Role, position, and timeline: on a replica its WAL receiver's (`0` when the receiver runs but
+/// the role may not see its timeline, NULL when there is no receiver), on a primary the one it
+/// writes (hex, from the WAL file name).
 const POLL_SQL: &str = "SELECT pg_is_in_recovery(), \
      (CASE WHEN pg_is_in_recovery() THEN pg_last_wal_replay_lsn() ELSE pg_current_wal_insert_lsn() END)::text, \
-     CASE WHEN pg_is_in_recovery() THEN (SELECT received_tli FROM pg_stat_wal_receiver)::text \
+     CASE WHEN pg_is_in_recovery() THEN (SELECT coalesce(received_tli, 0) FROM pg_stat_wal_receiver)::text \
           ELSE substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8) END";
 
 /// The monitor's connection to one node: client, prepared poll, and the server it reached.
@@ -59,9 +62,11 @@ struct Poll {
     timeline: Option<u32>,
 }
 
-/// Polls one node once and records the result on the node and in the watcher.
+/// Polls one node once and records the result on the node, in the node list (the newest primary
+/// timeline) and in the watcher.
 pub async fn check(
     node: &NodeState,
+    nodes: &super::Nodes,
     watcher: &Watcher,
     probe: &mut Option<Probe>,
     timeout: Duration,
@@ -71,20 +76,45 @@ pub async fn check(
     let result = crate::timer::timeout(timeout, poll(node, probe)).await;
     let outcome = match result {
         Ok(outcome) => outcome,
-        Err(_) => Err(format!("health check timed out after {timeout:?}")),
+        Err(_) => {
+            // The server (or the network to it) stopped answering: statements in flight there
+            // would wait as long as that lasts. Give up every connection to it.
+            let why = format!("health check timed out after {timeout:?}");
+            let severed = node.connections.sever_all(&format!(
+                "{} stopped answering ({why}); lsngate gave up the connection",
+                node.url.address()
+            ));
+            if severed > 0 {
+                tracing::warn!(node = %node.url.address(), severed, "{why}: gave up its server connections");
+            }
+            Err(why)
+        }
     };
     match outcome {
         Ok(seen) => {
             let server = &probe.as_ref().expect("polled").server;
             watcher.observe_monitored(node.index, server);
+            // Timelines first: a replica found behind the newest primary stops serving before
+            // its position is recorded, and a promoted node's timeline is known before it is
+            // routed writes.
+            match seen.role {
+                Role::Primary => {
+                    node.timeline.observe_primary(seen.timeline);
+                    if let Some(timeline) = seen.timeline {
+                        nodes.newest_timeline.observe(timeline);
+                    }
+                }
+                _ => {
+                    if node.timeline.observe_replica(seen.timeline) {
+                        tracing::warn!(node = %node.url.address(), user = %node.url.user, "the monitor cannot see this replica's WAL receiver timeline (grant pg_read_all_stats to its user); after a failover an orphaned replica cannot be told from one that follows the new primary");
+                    }
+                }
+            }
             match (seen.role, seen.position) {
                 (Role::Replica, Some(lsn)) => watcher.observe_replayed(node.index, server, lsn),
-                (Role::Primary, Some(lsn)) => {
-                    watcher.observe_primary(Instant::now(), lsn, seen.timeline)
-                }
+                (Role::Primary, Some(lsn)) => watcher.observe_primary(Instant::now(), lsn),
                 _ => {}
             }
-            watcher.observe_timeline(node.index, seen.timeline);
             node.set_health(Some(seen.role), None);
         }
         Err(e) => {
@@ -195,7 +225,14 @@ pub async fn watch_node(
             tracing::info!(node = %node.url.address(), "node removed from the config; its monitor stops");
             return;
         }
-        check(&node, &proxy.causal.watcher, &mut probe, timeout).await;
+        check(
+            &node,
+            &proxy.nodes,
+            &proxy.causal.watcher,
+            &mut probe,
+            timeout,
+        )
+        .await;
         // Reads waiting for this node's replay (PostgreSQL ≤ 18) are served by fast polls here,
         // one query for all of them instead of one per read.
         let period = poll_period(&proxy.config(), &proxy.causal.watcher, node.index);

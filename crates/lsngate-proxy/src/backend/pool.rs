@@ -114,6 +114,8 @@ pub struct Pool {
     /// The node's count of connections in use, all its pools together: raised and lowered
     /// with `lent`.
     node_busy: Arc<AtomicUsize>,
+    /// The node's open connections, which a sever shuts down (see `sever`).
+    node_connections: Arc<super::sever::Severables>,
     /// The ParameterStatus values the server sent the newest connection (server_version,
     /// encodings, DateStyle...): what a client is told at login, without a checkout.
     server_params: Mutex<Option<Arc<ServerParams>>>,
@@ -141,13 +143,14 @@ pub enum PoolError {
 
 impl Pool {
     /// An empty pool of connections as `role`, kept to `limits`, counting the connections it
-    /// lends in `node_busy` too.
+    /// lends in `node_busy` too and registering those it opens in `node_connections`.
     pub fn new(
         node: usize,
         database: &str,
         role: &str,
         limits: PoolLimits,
         node_busy: Arc<AtomicUsize>,
+        node_connections: Arc<super::sever::Severables>,
     ) -> Arc<Pool> {
         Arc::new(Pool {
             node,
@@ -162,6 +165,7 @@ impl Pool {
             size: limits.size,
             open: AtomicUsize::new(0),
             node_busy,
+            node_connections,
             server_params: Mutex::new(None),
         })
     }
@@ -220,7 +224,14 @@ impl Pool {
         if lent.conn.is_none() {
             // A free slot without an idle connection: open one. On failure `lent` is dropped
             // and its slot goes to the next waiter.
-            let conn = BackendConn::connect(self.node, url, login, &self.database, connect).await?;
+            let mut conn =
+                BackendConn::connect(self.node, url, login, &self.database, connect).await?;
+            match self.node_connections.register(conn.socket_fd()) {
+                Ok(handle) => conn.severable = Some(handle),
+                Err(e) => {
+                    tracing::warn!(node = %conn.address, "cannot register a server connection to give it up if the server stops answering: {e}")
+                }
+            }
             self.open.fetch_add(1, Ordering::Relaxed);
             // The newest connection's: a server restarted with other settings shows here.
             *self.server_params.lock().expect("params lock") =

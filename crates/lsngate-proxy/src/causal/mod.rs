@@ -44,7 +44,7 @@ pub struct CausalConfig {
     pub when_guarded: WhenGuarded,
     /// Verifies (and, with a key, issues) the tokens of `SET lsngate.min_lsn`.
     pub tokens: TokenCodec,
-    /// Whether tokens are signed (then `lsngate.commit_token` is reported too).
+    /// Whether tokens are signed (`lsngate.commit_token` carries a signature).
     pub signed: bool,
     /// How often every node's replay / insert position is polled.
     pub replay_poll: Duration,
@@ -83,14 +83,16 @@ impl CausalConfig {
         })
     }
 
-    /// The signed token for a commit floor, when a key is configured.
+    /// The token for a commit floor: its position with the primary's timeline (`X/Y.tN`), signed
+    /// when a key is configured. Unlike a bare `X/Y`, it still means the same after a failover,
+    /// whoever reads it, whenever (see `backend::timeline`). `None` for an unsigned floor with no
+    /// timeline (nothing to add to `lsngate.commit_lsn`).
     pub fn issue(&self, floor: Floor) -> Option<String> {
-        if !self.signed {
-            return None;
-        }
         let mut token = Token::new(floor.lsn);
-        if let Some(t) = floor.timeline {
-            token = token.with_timeline(t);
+        match floor.timeline {
+            Some(t) => token = token.with_timeline(t),
+            None if !self.signed => return None,
+            None => {}
         }
         Some(self.tokens.issue(&token, SystemTime::now()))
     }

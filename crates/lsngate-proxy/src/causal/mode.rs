@@ -118,16 +118,16 @@ impl Floor {
         }
     }
 
-    /// The stricter of two floors. A floor from a newer timeline replaces one from an older
-    /// timeline outright: positions of different histories cannot be compared.
+    /// The stricter of two floors: the larger position and the newer timeline, each on its own
+    /// (the rule of `lsngate_core::Token::merge`). Letting a newer timeline's floor replace an
+    /// older one outright would lose the older position when the new timeline forked *after* it:
+    /// `(tl 1, 900)` and `(tl 2, 500)` with the fork at 950 must still wait for 900. Where the fork
+    /// is below the older position, the writes past it were lost with the old primary, and
+    /// waiting for the new timeline to pass the number only routes more reads to the primary.
     pub fn max(self, other: Floor) -> Floor {
-        match (self.timeline, other.timeline) {
-            (Some(a), Some(b)) if a < b => other,
-            (Some(a), Some(b)) if a > b => self,
-            _ => Floor {
-                lsn: self.lsn.max(other.lsn),
-                timeline: self.timeline.or(other.timeline),
-            },
+        Floor {
+            lsn: self.lsn.max(other.lsn),
+            timeline: self.timeline.max(other.timeline),
         }
     }
 
@@ -183,7 +183,7 @@ mod tests {
     }
 
     #[test]
-    fn floors_merge_by_position_and_newer_timeline_wins() {
+    fn floors_merge_position_and_timeline_each_by_max() {
         let old = Floor {
             lsn: Lsn::new(900),
             timeline: Some(1),
@@ -192,8 +192,12 @@ mod tests {
             lsn: Lsn::new(500),
             timeline: Some(2),
         };
-        assert_eq!(old.max(new), new);
-        assert_eq!(new.max(old), new);
+        let both = Floor {
+            lsn: Lsn::new(900),
+            timeline: Some(2),
+        };
+        assert_eq!(old.max(new), both, "the older position is not forgotten");
+        assert_eq!(new.max(old), both);
         let replayed = Floor::at(Lsn::new(600));
         assert_eq!(
             new.max(replayed),

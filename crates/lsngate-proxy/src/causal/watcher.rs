@@ -1,6 +1,7 @@
 //! What the proxy knows about replay: per *server* replayed positions (monotonic max), the
 //! servers seen behind each configured replica address, their timelines, and the primary's WAL
-//! clock (position samples over time) that turns a replay position into a time lag.
+//! clock (position samples over time) that turns a replay position into a time lag. Timelines are
+//! the nodes' own (`backend::timeline`): routing asks them first which replicas may serve.
 //!
 //! Fed by the node monitor's polls and by every wait, check and trailing position of a client
 //! read. A position is only ever recorded for the server that reported it (a server id is its
@@ -17,7 +18,8 @@ use std::time::Duration;
 use lsngate_core::{Lsn, ReplicaState, Role as CoreRole, WalClock};
 use tokio::time::Instant;
 
-use crate::backend::{NodeState, Role};
+use crate::backend::timeline::Need;
+use crate::backend::{NodeState, Nodes};
 
 /// A server's identity: `system_identifier/postmaster start/address:port`.
 pub type ServerId = Arc<str>;
@@ -26,7 +28,6 @@ pub type ServerId = Arc<str>;
 struct NodeView {
     /// Servers seen behind the address, with when they last reported.
     servers: HashMap<ServerId, Instant>,
-    timeline: Option<u32>,
     /// The server the node monitor's own connection reached.
     monitored: Option<ServerId>,
     /// Reads waiting for this node's monitor to see their floor (PostgreSQL ≤ 18).
@@ -46,7 +47,6 @@ pub struct Watcher {
     /// The primary's WAL clock, its times since `origin`.
     clock: Mutex<WalClock>,
     origin: Instant,
-    primary_timeline: Mutex<Option<u32>>,
     /// Woken at every replay observation, for reads waiting on the monitor's polls.
     replay_seen: tokio::sync::Notify,
     /// When routing last asked for replica positions (ms since `origin`, plus one; 0: never).
@@ -66,7 +66,6 @@ impl Default for Watcher {
             nodes: Mutex::default(),
             clock: Mutex::new(WalClock::new(CLOCK_SAMPLES)),
             origin: Instant::now(),
-            primary_timeline: Mutex::default(),
             replay_seen: tokio::sync::Notify::new(),
             consulted: AtomicU64::new(0),
         }
@@ -86,8 +85,11 @@ pub struct ReplicaView {
     pub lag_bytes: Option<u64>,
     /// Time since the primary first wrote WAL this replica lacks (0 when caught up).
     pub lag_ms: Option<f64>,
-    /// Timeline the replica receives, when known.
+    /// Timeline the replica receives, when known (the last one seen while its receiver is down).
     pub timeline: Option<u32>,
+    /// Its WAL receiver at the last poll: `streaming`, `hidden` (timeline not visible to the
+    /// monitor's role), `down`, or `unseen`.
+    pub receiver: crate::backend::timeline::Receiver,
     /// Distinct servers seen behind this address.
     pub servers_seen: usize,
 }
@@ -184,31 +186,15 @@ impl Watcher {
         lock(&self.nodes).get(&node).map_or(0, |v| v.waiters)
     }
 
-    /// The timeline node `node` receives (replicas) or writes (primary).
-    pub fn observe_timeline(&self, node: usize, timeline: Option<u32>) {
-        if timeline.is_some() {
-            lock(&self.nodes).entry(node).or_default().timeline = timeline;
-        }
-    }
-
-    /// The primary was at `lsn` at `when`, on `timeline`.
-    pub fn observe_primary(&self, when: Instant, lsn: Lsn, timeline: Option<u32>) {
+    /// The primary was at `lsn` at `when`.
+    pub fn observe_primary(&self, when: Instant, lsn: Lsn) {
         let at = when.saturating_duration_since(self.origin);
         lock(&self.clock).observe(at, lsn);
-        if timeline.is_some() {
-            let mut known = lock(&self.primary_timeline);
-            *known = (*known).max(timeline);
-        }
     }
 
     /// What `server` is known to have replayed.
     pub fn replayed(&self, server: &str) -> Option<Lsn> {
         lock(&self.replayed).get(server).copied()
-    }
-
-    /// The newest primary timeline seen.
-    pub fn primary_timeline(&self) -> Option<u32> {
-        *lock(&self.primary_timeline)
     }
 
     /// The primary's last sampled position.
@@ -237,37 +223,30 @@ impl Watcher {
         positions.try_fold(first, |low, p| p.map(|p| low.min(p)))
     }
 
-    fn node_timeline(&self, node: usize) -> Option<u32> {
-        lock(&self.nodes).get(&node).and_then(|v| v.timeline)
-    }
-
     /// Routing input: every node detected as a replica, with what is known of it (time lag only
-    /// `with_lag`: it costs a walk over the WAL clock). A replica receiving another timeline than
-    /// `floor_timeline` does not serve this read: `WAIT FOR LSN` compares numbers only.
+    /// `with_lag`: it costs a walk over the WAL clock). A replica whose timeline does not admit
+    /// `need` (an orphan, or one not known to be on the floor's history) counts as unhealthy
+    /// for this read: `WAIT FOR LSN` and replay checks compare numbers only.
     pub fn replicas(
         &self,
-        nodes: &[Arc<NodeState>],
-        floor_timeline: Option<u32>,
+        nodes: &Nodes,
+        need: Need,
         with_lag: bool,
     ) -> Vec<(Arc<NodeState>, ReplicaState)> {
+        let all = nodes.all();
         let now = Instant::now();
         if !self.consulted_at(now) {
             // The monitors are polling slowly: wake them so that the next reads find fresh
             // positions (this one waits or checks, as any read does without them).
-            nodes.iter().for_each(|n| n.request_check());
+            all.iter().for_each(|n| n.request_check());
         }
         let primary = self.primary_position();
-        nodes
-            .iter()
-            .filter(|n| n.role() == Role::Replica)
+        all.iter()
+            .filter(|n| n.role() == crate::backend::Role::Replica)
             .map(|n| {
                 let replayed = self.node_replayed(n.index);
-                let timeline_ok = match (floor_timeline, self.node_timeline(n.index)) {
-                    (Some(floor), Some(replica)) => floor == replica,
-                    _ => true,
-                };
                 let state = ReplicaState {
-                    healthy: n.healthy() && timeline_ok,
+                    healthy: nodes.serves(n, need),
                     role: CoreRole::Standby,
                     replayed,
                     lag_bytes: match (primary, replayed) {
@@ -285,13 +264,13 @@ impl Watcher {
     }
 
     /// Snapshot of every replica, for `/status`, metrics and the dashboard.
-    pub fn views(&self, nodes: &[Arc<NodeState>]) -> Vec<ReplicaView> {
+    pub fn views(&self, nodes: &Nodes) -> Vec<ReplicaView> {
         let servers: HashMap<usize, usize> = lock(&self.nodes)
             .iter()
             .map(|(i, v)| (*i, v.servers.len()))
             .collect();
         let now = Instant::now();
-        self.replicas(nodes, None, false)
+        self.replicas(nodes, Need::Any, false)
             .into_iter()
             .map(|(node, state)| ReplicaView {
                 node: node.index,
@@ -302,7 +281,8 @@ impl Watcher {
                     .replayed
                     .and_then(|r| self.lag_behind(r, now))
                     .map(|d| d.as_secs_f64() * 1000.0),
-                timeline: self.node_timeline(node.index),
+                timeline: node.timeline.get().last_known,
+                receiver: node.timeline.get().receiver,
                 servers_seen: servers.get(&node.index).copied().unwrap_or(0),
             })
             .collect()
@@ -368,14 +348,13 @@ mod tests {
     fn lag_comes_from_the_primary_wal_clock() {
         let watcher = Watcher::default();
         let start = Instant::now();
-        watcher.observe_primary(start, Lsn::new(100), Some(1));
-        watcher.observe_primary(start + Duration::from_secs(1), Lsn::new(200), None);
+        watcher.observe_primary(start, Lsn::new(100));
+        watcher.observe_primary(start + Duration::from_secs(1), Lsn::new(200));
         let now = start + Duration::from_secs(3);
         assert_eq!(watcher.lag_behind(Lsn::new(200), now), Some(Duration::ZERO));
         assert_eq!(
             watcher.lag_behind(Lsn::new(150), now),
             Some(Duration::from_secs(2))
         );
-        assert_eq!(watcher.primary_timeline(), Some(1));
     }
 }

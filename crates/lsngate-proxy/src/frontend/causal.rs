@@ -15,6 +15,7 @@ use super::flight::Route;
 use super::router::{Class, RouteHint};
 use super::session::Session;
 use crate::backend::Target;
+use crate::backend::timeline::Need;
 use crate::causal::{Consistency, Floor, Level, Outcome, SQLSTATE_GUARDED, SQLSTATE_NOT_CAUGHT_UP};
 use crate::net::backend::build;
 use crate::net::{ErrorFields, FrontendMessage};
@@ -190,16 +191,16 @@ impl Session {
         let causal = &self.proxy.causal;
         let older_timeline = match (
             floor.and_then(|f| f.timeline),
-            causal.watcher.primary_timeline(),
+            self.proxy.nodes.newest_timeline.get(),
         ) {
             (Some(floor), Some(primary)) => floor < primary,
             _ => false,
         };
-        let replicas = causal.watcher.replicas(
-            &self.proxy.nodes.all(),
-            floor.and_then(|f| f.timeline),
-            bounded,
-        );
+        let need = match floor {
+            Some(floor) => Need::Floor(floor.timeline),
+            None => Need::Any,
+        };
+        let replicas = causal.watcher.replicas(&self.proxy.nodes, need, bounded);
         let states: Vec<_> = replicas.iter().map(|(_, s)| *s).collect();
         // A flight ending in Flush (Parse/Describe before a later Bind/Execute/Sync) cannot be
         // discarded and re-run: it waits first (`send_flight`) and never falls back by policy.
@@ -338,7 +339,7 @@ impl Session {
             .proxy
             .causal
             .watcher
-            .views(&self.proxy.nodes.all())
+            .views(&self.proxy.nodes)
             .into_iter()
             .map(|v| {
                 format!(

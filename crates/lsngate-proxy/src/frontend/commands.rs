@@ -8,7 +8,7 @@
 //! | `lsngate.min_lsn` | `'X/Y'` or a signed token: a floor for every later read | the floor set |
 //! | `lsngate.floor` | — | what the next read must see (own writes, reads, min_lsn) |
 //! | `lsngate.commit_lsn` | — | position of the client's last commit that wrote |
-//! | `lsngate.commit_token` | — | the same as a signed token (with `token_secret`) |
+//! | `lsngate.commit_token` | — | the same with the primary's timeline, `X/Y.tN` (signed with `token_secret`) |
 //! | `lsngate.stale` | — | `on` when the last read was served stale |
 
 use bytes::Bytes;

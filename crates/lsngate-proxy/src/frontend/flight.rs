@@ -13,7 +13,7 @@ use super::Proxy;
 use super::causal::{CausalRead, Discard, Verdict};
 use super::router::{Class, session_set};
 use super::session::{ClientStatement, Session};
-use crate::backend::{BackendConn, BackendError, NodeState, PooledConn, Role, Settings, Target};
+use crate::backend::{BackendConn, NodeState, PooledConn, Role, Settings, Target};
 use crate::causal::sql::{Probe, probe_segment, wait_for};
 use crate::config::ServerLogin;
 use crate::net::{ErrorFields, Frame, FrontendMessage};
@@ -122,6 +122,9 @@ pub struct Attached {
     /// `name, setting` rows of a [`Duty::Resync`] under way, and whether it failed.
     pub resync_rows: Vec<Vec<Option<String>>>,
     pub resync_failed: bool,
+    /// A flight sent here may commit (it ran outside a transaction block, or may end one): if
+    /// the connection is lost before its replies, its outcome is unknown.
+    pub may_commit: bool,
 }
 
 impl Attached {
@@ -147,6 +150,7 @@ impl Attached {
             deferred: Vec::new(),
             resync_rows: Vec::new(),
             resync_failed: false,
+            may_commit: false,
         }
     }
 
@@ -435,11 +439,11 @@ impl Session {
                     self.attach_conn(conn, &node);
                     return Ok(());
                 }
-                Err(crate::backend::PoolError::Backend(e @ BackendError::Connect { .. }))
-                    if node.role() == Role::Replica =>
-                {
-                    // Nothing was sent: trying elsewhere is safe. The monitor brings it back later.
-                    tracing::warn!(node = %node.url.address(), "replica unreachable, skipping it: {e}");
+                Err(crate::backend::PoolError::Backend(e)) if node.role() == Role::Replica => {
+                    // Nothing of the client's was sent on a connection that never opened (refused,
+                    // reset during login, the server starting up or out of slots): trying
+                    // elsewhere is safe. The monitor brings the replica back later.
+                    tracing::warn!(node = %node.url.address(), "cannot open a connection to this replica, skipping it: {e}");
                     node.set_health(None, Some(e.to_string()));
                     target = Target::Replica;
                 }
@@ -843,6 +847,11 @@ impl Session {
             }
         }
         attached.read = read;
+        attached.may_commit |= status == b'I'
+            || !matches!(
+                class,
+                Some(Class::Read | Class::Write | Class::SessionState | Class::Begin { .. })
+            );
         if let Err(e) = attached.conn.send(&frames).await {
             return self.backend_lost(e).await;
         }

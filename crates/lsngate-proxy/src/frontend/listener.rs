@@ -34,8 +34,9 @@ impl Proxy {
         for node in self.nodes.all().iter() {
             let (node, proxy) = (Arc::clone(node), Arc::clone(&self));
             first_checks.spawn(async move {
-                let watcher = &proxy.causal.watcher;
-                crate::backend::monitor::check(&node, watcher, &mut None, check_timeout).await
+                let (nodes, watcher) = (&proxy.nodes, &proxy.causal.watcher);
+                crate::backend::monitor::check(&node, nodes, watcher, &mut None, check_timeout)
+                    .await
             });
         }
         first_checks.join_all().await;

@@ -276,6 +276,7 @@ impl Session {
         if last {
             let attached = self.backend.as_mut().expect("attached");
             attached.read = None;
+            attached.may_commit = false;
             self.end_fallback();
         }
         let attached = self.backend.as_mut().expect("attached");
@@ -388,9 +389,10 @@ impl Session {
                         lsn: facts.reachable(lsn),
                         timeline: facts.timeline,
                     };
-                    causal
-                        .watcher
-                        .observe_primary(Instant::now(), lsn, facts.timeline);
+                    causal.watcher.observe_primary(Instant::now(), lsn);
+                    if let Some(timeline) = facts.timeline {
+                        self.proxy.nodes.newest_timeline.observe(timeline);
+                    }
                     self.on_position(floor, wrote).await?;
                 }
             }
@@ -554,13 +556,16 @@ impl Session {
         } else {
             waiting
         };
-        let rolled_back = if self.status != b'I' {
-            "; the open transaction was rolled back"
+        // Inside a transaction block, anything but its end leaves the transaction to be rolled
+        // back by the server when it finds the connection closed; a statement outside one, or
+        // a COMMIT, may have committed or not, and the proxy cannot tell which.
+        let outcome = if self.status != b'I' && !attached.may_commit {
+            "it was not retried; the open transaction is rolled back (nothing of it was committed)"
         } else {
-            ""
+            "its outcome is unknown: it may or may not have been committed, so it was not retried; check before running it again"
         };
         let message = format!(
-            "lsngate lost the server connection while it ran your statement ({error}); it was not retried because it may have written{rolled_back}"
+            "lsngate lost the server connection while it ran your statement ({error}); {outcome}"
         );
         for _ in 0..waiting {
             self.io

@@ -990,3 +990,145 @@ fn pipelined_reads_get_their_own_answers(
         assert!(outcome(&proxy, expected) > 0, "{}", proxy.status());
     }
 }
+
+/// Issue #21's failover: replica 1 stops receiving, the primary writes a long tail that only
+/// replica 2 replays, the primary dies and replica 1 is promoted. Replica 2 is left on the old
+/// timeline *ahead* of the fork point, its WAL receiver failing. A bare `X/Y` committed on the new
+/// primary and handed to another connection is numerically below what the orphan replayed: the
+/// orphan must serve neither that read nor any other, whether the proxy watched the failover or
+/// started after it.
+#[test]
+fn an_orphan_ahead_of_the_fork_point_serves_no_read_with_a_bare_floor_or_without_one() {
+    let cluster = Cluster::start(&ClusterConfig::default().replicas(2)).unwrap();
+    cluster.wait_streaming(Duration::from_secs(30)).unwrap();
+    let t = unique("fork");
+    create(&cluster, &t);
+    cluster
+        .primary()
+        .sql(&format!("INSERT INTO {t} VALUES (1, 0)"))
+        .unwrap();
+    caught_up(&cluster);
+    let watching = proxy_with(&cluster, |f| f.wait_timeout_ms = Some(200));
+    // The proxy has seen both replicas stream timeline 1.
+    wait_for_replica_timelines(&watching, 2);
+    let (promoted, orphan) = (cluster.replica(0), cluster.replica(1));
+    promoted.stop().unwrap();
+    // The tail only the orphan gets: a megabyte of WAL and a row version the new primary never has.
+    cluster
+        .primary()
+        .sql(&format!(
+            "CREATE TABLE {t}_tail AS SELECT g, repeat('x', 100) AS pad FROM generate_series(1, 8000) g; \
+             UPDATE {t} SET v = 1 WHERE id = 1"
+        ))
+        .unwrap();
+    let tail_end = cluster.primary().position().unwrap();
+    orphan
+        .wait_replayed(&tail_end, Duration::from_secs(30))
+        .unwrap();
+    cluster.primary().kill().unwrap();
+    promoted.start().unwrap();
+    promoted.promote().unwrap();
+    let orphan_port = orphan.port() as i32;
+    let orphan_replayed = orphan.sql("SELECT pg_last_wal_replay_lsn()").unwrap();
+
+    let writer = format!(
+        "{} options='-c lsngate.consistency=token'",
+        watching.conninfo()
+    );
+    let (floor, token) = rt().block_on(async {
+        let client = connect(&writer).await;
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            match client
+                .batch_execute(&format!("UPDATE {t} SET v = 2 WHERE id = 1"))
+                .await
+            {
+                Ok(()) => break,
+                Err(e) => {
+                    assert!(
+                        Instant::now() < deadline,
+                        "writes never reached the new primary: {e}"
+                    );
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+            }
+        }
+        (
+            show(&client, "SHOW lsngate.commit_lsn").await,
+            show(&client, "SHOW lsngate.commit_token").await,
+        )
+    });
+    assert_eq!(
+        token,
+        format!("{floor}.t2"),
+        "the commit's timeline-carrying form"
+    );
+    let below = promoted
+        .sql(&format!(
+            "SELECT '{floor}'::pg_lsn < '{orphan_replayed}'::pg_lsn"
+        ))
+        .unwrap();
+    assert_eq!(
+        below, "t",
+        "the test needs the new primary's commit {floor} below the orphan's replay position {orphan_replayed}"
+    );
+    let after = proxy_with(&cluster, |f| f.wait_timeout_ms = Some(200));
+    let cases = [
+        (&watching, "watched the failover", &floor),
+        (&after, "started after it", &floor),
+        (&after, "started after it (timeline token)", &token),
+    ];
+    for (proxy, which, floor) in cases {
+        rt().block_on(async {
+            let reader = connect(&proxy.conninfo()).await;
+            reader
+                .batch_execute(&format!("SET lsngate.min_lsn = '{floor}'"))
+                .await
+                .unwrap();
+            let eventual = connect(&format!(
+                "{} options='-c lsngate.consistency=eventual'",
+                proxy.conninfo()
+            ))
+            .await;
+            for _ in 0..20 {
+                let row = reader
+                    .query_one(
+                        &format!("SELECT v, inet_server_port() FROM {t} WHERE id = 1"),
+                        &[],
+                    )
+                    .await
+                    .unwrap();
+                let (v, port): (i32, i32) = (row.get(0), row.get(1));
+                assert!(
+                    v == 2 && port != orphan_port,
+                    "proxy that {which}: a read with floor {floor} got v = {v} from port {port} (orphan {orphan_port})"
+                );
+                let port = server_port(&eventual).await;
+                assert_ne!(
+                    port, orphan_port,
+                    "proxy that {which}: the orphan served a read without a floor"
+                );
+            }
+        });
+    }
+    assert_eq!(watching.status()["causal"]["primary"]["timeline"], 2);
+}
+
+/// Waits until the proxy's status shows `n` replicas with a known timeline.
+fn wait_for_replica_timelines(proxy: &TestProxy, n: usize) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let status = proxy.status();
+        let known = status["causal"]["replicas"]
+            .as_array()
+            .map_or(0, |r| r.iter().filter(|r| r["timeline"].is_u64()).count());
+        if known >= n {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the proxy never learned {n} replica timelines: {status}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}

@@ -202,3 +202,137 @@ fn a_reload_that_changes_the_node_list_applies_without_a_restart() {
         "{status}"
     );
 }
+
+/// A proxy whose replica (or primary) is reached through a fault forwarder, so its network can
+/// fail on command; health checks go through the forwarder too.
+fn proxy_through(
+    cluster: &Cluster,
+    forwarded: &lsngate_testkit::Forwarder,
+    replica: bool,
+    change: impl FnOnce(&mut lsngate_proxy::FileConfig),
+) -> TestProxy {
+    let mut file = file_config(cluster);
+    let via =
+        |url: &str, port: u16| url.replace(&format!(":{}/", url_port(url)), &format!(":{port}/"));
+    if replica {
+        file.replicas = vec![via(&cluster.replica_urls()[0], forwarded.port())];
+    } else {
+        file.primary = Some(via(&cluster.primary_url(), forwarded.port()));
+        file.replicas = Vec::new();
+    }
+    change(&mut file);
+    TestProxy::with(file)
+}
+
+fn url_port(url: &str) -> u16 {
+    let host_port = url.split('@').nth(1).unwrap().split('/').next().unwrap();
+    host_port.rsplit(':').next().unwrap().parse().unwrap()
+}
+
+/// Issue #21: a replica killed while reads were opening connections to it gave two of them
+/// `08006 connection … lost: Connection reset by peer`. Nothing of a read is sent on a connection
+/// that never finished its login, so it runs elsewhere.
+#[test]
+fn a_replica_that_resets_new_connections_costs_reads_nothing() {
+    let cluster = shared_cluster();
+    let forwarder = lsngate_testkit::Forwarder::start(cluster.replica(0).port()).unwrap();
+    // The monitor checks rarely: the reads meet the fault before it does.
+    let proxy = proxy_through(cluster, &forwarder, true, |f| {
+        f.health_interval_ms = Some(60_000)
+    });
+    forwarder.set(lsngate_testkit::Fault::Reset);
+    rt().block_on(async {
+        for mode in ["eventual", "session"] {
+            let client = connect(&format!(
+                "{} options='-c lsngate.consistency={mode}'",
+                proxy.conninfo()
+            ))
+            .await;
+            for i in 0..5 {
+                let row = client
+                    .query_one("SELECT pg_is_in_recovery()", &[])
+                    .await
+                    .unwrap_or_else(|e| panic!("{mode} read {i}: {e:?}"));
+                assert!(!row.get::<_, bool>(0), "served by the primary");
+            }
+        }
+    });
+}
+
+/// Issue #21: a read sent to a replica just before its processes got SIGSTOP came back when the
+/// freeze ended (12 s later). Once the health check times out the proxy gives up the replica's
+/// connections, and the read, nothing of which reached the client, runs on the primary.
+#[test]
+fn a_read_in_flight_on_a_frozen_replica_runs_on_the_primary() {
+    let cluster = Cluster::start(&ClusterConfig::default()).unwrap();
+    cluster.wait_streaming(Duration::from_secs(30)).unwrap();
+    let mut file = file_config(&cluster);
+    file.connect_timeout_ms = Some(1000);
+    let proxy = TestProxy::with(file);
+    let replica = cluster.replica(0);
+    let (done, outcome) = std::sync::mpsc::channel();
+    let conninfo = proxy.conninfo();
+    std::thread::spawn(move || {
+        rt().block_on(async {
+            let client = connect(&conninfo).await;
+            let read = client
+                .query_one(
+                    "SELECT pg_is_in_recovery(), pg_sleep(0.3)::text AS frozen_read",
+                    &[],
+                )
+                .await
+                .map(|row| row.get::<_, bool>(0));
+            let _ = done.send(read);
+        })
+    });
+    // The read is running on the replica when it freezes.
+    let running = "SELECT count(*) FROM pg_stat_activity WHERE query LIKE '%AS frozen_read%' AND pid <> pg_backend_pid()";
+    replica
+        .wait_until(
+            "the read runs on the replica",
+            Duration::from_secs(30),
+            || Ok(replica.sql(running)? == "1"),
+        )
+        .unwrap();
+    replica.freeze();
+    let outcome = outcome.recv_timeout(Duration::from_secs(30));
+    replica.thaw();
+    let in_recovery = outcome
+        .expect("the read hung on the frozen replica")
+        .expect("the read succeeds");
+    assert!(!in_recovery, "re-run on the primary");
+}
+
+/// A statement in flight on a primary that stopped answering (a blackholed network) is given up
+/// once the health check times out, and the client is told its outcome is unknown.
+#[test]
+fn a_write_on_a_primary_that_stopped_answering_is_reported_unknown_not_hung() {
+    let cluster = shared_cluster();
+    let t = unique("unknown");
+    cluster
+        .primary()
+        .sql(&format!("CREATE TABLE {t} (id int)"))
+        .unwrap();
+    let forwarder = lsngate_testkit::Forwarder::start(cluster.primary().port()).unwrap();
+    let proxy = proxy_through(cluster, &forwarder, false, |f| {
+        f.connect_timeout_ms = Some(1000)
+    });
+    rt().block_on(async {
+        let client = connect(&proxy.conninfo()).await;
+        client.batch_execute("SELECT 1").await.unwrap();
+        forwarder.set(lsngate_testkit::Fault::Blackhole);
+        let insert = format!("INSERT INTO {t} VALUES (1)");
+        let outcome = tokio::time::timeout(Duration::from_secs(30), client.batch_execute(&insert))
+            .await
+            .expect("the write hung on the unanswering primary");
+        let text = format!(
+            "{:?}",
+            outcome.expect_err("the write cannot have succeeded")
+        );
+        assert!(
+            text.contains("08006") && text.contains("outcome is unknown"),
+            "{text}"
+        );
+    });
+    drop(forwarder);
+}
