@@ -7,6 +7,13 @@
 //!   a hung host): new connections are accepted and never answered.
 //! - [`Fault::Reset`]: new connections are accepted and reset at once (`SO_LINGER 0`); the
 //!   ones already open go on.
+//! - [`Fault::CutAfterReady`]: the next connection the server answers on is cut right after the
+//!   server's next ReadyForQuery: that message reaches the client, nothing after it does, both
+//!   sides are reset, and the fault becomes [`Fault::Reset`] (the server stays unreachable).
+//!   Arm it while the connection is idle, so the server's stream is at a message boundary.
+//!
+//! Connections whose first bytes from the client contain a pattern given to
+//! [`Forwarder::spare`] (an `application_name` in the startup packet, say) are never faulted.
 //!
 //! Plain threads, no runtime: usable from any test.
 
@@ -28,6 +35,8 @@ pub enum Fault {
     Blackhole = 1,
     /// Resets each new connection as soon as it is accepted.
     Reset = 2,
+    /// Cuts the next server answer after its ReadyForQuery, then resets new connections.
+    CutAfterReady = 3,
 }
 
 #[derive(Debug)]
@@ -35,6 +44,7 @@ struct Shared {
     fault: AtomicU8,
     stopped: AtomicBool,
     open: Mutex<Vec<TcpStream>>,
+    spared: Mutex<Vec<Vec<u8>>>,
 }
 
 impl Shared {
@@ -42,6 +52,7 @@ impl Shared {
         match self.fault.load(Ordering::SeqCst) {
             1 => Fault::Blackhole,
             2 => Fault::Reset,
+            3 => Fault::CutAfterReady,
             _ => Fault::None,
         }
     }
@@ -67,6 +78,7 @@ impl Forwarder {
             fault: AtomicU8::new(Fault::None as u8),
             stopped: AtomicBool::new(false),
             open: Mutex::new(Vec::new()),
+            spared: Mutex::new(Vec::new()),
         });
         let accepting = Arc::clone(&shared);
         std::thread::spawn(move || accept_loop(listener, target, accepting));
@@ -81,6 +93,16 @@ impl Forwarder {
     /// Switches the fault; takes effect for the next chunk of bytes and the next connection.
     pub fn set(&self, fault: Fault) {
         self.shared.fault.store(fault as u8, Ordering::SeqCst);
+    }
+
+    /// Never faults connections whose first client bytes contain `pattern` (accepted while no
+    /// fault is set, as they are then told apart).
+    pub fn spare(&self, pattern: &str) {
+        self.shared
+            .spared
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(pattern.as_bytes().to_vec());
     }
 }
 
@@ -117,7 +139,7 @@ fn accept_loop(listener: TcpListener, target: u16, shared: Arc<Shared>) {
                 remember(&shared, &client);
                 continue;
             }
-            Fault::None => {}
+            Fault::None | Fault::CutAfterReady => {}
         }
         let Ok(server) = TcpStream::connect(("127.0.0.1", target)) else {
             reset(&client);
@@ -125,12 +147,19 @@ fn accept_loop(listener: TcpListener, target: u16, shared: Arc<Shared>) {
         };
         remember(&shared, &client);
         remember(&shared, &server);
-        for (from, to) in [(&client, &server), (&server, &client)] {
+        let spared = Arc::new(AtomicU8::new(UNDECIDED));
+        for (from, to, from_server) in [(&client, &server, false), (&server, &client, true)] {
             let (Ok(from), Ok(to)) = (from.try_clone(), to.try_clone()) else {
                 continue;
             };
+            let link = Link {
+                from,
+                to,
+                from_server,
+                spared: Arc::clone(&spared),
+            };
             let shared = Arc::clone(&shared);
-            std::thread::spawn(move || pump(from, to, &shared));
+            std::thread::spawn(move || pump(link, &shared));
         }
     }
 }
@@ -164,49 +193,133 @@ fn reset(stream: &TcpStream) {
     let _ = stream.shutdown(Shutdown::Both);
 }
 
-/// Copies `from` to `to` while the fault allows; under a blackhole, bytes read are held back
+const UNDECIDED: u8 = 0;
+const FAULTED: u8 = 1;
+const SPARED: u8 = 2;
+
+/// One direction of a relayed connection.
+struct Link {
+    from: TcpStream,
+    to: TcpStream,
+    from_server: bool,
+    /// Whether the connection is spared, decided from the client's first bytes.
+    spared: Arc<AtomicU8>,
+}
+
+impl Link {
+    fn spared(&self) -> bool {
+        self.spared.load(Ordering::SeqCst) == SPARED
+    }
+
+    /// Decides from the client's first bytes whether the connection is spared.
+    fn decide(&self, first: &[u8], shared: &Shared) {
+        let patterns = shared.spared.lock().unwrap_or_else(|p| p.into_inner());
+        let spared = patterns
+            .iter()
+            .any(|p| first.windows(p.len()).any(|w| w == p.as_slice()));
+        let _ = self.spared.compare_exchange(
+            UNDECIDED,
+            if spared { SPARED } else { FAULTED },
+            Ordering::SeqCst,
+            Ordering::SeqCst,
+        );
+    }
+
+    /// The fault that applies to this connection now.
+    fn fault(&self, shared: &Shared) -> Fault {
+        if self.spared() {
+            Fault::None
+        } else {
+            shared.fault()
+        }
+    }
+}
+
+/// The length of `bytes` up to and including the first whole ReadyForQuery, if there is one
+/// (`bytes` starting at a message boundary).
+fn through_ready(bytes: &[u8]) -> Option<usize> {
+    let mut at = 0;
+    while bytes.len() >= at + 5 {
+        let len = u32::from_be_bytes(bytes[at + 1..at + 5].try_into().ok()?) as usize;
+        let end = at + 1 + len;
+        if bytes.len() < end {
+            return None;
+        }
+        if bytes[at] == b'Z' {
+            return Some(end);
+        }
+        at = end;
+    }
+    None
+}
+
+/// Copies one direction while the fault allows; under a blackhole, bytes read are held back
 /// until it lifts.
-fn pump(mut from: TcpStream, mut to: TcpStream, shared: &Shared) {
+fn pump(mut link: Link, shared: &Shared) {
     let mut buf = vec![0u8; 64 * 1024];
     let mut held: Vec<u8> = Vec::new();
+    // Server bytes read while a cut is armed, until its ReadyForQuery is in.
+    let mut cutting: Vec<u8> = Vec::new();
     let mut ended = false;
-    let _ = from.set_read_timeout(Some(Duration::from_millis(50)));
+    let _ = link.from.set_read_timeout(Some(Duration::from_millis(50)));
     loop {
         if shared.stopped.load(Ordering::SeqCst) {
             return;
         }
-        let blackholed = shared.fault() == Fault::Blackhole;
+        let blackholed = link.fault(shared) == Fault::Blackhole;
         if !blackholed && !held.is_empty() {
-            if to.write_all(&held).is_err() {
+            if link.to.write_all(&held).is_err() {
                 return;
             }
             held.clear();
         }
         if ended {
             if !blackholed {
-                let _ = to.shutdown(Shutdown::Write);
+                let _ = link.to.shutdown(Shutdown::Write);
                 return;
             }
             std::thread::sleep(Duration::from_millis(50));
             continue;
         }
-        match from.read(&mut buf) {
-            Ok(0) => ended = true,
-            // Looked at again: the fault may have changed while the read waited.
-            Ok(n) if shared.fault() == Fault::Blackhole => held.extend_from_slice(&buf[..n]),
-            Ok(n) => {
-                if to.write_all(&buf[..n]).is_err() {
-                    return;
-                }
+        let n = match link.from.read(&mut buf) {
+            Ok(0) => {
+                ended = true;
+                continue;
             }
+            Ok(n) => n,
             Err(e)
                 if matches!(
                     e.kind(),
                     std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
-                ) => {}
+                ) =>
+            {
+                continue;
+            }
             Err(_) => {
-                let _ = to.shutdown(Shutdown::Both);
+                let _ = link.to.shutdown(Shutdown::Both);
                 return;
+            }
+        };
+        if !link.from_server {
+            link.decide(&buf[..n], shared);
+        }
+        // Looked at again: the fault may have changed while the read waited.
+        match link.fault(shared) {
+            Fault::Blackhole => held.extend_from_slice(&buf[..n]),
+            Fault::CutAfterReady if link.from_server => {
+                cutting.extend_from_slice(&buf[..n]);
+                if let Some(end) = through_ready(&cutting) {
+                    let _ = link.to.write_all(&cutting[..end]);
+                    shared.fault.store(Fault::Reset as u8, Ordering::SeqCst);
+                    reset(&link.to);
+                    reset(&link.from);
+                    return;
+                }
+            }
+            _ => {
+                if link.to.write_all(&buf[..n]).is_err() {
+                    return;
+                }
             }
         }
     }

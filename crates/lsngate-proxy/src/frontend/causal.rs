@@ -39,6 +39,10 @@ pub struct ClientFloors {
     pub stale_reported: bool,
     /// A primary-guard slot is held by the fallback read in flight.
     pub guard_slot: bool,
+    /// A commit was acknowledged whose position never arrived (its probe failed, or the
+    /// connection was lost after the commit's replies): until the primary's position is
+    /// learned again, the client's floor does not cover it.
+    pub commit_unknown: bool,
 }
 
 impl ClientFloors {
@@ -159,6 +163,29 @@ impl Session {
             // pipelined behind it undecided: `Attached`'s single `read`/`verdict`/`discard`
             // slots rely on that (a failed wait drops every reply due and re-runs that one read).
             self.drain().await?;
+        }
+        if self.floors.commit_unknown {
+            // Any position the primary reports now is past that commit.
+            let primary = self
+                .proxy
+                .causal
+                .primary_position(&self.proxy.nodes, self.config.connect_timeout)
+                .await;
+            match primary {
+                Ok(floor) => {
+                    self.floors.commit_unknown = false;
+                    self.on_position(floor, true).await?;
+                }
+                Err(e) => {
+                    tracing::warn!(
+                        "the position of the client's last commit is unknown and the primary cannot be asked ({e}); reading the primary"
+                    );
+                    self.proxy.causal.record(Outcome::NoReplica);
+                    return self
+                        .dispatch_to(flight, class, Route::to(Some(Target::Primary)))
+                        .await;
+                }
+            }
         }
         let floor = match self.read_floor(statement_floor).await {
             Ok(floor) => floor,

@@ -383,7 +383,12 @@ impl Session {
                 }
             }
             Duty::Position { wrote } => {
-                if let Some(lsn) = text(0).and_then(|t| Lsn::parse(&t).ok()) {
+                let lsn = text(0).and_then(|t| Lsn::parse(&t).ok());
+                if lsn.is_none() && wrote {
+                    tracing::warn!(node = %attached.conn.address, "no position after a commit; the client's next read asks the primary for one");
+                    self.floors.commit_unknown = true;
+                }
+                if let Some(lsn) = lsn {
                     let facts = &attached.conn.facts;
                     let floor = Floor {
                         lsn: facts.reachable(lsn),
@@ -539,7 +544,12 @@ impl Session {
                 .await;
             match position {
                 Ok(floor) => self.on_position(floor, true).await?,
-                Err(e) => tracing::warn!("commit position lost and the primary unreachable: {e}"),
+                Err(e) => {
+                    tracing::warn!(
+                        "commit position lost and the primary unreachable: {e}; the client's reads go to the primary until it answers"
+                    );
+                    self.floors.commit_unknown = true;
+                }
             }
         }
         if let Some(held) = attached.held_ready {
@@ -567,9 +577,13 @@ impl Session {
         let message = format!(
             "lsngate lost the server connection while it ran your statement ({error}); {outcome}"
         );
-        for _ in 0..waiting {
-            self.io
-                .queue(&ErrorFields::new("ERROR", "08006", message.clone()).to_frame(b'E'));
+        for segment in 0..waiting {
+            // The server's own FATAL, relayed as an ERROR, already answered the statement in
+            // progress: it gets its ReadyForQuery, not a second error.
+            if !(segment == 0 && attached.error_relayed) {
+                self.io
+                    .queue(&ErrorFields::new("ERROR", "08006", message.clone()).to_frame(b'E'));
+            }
             self.io.queue_ready(b'I');
         }
         self.status = b'I';

@@ -336,3 +336,102 @@ fn a_write_on_a_primary_that_stopped_answering_is_reported_unknown_not_hung() {
     });
     drop(forwarder);
 }
+
+/// Issue #21: psycopg raised `received 2 results from command 'BEGIN'` when the primary died.
+/// A server that ends a connection sends FATAL first (relayed as ERROR); the loss noticed right
+/// after must not answer the same statement with a second error.
+#[test]
+fn a_statement_whose_server_sent_fatal_gets_one_error_not_two() {
+    let cluster = shared_cluster();
+    let proxy = TestProxy::start(cluster);
+    let marker = "SELECT pg_sleep(5) AS terminated_once";
+    let killer = std::thread::spawn(move || {
+        let sql = format!(
+            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE query = '{marker}'"
+        );
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while Instant::now() < deadline {
+            if shared_cluster().primary().sql(&sql).unwrap() == "1" {
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        false
+    });
+    let mut wire = crate::statements::Wire::connect(&proxy);
+    let route = "SET lsngate.route = 'primary'";
+    wire.flight(&[lsngate_proxy::net::FrontendMessage::Query(route.into())]);
+    let reply = wire.flight(&[lsngate_proxy::net::FrontendMessage::Query(marker.into())]);
+    assert!(killer.join().unwrap(), "the backend was terminated");
+    assert_eq!(reply.errors.len(), 1, "one statement, one error: {reply:?}");
+    assert!(
+        reply.errors[0].contains("terminating connection"),
+        "the server's own reason: {reply:?}"
+    );
+    let reply = wire.flight(&[lsngate_proxy::net::FrontendMessage::Query(
+        "SELECT 1".into(),
+    )]);
+    assert_eq!(reply.rows, vec![vec![Some("1".to_string())]], "{reply:?}");
+}
+
+/// Issue #21, suspected from reading `backend_lost`: a commit whose own replies arrived, and
+/// only its position was lost with the primary, released its ReadyForQuery without raising the
+/// client's floor; with the primary unreachable to ask again, the next read went to a replica
+/// that lacked the acknowledged write. Such a read must see the write or fail, never miss it.
+#[test]
+fn a_commit_whose_position_was_lost_with_the_primary_is_never_read_stale() {
+    let cluster = Cluster::start(&ClusterConfig::default()).unwrap();
+    cluster.wait_streaming(Duration::from_secs(30)).unwrap();
+    let t = unique("lostpos");
+    cluster
+        .primary()
+        .sql(&format!("CREATE TABLE {t} (id int PRIMARY KEY)"))
+        .unwrap();
+    caught_up(&cluster);
+    let forwarder = lsngate_testkit::Forwarder::start(cluster.primary().port()).unwrap();
+    // The monitor's polls pass: only the session's connection meets the cut.
+    forwarder.spare("lsngate-proxy-monitor");
+    let mut file = file_config(&cluster);
+    file.primary = Some(format!(
+        "postgres://postgres@127.0.0.1:{}/postgres",
+        forwarder.port()
+    ));
+    file.wait_timeout_ms = Some(200);
+    let proxy = TestProxy::with(file);
+    rt().block_on(async {
+        let client = connect(&proxy.conninfo()).await;
+        client
+            .batch_execute(&format!("INSERT INTO {t} VALUES (1)"))
+            .await
+            .unwrap();
+        caught_up(&cluster);
+        cluster.replica(0).pause_replay().unwrap();
+        // The INSERT's CommandComplete and ReadyForQuery pass, its position does not, and the
+        // primary can then not be reached at all.
+        forwarder.set(lsngate_testkit::Fault::CutAfterReady);
+        client
+            .batch_execute(&format!("INSERT INTO {t} VALUES (2)"))
+            .await
+            .expect("the insert's own replies arrived: it is acknowledged");
+        let read = format!("SELECT count(*) FROM {t} WHERE id = 2");
+        match client.query_one(&read, &[]).await {
+            Ok(row) => assert_eq!(row.get::<_, i64>(0), 1, "an acknowledged write was missed"),
+            Err(e) => println!("read while the primary is unreachable: {e}"),
+        }
+        forwarder.set(lsngate_testkit::Fault::None);
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            match client.query_one(&read, &[]).await {
+                Ok(row) => {
+                    assert_eq!(row.get::<_, i64>(0), 1, "an acknowledged write was missed");
+                    break;
+                }
+                Err(e) => {
+                    assert!(Instant::now() < deadline, "the read never succeeded: {e}");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+            }
+        }
+    });
+    cluster.replica(0).resume_replay().unwrap();
+}
