@@ -56,6 +56,23 @@ pub enum BackendError {
     },
 }
 
+impl BackendError {
+    /// Whether the server itself is unavailable (unreachable, gone, starting or shutting down,
+    /// out of connection slots), as opposed to refusing these credentials or this database:
+    /// another server may serve instead.
+    pub fn server_unavailable(&self) -> bool {
+        match self {
+            BackendError::Connect { .. }
+            | BackendError::Lost { .. }
+            | BackendError::Protocol { .. } => true,
+            BackendError::Startup { sqlstate, .. } => {
+                sqlstate.starts_with("57") || sqlstate.starts_with("53")
+            }
+            BackendError::ServerProof { .. } | BackendError::UnsupportedAuth { .. } => false,
+        }
+    }
+}
+
 pub use super::settings::Settings;
 
 /// A server connection's cancel key and where to send it; shared, so that handing it to the

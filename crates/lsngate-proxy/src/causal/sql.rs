@@ -31,6 +31,11 @@ const REPLAY_STATEMENT: &str = "lsngate_replayed";
 const WAIT_STATEMENT: &str = "lsngate_wait";
 const PORTAL: &str = "lsngate";
 
+/// Whether `name` is one of the statements the proxy prepares on server connections itself.
+pub fn is_proxy_statement(name: &str) -> bool {
+    [POSITION_STATEMENT, REPLAY_STATEMENT, WAIT_STATEMENT].contains(&name)
+}
+
 /// Which proxy statement a segment runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Probe {

@@ -125,6 +125,12 @@ pub struct Attached {
     /// A flight sent here may commit (it ran outside a transaction block, or may end one): if
     /// the connection is lost before its replies, its outcome is unknown.
     pub may_commit: bool,
+    /// Answers still due to the extended-protocol messages sent since the last Sync (while
+    /// `open`): one per Parse, Bind, Describe, Close and Execute.
+    pub unsynced_due: usize,
+    /// One of those failed: the server now skips every message up to the next Sync — a simple
+    /// Query included.
+    pub skipping: bool,
 }
 
 impl Attached {
@@ -151,6 +157,8 @@ impl Attached {
             resync_rows: Vec::new(),
             resync_failed: false,
             may_commit: false,
+            unsynced_due: 0,
+            skipping: false,
         }
     }
 
@@ -177,6 +185,33 @@ impl Attached {
     pub fn client_segments_due(&self) -> usize {
         self.expect.iter().filter(|o| **o == Owner::Client).count()
     }
+}
+
+/// How many answers the messages after a flight's last Sync (or Query) are due, when it ends
+/// unsynced (with Flush); `None` when it ends synced.
+fn unsynced_tail(flight: &[FrontendMessage]) -> Option<usize> {
+    if !matches!(flight.last(), Some(FrontendMessage::Flush)) {
+        return None;
+    }
+    let tail = flight.iter().rev().take_while(|m| {
+        !matches!(
+            m,
+            FrontendMessage::Sync | FrontendMessage::Query(_) | FrontendMessage::FunctionCall(_)
+        )
+    });
+    Some(
+        tail.filter(|m| {
+            matches!(
+                m,
+                FrontendMessage::Parse { .. }
+                    | FrontendMessage::Bind { .. }
+                    | FrontendMessage::Describe { .. }
+                    | FrontendMessage::Close { .. }
+                    | FrontendMessage::Execute { .. }
+            )
+        })
+        .count(),
+    )
 }
 
 fn segment_ends(flight: &[FrontendMessage]) -> usize {
@@ -254,6 +289,17 @@ fn unnamed_preparation(
         }
     }
     parse
+}
+
+/// Named statements a server connection may hold before those not in use are closed.
+const MAX_PREPARED_PER_CONNECTION: usize = 256;
+
+fn close_statement(name: &str) -> Frame {
+    FrontendMessage::Close {
+        kind: b'S',
+        name: name.to_string(),
+    }
+    .to_frame()
 }
 
 /// Whether the flight leaves the client without an unnamed statement (its last `Parse ""` is
@@ -439,10 +485,13 @@ impl Session {
                     self.attach_conn(conn, &node);
                     return Ok(());
                 }
-                Err(crate::backend::PoolError::Backend(e)) if node.role() == Role::Replica => {
+                Err(crate::backend::PoolError::Backend(e))
+                    if node.role() == Role::Replica && e.server_unavailable() =>
+                {
                     // Nothing of the client's was sent on a connection that never opened (refused,
                     // reset during login, the server starting up or out of slots): trying
-                    // elsewhere is safe. The monitor brings the replica back later.
+                    // elsewhere is safe. The monitor brings the replica back later. (Refused
+                    // credentials are the client's problem on every server: they are reported.)
                     tracing::warn!(node = %node.url.address(), "cannot open a connection to this replica, skipping it: {e}");
                     node.set_health(None, Some(e.to_string()));
                     target = Target::Replica;
@@ -504,6 +553,12 @@ impl Session {
             true,
         ));
         let mut defined_here = HashSet::new();
+        for name in &self.closing {
+            // Names the client deallocated, as this connection may still hold them.
+            if conn.prepared.remove(name).is_some() {
+                statements.push(close_statement(name));
+            }
+        }
         for m in flight {
             match m {
                 FrontendMessage::Parse {
@@ -531,6 +586,14 @@ impl Session {
                 } if !statement.is_empty() && !defined_here.contains(statement) => {
                     defined_here.insert(statement.clone());
                     let Some(s) = self.statements.get(statement) else {
+                        // Not the client's (any more): a copy left here by another client or
+                        // before a DEALLOCATE is closed, so the server answers 26000 as it
+                        // would directly.
+                        if !crate::causal::sql::is_proxy_statement(statement)
+                            && conn.prepared.remove(statement).is_some()
+                        {
+                            statements.push(close_statement(statement));
+                        }
                         continue;
                     };
                     if conn.prepared.get(statement) != Some(&s.identity()) {
@@ -555,6 +618,19 @@ impl Session {
                     defined_here.remove(name);
                 }
                 _ => {}
+            }
+        }
+        if conn.prepared.len() > MAX_PREPARED_PER_CONNECTION {
+            // Statements of many clients and many evictions pile up on a pooled connection:
+            // beyond the cap every one this flight does not use is closed (each is parsed
+            // again where a client needs it).
+            let keep = |name: &String| {
+                defined_here.contains(name) || crate::causal::sql::is_proxy_statement(name)
+            };
+            let closed: Vec<String> = conn.prepared.keys().filter(|n| !keep(n)).cloned().collect();
+            for name in closed {
+                conn.prepared.remove(&name);
+                statements.push(close_statement(&name));
             }
         }
         if !statements.is_empty() {
@@ -814,10 +890,29 @@ impl Session {
             .extend(std::iter::repeat_n(Owner::Client, ends));
         attached.extended = !matches!(flight.first(), Some(FrontendMessage::Query(_)));
         match flight.last() {
-            Some(FrontendMessage::Flush) => attached.open = true,
+            Some(FrontendMessage::Flush) => {
+                let ended = flight.iter().any(|m| {
+                    matches!(
+                        m,
+                        FrontendMessage::Sync
+                            | FrontendMessage::Query(_)
+                            | FrontendMessage::FunctionCall(_)
+                    )
+                });
+                if ended || !attached.open {
+                    attached.unsynced_due = 0;
+                    attached.skipping = false;
+                }
+                attached.unsynced_due += unsynced_tail(&flight).unwrap_or(0);
+                attached.open = true;
+            }
             // A simple Query also ends an unsynced extended batch (asyncpg sends Parse/Describe/
-            // Flush, then a Query).
-            Some(FrontendMessage::Sync | FrontendMessage::Query(_)) => attached.open = false,
+            // Flush, then a Query); the session sends none while the server skips to a Sync.
+            Some(FrontendMessage::Sync | FrontendMessage::Query(_)) => {
+                attached.open = false;
+                attached.unsynced_due = 0;
+                attached.skipping = false;
+            }
             _ => {}
         }
         if tracks && synced && !attached.open {

@@ -74,6 +74,24 @@ impl Session {
         Ok(())
     }
 
+    /// Relays replies until the server has answered every extended-protocol message sent since
+    /// the last Sync, or failed one. True when it failed one: the server then skips everything up
+    /// to the next Sync, a simple Query included, so the session must not expect an answer to
+    /// one. What the session answers itself (proxy commands) waits here too, so it is never
+    /// queued ahead of the server's answers to messages sent before it.
+    pub(super) async fn settle_unsynced(&mut self) -> anyhow::Result<bool> {
+        loop {
+            let Some(b) = self.backend.as_mut() else {
+                return Ok(false);
+            };
+            if !b.open || b.skipping || (b.expect.is_empty() && b.unsynced_due == 0) {
+                return Ok(b.open && b.skipping);
+            }
+            let frame = recv_attached(b).await;
+            self.on_backend(frame).await?;
+        }
+    }
+
     /// COPY data from the client goes straight to the attached backend, even before its
     /// CopyInResponse arrived (asyncpg streams data right behind the COPY query); PostgreSQL
     /// drops COPY messages outside COPY mode, and the proxy drops them when nothing is attached.
@@ -169,6 +187,20 @@ impl Session {
                 }
             }
             return Ok(());
+        }
+        if attached.open && attached.expect.is_empty() {
+            // An answer to the extended messages sent since the last Sync (see
+            // `settle_unsynced`); a ParameterDescription, a DataRow or a notice is not one.
+            match frame.tag {
+                b'E' => {
+                    attached.skipping = true;
+                    attached.unsynced_due = 0;
+                }
+                b'1' | b'2' | b'3' | b'n' | b'T' | b'C' | b'I' | b's' => {
+                    attached.unsynced_due = attached.unsynced_due.saturating_sub(1)
+                }
+                _ => {}
+            }
         }
         if attached.copy_in
             && matches!(

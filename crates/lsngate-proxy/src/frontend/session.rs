@@ -225,6 +225,10 @@ impl ClientStatement {
     }
 }
 
+/// How long a session that ended waits for replies still due before it gives up its server
+/// connection instead of returning it to the pool.
+const FINISH_DRAIN: std::time::Duration = std::time::Duration::from_secs(1);
+
 /// Startup parameters that are connection metadata, not settings to apply with SET.
 const NOT_SETTINGS: &[&str] = &["user", "database", "options", "replication"];
 
@@ -269,6 +273,9 @@ pub struct Session {
     pub(super) floors: ClientFloors,
     /// Portals bound to proxy commands, by name.
     pub(super) local_portals: HashMap<String, LocalCommand>,
+    /// Statement names the client deallocated, to close on the server connections it uses
+    /// next (see `deallocate.rs`).
+    pub(super) closing: std::collections::VecDeque<String>,
     shutdown: watch::Receiver<bool>,
 }
 
@@ -465,6 +472,7 @@ impl Session {
             cancel_slot,
             floors,
             local_portals: HashMap::new(),
+            closing: std::collections::VecDeque::new(),
             shutdown,
         })
     }
@@ -590,7 +598,11 @@ impl Session {
             }
         };
         match message {
-            FrontendMessage::Query(sql) => self.simple_query(sql).await?,
+            FrontendMessage::Query(sql) => {
+                if !self.query_after_unsynced().await? {
+                    self.simple_query(sql).await?
+                }
+            }
             FrontendMessage::Parse {
                 statement,
                 query,
@@ -616,6 +628,7 @@ impl Session {
                 if statement.is_empty() {
                     self.unnamed = Some(defined);
                 } else {
+                    self.closing.retain(|n| n != &statement);
                     self.statements.insert(statement.clone(), defined);
                 }
                 self.pending.push(FrontendMessage::Parse {
@@ -663,6 +676,25 @@ impl Session {
             }
         }
         Ok(true)
+    }
+
+    /// Before a simple Query: extended-protocol messages still waiting for their Sync are sent
+    /// (with a Flush) on the backend the Query will use, and the server's answers to everything
+    /// unsynced are relayed first, so the client gets its answers in the order it sent its
+    /// messages (pgjdbc's autosave sends `Parse/Bind/Execute BEGIN`, `Query SAVEPOINT`, then a
+    /// statement and Sync, in one write). True when the server skips the Query: one of those
+    /// messages failed, and until the next Sync the server ignores everything, so no answer is
+    /// due.
+    async fn query_after_unsynced(&mut self) -> anyhow::Result<bool> {
+        if !self.pending.is_empty() {
+            self.pending.push(FrontendMessage::Flush);
+            let flight = std::mem::take(&mut self.pending);
+            self.extended_flight(flight).await?;
+        }
+        if !self.backend.as_ref().is_some_and(|b| b.open) {
+            return Ok(false);
+        }
+        self.settle_unsynced().await
     }
 
     /// A floor from a statement's `lsngate_min_lsn` comment, or why it was refused.
@@ -804,6 +836,11 @@ impl Session {
         if let Some(error) = error {
             return self.answer_error("22023", &error).await;
         }
+        if let Some(what) = super::deallocate::parse(&sql)
+            && self.deallocate(&what).await?
+        {
+            return Ok(());
+        }
         let class =
             self.class_memo
                 .classify(&self.proxy.classes, &sql, &self.config.write_functions);
@@ -852,7 +889,27 @@ impl Session {
         };
         self.cancel_slot.lock().expect("cancel slot").target = None;
         self.end_fallback();
-        if attached.awaiting_replies() || self.status != b'I' {
+        let mut status = self.status;
+        if attached.awaiting_replies() && !attached.open && !attached.copy_in {
+            // The client left with replies still due (drivers send a Close for each statement
+            // they drop, often right before they disconnect): read them to their last
+            // ReadyForQuery, unrelayed, so the connection can go back to the pool.
+            let drained = crate::timer::timeout(FINISH_DRAIN, async {
+                while !attached.expect.is_empty() {
+                    let frame = attached.conn.recv().await?;
+                    if frame.tag == b'Z' {
+                        attached.expect.pop_front();
+                        status = frame.body.first().copied().unwrap_or(b'E');
+                    }
+                }
+                Ok::<(), crate::backend::BackendError>(())
+            })
+            .await;
+            if !matches!(drained, Ok(Ok(()))) {
+                return;
+            }
+        }
+        if attached.awaiting_replies() || status != b'I' {
             return;
         }
         if matches!(attached.conn.run_simple("DISCARD ALL").await, Ok(None)) {

@@ -303,6 +303,15 @@ fn each_user_runs_as_its_server_role_from_pools_of_its_own() {
             "app after the reload"
         );
     });
+    // The sessions end after their clients: what they gave back is counted once they have.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while proxy.proxy.client_count() > 0 {
+        assert!(
+            Instant::now() < deadline,
+            "the clients' sessions never ended"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
     let status = proxy.http_get("/status");
     let body = status.split("\r\n\r\n").nth(1).unwrap_or_default();
     let json: serde_json::Value = serde_json::from_str(body).expect("status JSON");

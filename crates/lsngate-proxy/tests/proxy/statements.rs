@@ -20,6 +20,8 @@ pub(crate) struct Reply {
     pub(crate) rows: Vec<Vec<Option<String>>>,
     /// ErrorResponse messages.
     pub(crate) errors: Vec<String>,
+    /// Every message's tag, in order (ReadyForQuery included).
+    pub(crate) tags: Vec<u8>,
 }
 
 /// A client speaking protocol 3 by hand over a blocking socket.
@@ -31,7 +33,12 @@ pub(crate) struct Wire {
 impl Wire {
     /// Logs in as `postgres` (the test proxy trusts loopback clients in flags-only mode).
     pub(crate) fn connect(proxy: &TestProxy) -> Wire {
-        let stream = TcpStream::connect(proxy.addr).unwrap();
+        Wire::connect_to(proxy.addr)
+    }
+
+    /// Logs in as `postgres` at `addr` (a proxy, or a server directly).
+    pub(crate) fn connect_to(addr: std::net::SocketAddr) -> Wire {
+        let stream = TcpStream::connect(addr).unwrap();
         // A reply that never comes fails the test instead of hanging it.
         stream
             .set_read_timeout(Some(std::time::Duration::from_secs(60)))
@@ -64,12 +71,26 @@ impl Wire {
             .iter()
             .filter(|m| matches!(m, FrontendMessage::Sync | FrontendMessage::Query(_)))
             .count();
+        self.replies(readies)
+    }
+
+    /// Sends `messages` in one write and reads the replies up to the `readies`-th
+    /// ReadyForQuery (for flights whose Query the server skips after an error).
+    pub(crate) fn flight_with(&mut self, messages: &[FrontendMessage], readies: usize) -> Reply {
+        let mut out = BytesMut::new();
+        messages.iter().for_each(|m| m.to_frame().encode(&mut out));
+        self.stream.write_all(&out).unwrap();
+        self.replies(readies)
+    }
+
+    fn replies(&mut self, readies: usize) -> Reply {
         let mut reply = Reply::default();
         for _ in 0..readies {
             let one = self.until_ready();
             reply.columns.extend(one.columns);
             reply.rows.extend(one.rows);
             reply.errors.extend(one.errors);
+            reply.tags.extend(one.tags);
         }
         reply
     }
@@ -89,6 +110,7 @@ impl Wire {
                     continue;
                 }
             };
+            reply.tags.push(frame.tag);
             match frame.tag {
                 b'T' => reply.columns.extend(row_description(&frame.body)),
                 b'D' => reply.rows.push(data_row(&frame.body)),
@@ -264,5 +286,161 @@ fn flights_pipelined_behind_a_write_all_get_their_replies() {
             vec![vec![Some(round.to_string())]],
             "round {round}: the transaction sees every insert"
         );
+    }
+}
+
+fn bind_no_parameters() -> FrontendMessage {
+    FrontendMessage::Bind {
+        portal: String::new(),
+        statement: String::new(),
+        rest: Bytes::from_static(&[0, 0, 0, 0, 0, 0]),
+    }
+}
+
+fn execute() -> FrontendMessage {
+    FrontendMessage::Execute {
+        portal: String::new(),
+        max_rows: 0,
+    }
+}
+
+/// Issue #21: pgjdbc with `autosave` sends `Parse/Bind/Execute BEGIN`, a simple `Query
+/// SAVEPOINT`, then the statement and Sync, in one write. The proxy ran the Query at once and
+/// the unsynced BEGIN later (`25P01 SAVEPOINT can only be used in transaction blocks`, then
+/// BEGIN): replies out of order, and pgjdbc paired them with the wrong statements.
+#[test]
+fn a_query_after_unsynced_extended_messages_is_answered_in_order() {
+    let cluster = shared_cluster();
+    let proxy = TestProxy::start(cluster);
+    let mut wire = Wire::connect(&proxy);
+    let autosave = [
+        parse_unnamed("BEGIN"),
+        bind_no_parameters(),
+        execute(),
+        FrontendMessage::Query("SAVEPOINT PGJDBC_AUTOSAVE".into()),
+        parse_unnamed("SELECT 41 + 1"),
+        bind_no_parameters(),
+        execute(),
+        FrontendMessage::Sync,
+    ];
+    let reply = wire.flight(&autosave);
+    assert!(reply.errors.is_empty(), "{reply:?}");
+    assert_eq!(reply.rows, vec![vec![Some("42".into())]]);
+    // BEGIN's ParseComplete, BindComplete, CommandComplete; SAVEPOINT's CommandComplete and
+    // ReadyForQuery; then the SELECT's, as PostgreSQL answers them.
+    assert_eq!(reply.tags, b"12CCZ12DCZ".to_vec(), "{reply:?}");
+    let reply = wire.flight(&[FrontendMessage::Query("COMMIT".into())]);
+    assert!(reply.errors.is_empty(), "{reply:?}");
+
+    // The proxy's own commands wait for the answers to what was sent before them.
+    let reply = wire.flight(&[
+        parse_unnamed("SELECT 7"),
+        bind_no_parameters(),
+        execute(),
+        FrontendMessage::Query("SHOW lsngate.consistency".into()),
+        FrontendMessage::Sync,
+    ]);
+    assert_eq!(
+        reply.rows,
+        vec![vec![Some("7".into())], vec![Some("session".into())]],
+        "{reply:?}"
+    );
+
+    // After an error the server skips to the Sync, the Query too: one ReadyForQuery in all.
+    let reply = wire.flight_with(
+        &[
+            parse_unnamed("SELECT 1/0"),
+            bind_no_parameters(),
+            execute(),
+            FrontendMessage::Query("SELECT 'skipped'".into()),
+            FrontendMessage::Sync,
+        ],
+        1,
+    );
+    assert_eq!(reply.errors.len(), 1, "{reply:?}");
+    assert!(reply.rows.is_empty(), "the Query was skipped: {reply:?}");
+    let reply = wire.flight(&[FrontendMessage::Query("SELECT 'after'".into())]);
+    assert_eq!(reply.rows, vec![vec![Some("after".into())]], "{reply:?}");
+}
+
+fn parse_named(name: &str, query: &str) -> FrontendMessage {
+    FrontendMessage::Parse {
+        statement: name.into(),
+        query: query.into(),
+        param_types: vec![],
+    }
+}
+
+fn run_named(name: &str) -> Vec<FrontendMessage> {
+    vec![
+        FrontendMessage::Bind {
+            portal: String::new(),
+            statement: name.into(),
+            rest: Bytes::from_static(&[0, 0, 0, 0, 0, 0]),
+        },
+        execute(),
+        FrontendMessage::Sync,
+    ]
+}
+
+/// Issue #21: pgx sends `DEALLOCATE lrupsc_N_M` as a simple query when its statement cache
+/// evicts; forwarded, it landed on server connections that never prepared the statement
+/// (`26000`). The same exchanges, straight to PostgreSQL and through the proxy, must answer alike.
+#[test]
+fn deallocate_keeps_the_clients_statements_and_the_servers_in_step() {
+    let cluster = shared_cluster();
+    let proxy = TestProxy::start(cluster);
+    let direct: std::net::SocketAddr = format!("127.0.0.1:{}", cluster.primary().port())
+        .parse()
+        .unwrap();
+    let query = |sql: &str| FrontendMessage::Query(sql.into());
+    let exchanges: Vec<Vec<FrontendMessage>> = vec![
+        vec![parse_named("lrupsc_1_0", "SELECT 1"), FrontendMessage::Sync],
+        run_named("lrupsc_1_0"),
+        vec![query("deallocate \"lrupsc_1_0\"")],
+        // Gone for the client, wherever a copy of it was parsed.
+        run_named("lrupsc_1_0"),
+        vec![query("DEALLOCATE nosuch")],
+        // The name is free again, for another statement.
+        vec![parse_named("lrupsc_1_0", "SELECT 2"), FrontendMessage::Sync],
+        run_named("lrupsc_1_0"),
+        vec![query("BEGIN")],
+        vec![query("DEALLOCATE PREPARE nosuch")],
+        vec![query("SELECT 1")],
+        vec![query("ROLLBACK")],
+        vec![query("DEALLOCATE ALL")],
+        run_named("lrupsc_1_0"),
+    ];
+    let answers = |mut wire: Wire| {
+        exchanges
+            .iter()
+            .map(|flight| {
+                let reply = wire.flight(flight);
+                (reply.rows, reply.errors)
+            })
+            .collect::<Vec<_>>()
+    };
+    let expected = answers(Wire::connect_to(direct));
+    assert_eq!(
+        expected[3].1,
+        vec!["prepared statement \"lrupsc_1_0\" does not exist"]
+    );
+    // Several clients through the proxy, so statements of one meet connections of others.
+    for round in 0..3 {
+        let seen = answers(Wire::connect(&proxy));
+        for (i, (want, got)) in expected.iter().zip(&seen).enumerate() {
+            assert_eq!(got, want, "round {round}, exchange {i}: {:?}", exchanges[i]);
+        }
+    }
+    // A cache that keeps evicting: hundreds of statements prepared, run and deallocated.
+    let mut wire = Wire::connect(&proxy);
+    for i in 0..400 {
+        let name = format!("lrupsc_2_{i}");
+        let mut flight = vec![parse_named(&name, &format!("SELECT {i}"))];
+        flight.extend(run_named(&name));
+        let reply = wire.flight(&flight);
+        assert_eq!(reply.rows, vec![vec![Some(i.to_string())]], "{reply:?}");
+        let reply = wire.flight(&[query(&format!("deallocate \"{name}\""))]);
+        assert!(reply.errors.is_empty(), "{reply:?}");
     }
 }
