@@ -599,7 +599,7 @@ impl Session {
         };
         match message {
             FrontendMessage::Query(sql) => {
-                if !self.query_after_unsynced().await? {
+                if !self.query_after_unsynced(&sql).await? {
                     self.simple_query(sql).await?
                 }
             }
@@ -649,7 +649,7 @@ impl Session {
             m @ (FrontendMessage::Sync | FrontendMessage::Flush) => {
                 self.pending.push(m);
                 let flight = std::mem::take(&mut self.pending);
-                self.extended_flight(flight).await?;
+                self.extended_flight(flight, None).await?;
             }
             m @ (FrontendMessage::CopyData(_)
             | FrontendMessage::CopyDone
@@ -685,11 +685,17 @@ impl Session {
     /// statement and Sync, in one write). True when the server skips the Query: one of those
     /// messages failed, and until the next Sync the server ignores everything, so no answer is
     /// due.
-    async fn query_after_unsynced(&mut self) -> anyhow::Result<bool> {
+    async fn query_after_unsynced(&mut self, sql: &str) -> anyhow::Result<bool> {
         if !self.pending.is_empty() {
+            // The Query runs where these go: they are routed as demandingly as it needs.
+            let query = comment_hints(sql).map_or_else(|| sql.to_string(), |(_, s)| s);
+            let class = local_command(&query).is_none().then(|| {
+                self.class_memo
+                    .classify(&self.proxy.classes, &query, &self.config.write_functions)
+            });
             self.pending.push(FrontendMessage::Flush);
             let flight = std::mem::take(&mut self.pending);
-            self.extended_flight(flight).await?;
+            self.extended_flight(flight, class).await?;
         }
         if !self.backend.as_ref().is_some_and(|b| b.open) {
             return Ok(false);
@@ -759,7 +765,12 @@ impl Session {
 
     /// An extended-protocol flight up to Sync or Flush: answered by the proxy (its commands, a
     /// refused floor) or routed by the most demanding class among its statements.
-    async fn extended_flight(&mut self, flight: Vec<FrontendMessage>) -> anyhow::Result<()> {
+    /// `also`: the class of a simple Query that will follow on the same backend.
+    async fn extended_flight(
+        &mut self,
+        flight: Vec<FrontendMessage>,
+        also: Option<Class>,
+    ) -> anyhow::Result<()> {
         let used = self.flight_statements(&flight);
         // Portals bound in this flight are what their statement is; others what they were.
         let mut bound: HashMap<&str, bool> = HashMap::new();
@@ -815,6 +826,13 @@ impl Session {
         }
         if unknown {
             class = Some(Class::Write);
+        }
+        if let Some(also) = also {
+            class = Some(match class {
+                None => also,
+                Some(c) if c == also => c,
+                Some(_) => Class::Write,
+            });
         }
         self.local_portals.clear();
         self.dispatch(flight, class, hint, floor).await

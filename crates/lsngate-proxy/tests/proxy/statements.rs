@@ -346,6 +346,22 @@ fn a_query_after_unsynced_extended_messages_is_answered_in_order() {
         "{reply:?}"
     );
 
+    // A read waiting for its Sync and a write in the Query: both run where the write can.
+    let t = unique("ordered");
+    cluster
+        .primary()
+        .sql(&format!("CREATE TABLE {t} (id int)"))
+        .unwrap();
+    caught_up(cluster);
+    let reply = wire.flight(&[
+        parse_unnamed("SELECT 1"),
+        bind_no_parameters(),
+        execute(),
+        FrontendMessage::Query(format!("INSERT INTO {t} VALUES (1)")),
+        FrontendMessage::Sync,
+    ]);
+    assert!(reply.errors.is_empty(), "{reply:?}");
+
     // After an error the server skips to the Sync, the Query too: one ReadyForQuery in all.
     let reply = wire.flight_with(
         &[
