@@ -8,6 +8,7 @@ pub mod clock;
 pub mod guard;
 pub mod lsn;
 pub mod route;
+pub mod timeline;
 pub mod token;
 pub mod wal;
 

@@ -41,6 +41,7 @@ pub enum Fault {
 
 #[derive(Debug)]
 struct Shared {
+    target: std::sync::atomic::AtomicU16,
     fault: AtomicU8,
     stopped: AtomicBool,
     open: Mutex<Vec<TcpStream>>,
@@ -75,13 +76,14 @@ impl Forwarder {
             .map_err(|e| Error::io("fault forwarder address", e))?
             .port();
         let shared = Arc::new(Shared {
+            target: std::sync::atomic::AtomicU16::new(target),
             fault: AtomicU8::new(Fault::None as u8),
             stopped: AtomicBool::new(false),
             open: Mutex::new(Vec::new()),
             spared: Mutex::new(Vec::new()),
         });
         let accepting = Arc::clone(&shared);
-        std::thread::spawn(move || accept_loop(listener, target, accepting));
+        std::thread::spawn(move || accept_loop(listener, accepting));
         Ok(Forwarder { port, shared })
     }
 
@@ -93,6 +95,12 @@ impl Forwarder {
     /// Switches the fault; takes effect for the next chunk of bytes and the next connection.
     pub fn set(&self, fault: Fault) {
         self.shared.fault.store(fault as u8, Ordering::SeqCst);
+    }
+
+    /// Sends new connections to 127.0.0.1:`target` from now on (a virtual IP moving to a
+    /// promoted server); open ones stay where they are.
+    pub fn set_target(&self, target: u16) {
+        self.shared.target.store(target, Ordering::SeqCst);
     }
 
     /// Never faults connections whose first client bytes contain `pattern` (accepted while no
@@ -123,7 +131,7 @@ impl Drop for Forwarder {
     }
 }
 
-fn accept_loop(listener: TcpListener, target: u16, shared: Arc<Shared>) {
+fn accept_loop(listener: TcpListener, shared: Arc<Shared>) {
     for incoming in listener.incoming() {
         if shared.stopped.load(Ordering::SeqCst) {
             return;
@@ -141,6 +149,7 @@ fn accept_loop(listener: TcpListener, target: u16, shared: Arc<Shared>) {
             }
             Fault::None | Fault::CutAfterReady => {}
         }
+        let target = shared.target.load(Ordering::SeqCst);
         let Ok(server) = TcpStream::connect(("127.0.0.1", target)) else {
             reset(&client);
             continue;

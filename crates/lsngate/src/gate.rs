@@ -59,8 +59,11 @@ impl Drop for Permit<'_> {
 }
 
 impl Gate {
-    /// Builds the pools and starts the background monitor. Connections are opened lazily, so
-    /// this succeeds while servers are down; it fails only on an unusable configuration.
+    /// Builds the pools, polls every node once (each poll bounded by the connect timeout) and
+    /// starts the background monitor. It succeeds while servers are down, taking up to the
+    /// connect timeout then; it fails only on an unusable configuration. Routing starts with
+    /// what the first poll learnt — each replica's role and timeline: a read with a token is not
+    /// served by a replica whose timeline is unknown (see `lsngate_core::timeline`).
     /// Must be called inside a tokio runtime.
     pub async fn connect(config: Config) -> Result<Gate, Error> {
         crate::metrics::describe();
@@ -100,6 +103,7 @@ impl Gate {
             epoch: Instant::now(),
             spin: AtomicUsize::new(0),
         });
+        monitor::poll_once(&inner).await;
         monitor::spawn(Arc::downgrade(&inner));
         Ok(Gate { inner })
     }

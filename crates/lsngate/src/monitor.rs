@@ -17,24 +17,27 @@ use crate::flight::{self, COMMIT_POSITION_SQL};
 use crate::gate::Inner;
 use crate::pool::discard;
 
-/// On a replica: role, replay position and the timeline it streams from (NULL when not
-/// streaming, or hidden from unprivileged users).
+/// On a replica: role, replay position and the timeline its WAL receiver streams (0 when the
+/// receiver runs but the timeline is hidden from unprivileged users, NULL when none runs).
 const REPLICA_PROBE_SQL: &str = "SELECT pg_is_in_recovery()::text, pg_last_wal_replay_lsn()::text, \
-     (SELECT received_tli::text FROM pg_stat_wal_receiver)";
+     (SELECT coalesce(received_tli, 0)::text FROM pg_stat_wal_receiver)";
 
+/// Polls every node from now on, the first poll after one interval (the gate ran one itself).
 pub(crate) fn spawn(inner: Weak<Inner>) {
     tokio::spawn(async move {
         loop {
-            let Some(gate) = inner.upgrade() else { return };
-            let interval = gate.config.poll_interval;
-            poll_once(&gate).await;
-            drop(gate);
+            let Some(interval) = inner.upgrade().map(|g| g.config.poll_interval) else {
+                return;
+            };
             tokio::time::sleep(interval).await;
+            let Some(gate) = inner.upgrade() else { return };
+            poll_once(&gate).await;
         }
     });
 }
 
-async fn poll_once(inner: &Arc<Inner>) {
+/// One poll of every node, each probe bounded by the connect timeout.
+pub(crate) async fn poll_once(inner: &Arc<Inner>) {
     let probes = (0..inner.replicas.len()).map(|i| probe_replica(inner, i));
     futures_util::future::join(probe_primary(inner), futures_util::future::join_all(probes)).await;
 }
@@ -85,21 +88,25 @@ async fn probe_replica(inner: &Inner, index: usize) {
         }
     };
     let (in_recovery, replayed) = flight::replica_position(&messages);
-    let timeline = third_column(&messages).and_then(|t| t.parse().ok());
+    let received = third_column(&messages).and_then(|t| t.parse().ok());
     let role = match in_recovery {
         Some(false) => Role::Primary,
         _ => Role::Standby,
     };
-    if let (Role::Standby, Some(lsn)) = (role, replayed) {
-        inner.watcher.observe_replayed(index, &conn.server, lsn);
+    if role == Role::Standby {
+        // The timeline first: an orphan stops serving before its position counts.
+        inner.watcher.observe_receiver(index, received);
+        if let Some(lsn) = replayed {
+            inner.watcher.observe_replayed(index, &conn.server, lsn);
+        }
     }
-    inner.watcher.observe_role(index, role, timeline);
+    inner.watcher.observe_role(index, role);
     export(inner, index, role);
 }
 
 fn export(inner: &Inner, index: usize, role: Role) {
     let now = Instant::now();
-    let state = inner.watcher.states(None)[index];
+    let state = inner.watcher.states(lsngate_core::timeline::Need::Any)[index];
     let lag = state
         .replayed
         .and_then(|r| inner.watcher.lag_behind(r, now));

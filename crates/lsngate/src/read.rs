@@ -168,7 +168,7 @@ async fn execute(inner: &Inner, plan: &Plan, sql: &str, params: Params<'_>) -> R
                 FallbackReason::BudgetSpent
             }
             Ok(Attempt::Promoted) => {
-                inner.watcher.observe_role(index, Role::Primary, None);
+                inner.watcher.observe_role(index, Role::Primary);
                 FallbackReason::Promoted
             }
             Err(error) => absorb(inner, index, error)?,
@@ -185,7 +185,11 @@ fn next_replica(
     excluded: &[bool],
     deadline: Instant,
 ) -> Result<usize, FallbackReason> {
-    let mut states = inner.watcher.states(plan.token.and_then(|t| t.timeline));
+    let need = match plan.token {
+        Some(token) => lsngate_core::timeline::Need::Floor(token.timeline),
+        None => lsngate_core::timeline::Need::Any,
+    };
+    let mut states = inner.watcher.states(need);
     for ((state, out), pool) in states.iter_mut().zip(excluded).zip(&inner.replicas) {
         state.healthy &= !out;
         state.busy = pool.busy();

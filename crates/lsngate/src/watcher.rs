@@ -10,6 +10,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use lsngate_core::timeline::{Need, ReplicaTimeline, admits};
 use lsngate_core::{Lsn, ReplicaState, Role, WalClock};
 use tokio::time::Instant;
 
@@ -22,7 +23,8 @@ struct SlotState {
     healthy: bool,
     role: Role,
     lag: Option<Duration>,
-    timeline: Option<u32>,
+    /// The timeline its WAL receiver streams, and whether one runs (see `lsngate_core::timeline`).
+    timeline: ReplicaTimeline,
     /// Servers seen behind the URL, with when they last reported.
     servers: HashMap<Arc<ServerId>, Instant>,
 }
@@ -105,7 +107,7 @@ impl Watcher {
     }
 
     /// Replica `slot` answered as a standby (or as a promoted primary).
-    pub fn observe_role(&self, slot: usize, role: Role, timeline: Option<u32>) {
+    pub fn observe_role(&self, slot: usize, role: Role) {
         let mut state = lock(&self.slots[slot]);
         state.healthy = true;
         if role == Role::Primary && state.role != Role::Primary {
@@ -117,8 +119,16 @@ impl Watcher {
                 .increment(1);
         }
         state.role = role;
-        if timeline.is_some() {
-            state.timeline = timeline;
+    }
+
+    /// Replica `slot`'s WAL receiver reported `received` (its `received_tli`: 0 when hidden from
+    /// the monitor's role, `None` when no receiver runs).
+    pub fn observe_receiver(&self, slot: usize, received: Option<u32>) {
+        if lock(&self.slots[slot]).timeline.observe(received) {
+            tracing::warn!(
+                replica = slot,
+                "the monitor cannot see this replica's WAL receiver timeline (grant pg_read_all_stats to the replica URL's user); after a failover an orphaned replica cannot be told from one that follows the new primary"
+            );
         }
     }
 
@@ -147,11 +157,13 @@ impl Watcher {
         let at = when.saturating_duration_since(self.origin);
         lock(&self.clock).observe(at, lsn);
         if let Some(timeline) = timeline {
-            *lock(&self.primary_timeline) = Some(timeline);
+            // The newest seen: a connection opened before a failover reports the old one.
+            let mut known = lock(&self.primary_timeline);
+            *known = (*known).max(Some(timeline));
         }
     }
 
-    /// The primary's timeline, when known.
+    /// The newest timeline the primary was seen writing, when known.
     pub fn primary_timeline(&self) -> Option<u32> {
         *lock(&self.primary_timeline)
     }
@@ -181,19 +193,18 @@ impl Watcher {
         positions.try_fold(first, |low, p| p.map(|p| low.min(p)))
     }
 
-    /// Routing input for every replica. A replica on another timeline than `token_timeline`
-    /// is reported unhealthy for this read: `WAIT FOR LSN` compares numbers only.
-    pub fn states(&self, token_timeline: Option<u32>) -> Vec<ReplicaState> {
+    /// Routing input for every replica. A replica whose timeline does not admit `need` (an
+    /// orphan of a failover, or one not known to be on the token's history) is reported
+    /// unhealthy for this read: `WAIT FOR LSN` compares numbers only.
+    pub fn states(&self, need: Need) -> Vec<ReplicaState> {
         let primary = self.primary_position();
+        let newest = self.primary_timeline();
         self.slots
             .iter()
             .map(|slot| {
                 let state = lock(slot);
                 let replayed = self.slot_replayed(&state);
-                let timeline_ok = match (token_timeline, state.timeline) {
-                    (Some(token), Some(replica)) => token == replica,
-                    _ => true,
-                };
+                let timeline_ok = admits(state.timeline, newest, need);
                 ReplicaState {
                     healthy: state.healthy && timeline_ok,
                     role: if state.role == Role::Unknown {
@@ -216,7 +227,7 @@ impl Watcher {
 
     /// Snapshot for [`crate::Gate::replicas`].
     pub fn status(&self, names: &[(String, String)]) -> Vec<ReplicaStatus> {
-        let states = self.states(None);
+        let states = self.states(Need::Any);
         names
             .iter()
             .zip(states)
@@ -284,7 +295,7 @@ mod tests {
         );
         // One URL reaching two servers: routing sees the lower one.
         watcher.observe_replayed(0, &b, lsn(70));
-        assert_eq!(watcher.states(None)[0].replayed, Some(lsn(70)));
+        assert_eq!(watcher.states(Need::Any)[0].replayed, Some(lsn(70)));
         assert_eq!(
             watcher.status(&[("replica0".into(), "x".into())])[0].servers_seen,
             2
@@ -297,11 +308,11 @@ mod tests {
         let (old, new) = (Arc::new(ServerId::test("1")), Arc::new(ServerId::test("2")));
         watcher.observe_replayed(0, &old, lsn(70));
         watcher.observe_replayed(0, &new, lsn(100));
-        assert_eq!(watcher.states(None)[0].replayed, Some(lsn(70)));
+        assert_eq!(watcher.states(Need::Any)[0].replayed, Some(lsn(70)));
         tokio::time::advance(Duration::from_secs(6)).await;
         watcher.observe_replayed(0, &new, lsn(120));
         assert_eq!(
-            watcher.states(None)[0].replayed,
+            watcher.states(Need::Any)[0].replayed,
             Some(lsn(120)),
             "the server gone for 6 s no longer counts"
         );
@@ -334,18 +345,30 @@ mod tests {
     }
 
     #[test]
-    fn unreachable_promoted_and_other_timeline_replicas_do_not_serve() {
-        let watcher = Watcher::new(3);
+    fn unreachable_promoted_and_orphaned_replicas_do_not_serve() {
+        let watcher = Watcher::new(4);
         watcher.mark_unreachable(0, "test");
-        watcher.observe_role(1, Role::Primary, None);
-        watcher.observe_role(2, Role::Standby, Some(2));
-        let states = watcher.states(Some(1));
+        watcher.observe_role(1, Role::Primary);
+        for slot in [2, 3] {
+            watcher.observe_role(slot, Role::Standby);
+        }
+        watcher.observe_receiver(2, Some(2));
+        watcher.observe_receiver(3, Some(1));
+        watcher.observe_primary(Instant::now(), lsn(500), Some(2));
+        let states = watcher.states(Need::Floor(Some(1)));
         assert!(!states[0].is_serving());
         assert!(!states[1].is_serving());
         assert!(
-            !states[2].is_serving(),
-            "token from timeline 1, replica on 2"
+            states[2].is_serving(),
+            "the new timeline holds timeline 1's history up to the fork"
         );
-        assert!(watcher.states(Some(2))[2].is_serving());
+        // Replica 3 stayed on timeline 1: it serves nothing, a bare token or none.
+        for need in [Need::Any, Need::Floor(None), Need::Floor(Some(1))] {
+            assert!(!watcher.states(need)[3].is_serving(), "{need:?}");
+        }
+        // A receiver that is down and never seen streaming: maybe an orphan, no floor read.
+        watcher.observe_role(0, Role::Standby);
+        watcher.observe_receiver(0, None);
+        assert!(!watcher.states(Need::Floor(None))[0].is_serving());
     }
 }

@@ -89,7 +89,7 @@ pub struct ReplicaView {
     pub timeline: Option<u32>,
     /// Its WAL receiver at the last poll: `streaming`, `hidden` (timeline not visible to the
     /// monitor's role), `down`, or `unseen`.
-    pub receiver: crate::backend::timeline::Receiver,
+    pub receiver: &'static str,
     /// Distinct servers seen behind this address.
     pub servers_seen: usize,
 }
@@ -282,7 +282,7 @@ impl Watcher {
                     .and_then(|r| self.lag_behind(r, now))
                     .map(|d| d.as_secs_f64() * 1000.0),
                 timeline: node.timeline.get().last_known,
-                receiver: node.timeline.get().receiver,
+                receiver: node.timeline.get().receiver.as_str(),
                 servers_seen: servers.get(&node.index).copied().unwrap_or(0),
             })
             .collect()

@@ -572,3 +572,93 @@ async fn token_less_reads_respect_the_lag_bound() {
     assert_eq!(read.served.by, ServedBy::Primary);
     assert_eq!(read.served.fallback, Some(FallbackReason::AllLagging));
 }
+
+/// Issue #21's failover, for the library: replica 0 stops receiving, the primary writes a tail
+/// only replica 1 replays, the primary dies and replica 0 is promoted (the primary URL is a
+/// forwarder that moves to it, like a virtual IP). Replica 1 is left on the old timeline ahead of
+/// the fork point. A token without its timeline, numerically below what the orphan replayed,
+/// and a read without a token must both be served elsewhere.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_orphan_ahead_of_the_fork_point_serves_no_read() {
+    let cluster = Cluster::start(&ClusterConfig::default().replicas(2)).unwrap();
+    cluster.wait_streaming(Duration::from_secs(30)).unwrap();
+    support::table(&cluster, "rw_fork");
+    cluster
+        .primary()
+        .sql("INSERT INTO rw_fork VALUES (1, 'old')")
+        .unwrap();
+    cluster.wait_caught_up(Duration::from_secs(30)).unwrap();
+    let front = lsngate_testkit::Forwarder::start(cluster.primary().port()).unwrap();
+    let primary_url = format!("postgres://postgres@127.0.0.1:{}/postgres", front.port());
+    let gate = lsngate::Gate::connect(
+        lsngate::Config::new(primary_url)
+            .replicas(cluster.replica_urls())
+            .poll_interval(Duration::from_millis(20))
+            .budget(Duration::from_millis(200)),
+    )
+    .await
+    .unwrap();
+    let warm = support::insert_then_read(&gate, "rw_fork", 100, 10).await;
+    assert_eq!(warm.stale, 0, "{warm:?}");
+    let (promoted, orphan) = (cluster.replica(0), cluster.replica(1));
+    promoted.stop().unwrap();
+    cluster
+        .primary()
+        .sql(
+            "CREATE TABLE rw_fork_tail AS SELECT g, repeat('x', 100) AS pad FROM generate_series(1, 8000) g; \
+             UPDATE rw_fork SET note = 'lost' WHERE id = 1",
+        )
+        .unwrap();
+    let tail_end = cluster.primary().position().unwrap();
+    orphan
+        .wait_replayed(&tail_end, Duration::from_secs(30))
+        .unwrap();
+    cluster.primary().kill().unwrap();
+    promoted.start().unwrap();
+    promoted.promote().unwrap();
+    front.set_target(promoted.port());
+    let orphan_replayed = orphan.sql("SELECT pg_last_wal_replay_lsn()").unwrap();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    let written = loop {
+        match gate
+            .write("UPDATE rw_fork SET note = 'new' WHERE id = 1", &[])
+            .await
+        {
+            Ok(written) => break written,
+            Err(e) => {
+                assert!(
+                    tokio::time::Instant::now() < deadline,
+                    "writes never reached the new primary: {e}"
+                );
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    };
+    assert_eq!(written.token.timeline, Some(2), "{:?}", written.token);
+    let bare = lsngate::Token::new(written.token.lsn);
+    let below = promoted
+        .sql(&format!(
+            "SELECT '{}'::pg_lsn < '{orphan_replayed}'::pg_lsn",
+            bare.lsn
+        ))
+        .unwrap();
+    assert_eq!(
+        below, "t",
+        "the test needs the commit {} below the orphan's replay position {orphan_replayed}",
+        bare.lsn
+    );
+    let select = "SELECT note FROM rw_fork WHERE id = 1";
+    for token in [Some(bare), Some(written.token), None] {
+        for _ in 0..10 {
+            let read = gate.read().after(token).query(select, &[]).await.unwrap();
+            let note: String = read.rows[0].get(0);
+            assert_ne!(
+                read.served.node, "replica1",
+                "the orphan served a read with token {token:?}: {note}"
+            );
+            if token.is_some() {
+                assert_eq!(note, "new", "token {token:?}: {:?}", read.served);
+            }
+        }
+    }
+}
