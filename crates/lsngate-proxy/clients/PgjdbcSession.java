@@ -164,8 +164,6 @@ public final class PgjdbcSession {
   private static void setup() throws SQLException {
     try (Connection conn = connect(""); Statement st = conn.createStatement()) {
       st.execute("CREATE TABLE " + table + " (id int PRIMARY KEY, note text)");
-      st.execute("CREATE TABLE " + table + "_plan (id int PRIMARY KEY, a text)");
-      st.execute("INSERT INTO " + table + "_plan VALUES (1, 'one')");
     }
   }
 
@@ -191,10 +189,10 @@ public final class PgjdbcSession {
   private static void prepareThresholdOne() throws SQLException {
     try (Connection conn = connect("prepareThreshold=1&preparedStatementCacheQueries=2")) {
       String[] selects = {
-        "SELECT count(*) FROM " + table + " WHERE id >= ?",
-        "SELECT count(*) FROM " + table + " WHERE id > ?",
-        "SELECT count(*) FROM " + table + " WHERE id >= ? AND note IS NOT NULL",
-        "SELECT count(*) FROM " + table + " WHERE id > ? AND note IS NOT NULL",
+        "SELECT count(*) FROM " + table + " WHERE id >= ? AND id < 200",
+        "SELECT count(*) FROM " + table + " WHERE id > ? AND id < 200",
+        "SELECT count(*) FROM " + table + " WHERE id >= ? AND id < 200 AND note IS NOT NULL",
+        "SELECT count(*) FROM " + table + " WHERE id > ? AND id < 200 AND note IS NOT NULL",
       };
       for (int round = 0; round < 5; round++) {
         int id = 100 + round;
@@ -507,6 +505,11 @@ public final class PgjdbcSession {
     String plan = table + "_plan";
     try (Connection conn = connect("autosave=conservative&prepareThreshold=1");
         PreparedStatement select = conn.prepareStatement("SELECT * FROM " + plan + " WHERE id = ?")) {
+      // Created and filled on this connection, so the reads below see the row wherever they run.
+      try (Statement st = conn.createStatement()) {
+        st.execute("CREATE TABLE " + plan + " (id int PRIMARY KEY, a text)");
+        st.execute("INSERT INTO " + plan + " VALUES (1, 'one')");
+      }
       select.setInt(1, 1);
       for (int i = 0; i < 3; i++) {
         try (ResultSet rs = select.executeQuery()) {

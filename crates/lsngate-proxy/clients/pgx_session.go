@@ -394,7 +394,15 @@ func pool(ctx context.Context) error {
 			return err
 		}
 	}
-	if n, err := count(ctx, p, 3000, 3999); err != nil || n != 8*21 {
+	// Read-your-writes holds per connection; this count reads rows other pool connections wrote,
+	// so it runs in a transaction (a proxy serves transactions on the primary).
+	var n int64
+	err = p.BeginFunc(ctx, func(tx pgx.Tx) error {
+		var err error
+		n, err = count(ctx, tx, 3000, 3999)
+		return err
+	})
+	if err != nil || n != 8*21 {
 		return fmt.Errorf("rows written by the pool: %d of %d, %v", n, 8*21, err)
 	}
 	return nil
