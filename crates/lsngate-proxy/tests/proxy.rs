@@ -1,5 +1,5 @@
 //! Integration tests of `lsngate proxy` against real PostgreSQL clusters from the testkit, with
-//! real clients (psql, pgbench, tokio-postgres, psycopg, asyncpg, node-postgres).
+//! real clients (psql, pgbench, tokio-postgres, psycopg, asyncpg, node-postgres, pgjdbc, pgx).
 
 #[path = "proxy/causal.rs"]
 mod causal;
@@ -7,6 +7,8 @@ mod causal;
 mod clients;
 #[path = "proxy/dashboard.rs"]
 mod dashboard;
+#[path = "proxy/drivers.rs"]
+mod drivers;
 #[path = "proxy/faults.rs"]
 mod faults;
 #[path = "proxy/pooling.rs"]
