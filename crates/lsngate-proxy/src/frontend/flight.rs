@@ -131,6 +131,11 @@ pub struct Attached {
     /// One of those failed: the server now skips every message up to the next Sync — a simple
     /// Query included.
     pub skipping: bool,
+    /// Per Describe of the client's still to be answered, the statement whose result shape
+    /// its answer shows, when the proxy wants to know it (see `shapes.rs`).
+    pub describing: VecDeque<Option<String>>,
+    /// A Bind of a changed statement was sent (see `shapes.rs`).
+    pub plan_changed_sent: bool,
 }
 
 impl Attached {
@@ -159,6 +164,8 @@ impl Attached {
             may_commit: false,
             unsynced_due: 0,
             skipping: false,
+            describing: VecDeque::new(),
+            plan_changed_sent: false,
         }
     }
 
@@ -842,6 +849,21 @@ impl Session {
             // The server this connection reached already has the floor: no wait.
             self.proxy.causal.record(crate::causal::Outcome::Replica);
         }
+        let attached = self.backend.as_ref().expect("attached before send");
+        if !attached.open
+            && !attached.copy_in
+            && let Some(lost) = self.recheck_moved(&flight).await?
+        {
+            self.backend = None;
+            return self.no_backend(lost.into(), segment_ends(&flight)).await;
+        }
+        if self.backend.is_none() {
+            return self
+                .no_backend(anyhow::anyhow!(no_primary()), segment_ends(&flight))
+                .await;
+        }
+        self.expect_shapes(&flight);
+        let client_frames: Vec<Frame> = flight.iter().map(|m| self.client_frame(m)).collect();
         let mut frames = self.preparation(&flight);
         if self.note_session_effects(&flight, class) {
             self.settings_in_doubt = true;
@@ -884,7 +906,7 @@ impl Session {
                 attached.verdict = Some(Verdict::new(floor, wait, budget));
             }
         }
-        frames.extend(flight.iter().map(FrontendMessage::to_frame));
+        frames.extend(client_frames);
         attached
             .expect
             .extend(std::iter::repeat_n(Owner::Client, ends));

@@ -13,6 +13,7 @@ mod passthrough;
 mod replies;
 pub mod router;
 pub mod session;
+mod shapes;
 mod woken;
 
 use std::collections::HashMap;

@@ -125,6 +125,7 @@ impl Session {
             let plain_relay = b.expect.front() == Some(&Owner::Client)
                 && b.retry.is_none()
                 && b.discard.is_none()
+                && b.describing.is_empty()
                 && !b.copy_in;
             if plain_relay && b.conn.take_plain(self.io.out(), relayed_as_is) > 0 {
                 let b = self.backend.as_ref().expect("attached");
@@ -188,6 +189,10 @@ impl Session {
             }
             return Ok(());
         }
+        if !attached.describing.is_empty() && matches!(frame.tag, b'T' | b'n' | b'E') {
+            self.note_shape(frame.tag, &frame.body);
+        }
+        let attached = self.backend.as_mut().expect("attached");
         if attached.open && attached.expect.is_empty() {
             // An answer to the extended messages sent since the last Sync (see
             // `settle_unsynced`); a ParameterDescription, a DataRow or a notice is not one.
@@ -239,6 +244,10 @@ impl Session {
             }
             BackendMessage::ErrorResponse(mut e) => {
                 attached.error_relayed = true;
+                if let Some(changed) = self.changed_plan_error(&e) {
+                    return self.relay(changed.to_frame(b'E')).await;
+                }
+                let attached = self.backend.as_mut().expect("attached");
                 if matches!(e.get(b'S'), Some("FATAL" | "PANIC")) {
                     attached.doomed = true;
                     // The server connection ends, the client's does not: to the client this is
@@ -309,6 +318,7 @@ impl Session {
             let attached = self.backend.as_mut().expect("attached");
             attached.read = None;
             attached.may_commit = false;
+            attached.plan_changed_sent = false;
             self.end_fallback();
         }
         let attached = self.backend.as_mut().expect("attached");

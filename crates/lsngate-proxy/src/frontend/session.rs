@@ -216,6 +216,10 @@ pub struct ClientStatement {
     pub hint_error: Option<String>,
     /// The text is a proxy command (`SET lsngate.…`), answered by the proxy.
     pub local: Option<LocalCommand>,
+    /// The result columns a Describe showed the client (see `shapes.rs`).
+    pub shape: Option<super::shapes::Shape>,
+    /// The columns changed since: its Binds fail as PostgreSQL's would (`0A000`).
+    pub plan_changed: bool,
 }
 
 impl ClientStatement {
@@ -276,6 +280,8 @@ pub struct Session {
     /// Statement names the client deallocated, to close on the server connections it uses
     /// next (see `deallocate.rs`).
     pub(super) closing: std::collections::VecDeque<String>,
+    /// Some statement of the client's was marked changed (see `shapes.rs`).
+    pub(super) plans_changed: bool,
     shutdown: watch::Receiver<bool>,
 }
 
@@ -473,6 +479,7 @@ impl Session {
             floors,
             local_portals: HashMap::new(),
             closing: std::collections::VecDeque::new(),
+            plans_changed: false,
             shutdown,
         })
     }
@@ -624,6 +631,8 @@ impl Session {
                     floor,
                     hint_error,
                     local,
+                    shape: None,
+                    plan_changed: false,
                 };
                 if statement.is_empty() {
                     self.unnamed = Some(defined);

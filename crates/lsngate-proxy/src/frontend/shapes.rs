@@ -1,0 +1,292 @@
+//! Result shapes of the client's named statements, so a statement that moves to another server
+//! connection answers as it would have where it was prepared.
+//!
+//! PostgreSQL fixes a prepared statement's result columns when it is parsed. If the table
+//! changes shape later (a migration adds a column), every Bind of it fails with `0A000 cached
+//! plan must not change result type`, and drivers know to heal that (pgjdbc re-prepares). Under
+//! transaction pooling the proxy parses the client's statement again on each server connection
+//! it lands on — after the change, that copy has the new columns, and the client's Bind, built
+//! for the old ones, failed with `08P01 bind message has 2 result formats but query has 3
+//! columns` or silently returned a column the client was never told of.
+//!
+//! So the proxy remembers the shape the client was shown (the RowDescription or NoData its own
+//! Describe got), and before a statement with a known shape is parsed on a connection that lacks
+//! it, it parses and describes it there in a round trip of its own. A different shape marks the
+//! statement changed: its Binds are sent naming a statement that does not exist and the
+//! server's `26000` for it is relayed as PostgreSQL's `0A000`, which also aborts the transaction
+//! and skips to the Sync exactly as the real error would. Redefining or closing the statement
+//! clears the mark. The round trip costs only the first use of a statement on a connection.
+
+use bytes::{Bytes, BytesMut};
+
+use super::session::Session;
+use crate::backend::BackendError;
+use crate::net::{ErrorFields, Frame, FrontendMessage};
+
+/// The statement name Binds of a changed statement are sent with (never prepared anywhere).
+const CHANGED: &str = "lsngate_plan_changed";
+
+/// A statement's result columns as a Describe showed them, with the format codes left out (they
+/// come from the Bind, not the statement): a RowDescription body, or empty for NoData.
+pub type Shape = Bytes;
+
+/// The shape in a RowDescription (`T`) or NoData (`n`) body; `None` for a malformed one.
+pub fn shape(tag: u8, body: &[u8]) -> Option<Shape> {
+    if tag == b'n' {
+        return Some(Bytes::new());
+    }
+    let mut out = BytesMut::from(body);
+    let count = u16::from_be_bytes(body.get(..2)?.try_into().ok()?) as usize;
+    let mut at = 2;
+    for _ in 0..count {
+        at += body.get(at..)?.iter().position(|&b| b == 0)? + 1;
+        // table oid 4, attnum 2, type oid 4, typlen 2, typmod 4, format 2
+        let format = at + 16;
+        out.get_mut(format..format + 2)?.fill(0);
+        at = format + 2;
+    }
+    (at == body.len()).then(|| out.freeze())
+}
+
+impl Session {
+    /// Before sending `flight`: one entry per Describe in it, naming the client statement whose
+    /// shape its answer shows (when the shape is not known yet), so the relay can record it.
+    pub(super) fn expect_shapes(&mut self, flight: &[FrontendMessage]) {
+        if !flight
+            .iter()
+            .any(|m| matches!(m, FrontendMessage::Describe { .. }))
+        {
+            return;
+        }
+        let mut wanted = Vec::new();
+        for (at, m) in flight.iter().enumerate() {
+            let FrontendMessage::Describe { kind, name } = m else {
+                continue;
+            };
+            let statement = if *kind == b'S' {
+                Some(name.as_str())
+            } else {
+                // The portal's statement: its last Bind before this Describe in the flight.
+                flight[..at].iter().rev().find_map(|b| match b {
+                    FrontendMessage::Bind {
+                        portal, statement, ..
+                    } if portal == name => Some(statement.as_str()),
+                    _ => None,
+                })
+            };
+            let unknown = statement
+                .filter(|s| !s.is_empty())
+                .filter(|s| self.statements.get(*s).is_some_and(|c| c.shape.is_none()));
+            wanted.push(unknown.map(str::to_string));
+        }
+        if wanted.iter().any(Option::is_some)
+            && let Some(attached) = self.backend.as_mut()
+        {
+            attached.describing.extend(wanted);
+        }
+    }
+
+    /// A RowDescription or NoData (the answer to a Describe) or an error is being relayed.
+    pub(super) fn note_shape(&mut self, tag: u8, body: &[u8]) {
+        let Some(attached) = self.backend.as_mut() else {
+            return;
+        };
+        if tag == b'E' {
+            // The rest of the segment is skipped: which Describes answer is no longer known.
+            attached.describing.clear();
+            return;
+        }
+        if let Some(Some(name)) = attached.describing.pop_front()
+            && let Some(statement) = self.statements.get_mut(&name)
+        {
+            statement.shape = shape(tag, body);
+        }
+    }
+
+    /// Before `flight` runs on the attached connection: statements it uses whose shape the
+    /// client was shown and which this connection lacks are parsed and described here first; a
+    /// different shape marks them changed (see the module doc).
+    /// The connection's loss, when it broke meanwhile (nothing of the flight was sent).
+    pub(super) async fn recheck_moved(
+        &mut self,
+        flight: &[FrontendMessage],
+    ) -> anyhow::Result<Option<BackendError>> {
+        if self.statements.is_empty() {
+            return Ok(None);
+        }
+        let mut moved = Vec::new();
+        {
+            let Some(attached) = self.backend.as_ref() else {
+                return Ok(None);
+            };
+            let parsed_here = |name: &str| {
+                flight.iter().any(
+                    |m| matches!(m, FrontendMessage::Parse { statement, .. } if statement == name),
+                )
+            };
+            for m in flight {
+                let (FrontendMessage::Bind {
+                    statement: name, ..
+                }
+                | FrontendMessage::Describe { kind: b'S', name }) = m
+                else {
+                    continue;
+                };
+                let Some(s) = self.statements.get(name) else {
+                    continue;
+                };
+                let lacks = attached.conn.prepared.get(name) != Some(&s.identity());
+                if s.shape.is_some()
+                    && !s.plan_changed
+                    && lacks
+                    && !parsed_here(name)
+                    && !moved.contains(name)
+                {
+                    moved.push(name.clone());
+                }
+            }
+        }
+        if moved.is_empty() {
+            return Ok(None);
+        }
+        // The round trip needs the connection to itself.
+        self.drain().await?;
+        for name in moved {
+            let Some(s) = self.statements.get(&name).cloned() else {
+                continue;
+            };
+            let Some(attached) = self.backend.as_mut() else {
+                return Ok(None);
+            };
+            let frames = [
+                FrontendMessage::Close {
+                    kind: b'S',
+                    name: name.clone(),
+                }
+                .to_frame(),
+                FrontendMessage::Parse {
+                    statement: name.clone(),
+                    query: s.query.clone(),
+                    param_types: s.param_types.clone(),
+                }
+                .to_frame(),
+                FrontendMessage::Describe {
+                    kind: b'S',
+                    name: name.clone(),
+                }
+                .to_frame(),
+                FrontendMessage::Sync.to_frame(),
+            ];
+            let timeout = self.config.connect_timeout;
+            let answer = crate::timer::timeout(timeout, async {
+                attached.conn.send(&frames).await?;
+                let mut found: Option<Shape> = None;
+                let mut failed = false;
+                loop {
+                    let frame = attached.conn.recv().await?;
+                    match frame.tag {
+                        b'T' | b'n' => found = shape(frame.tag, &frame.body),
+                        b'E' => failed = true,
+                        b'Z' => return Ok::<_, BackendError>((found, failed)),
+                        _ => {}
+                    }
+                }
+            })
+            .await;
+            match answer {
+                Ok(Ok((found, false))) => {
+                    attached.conn.prepared.insert(name.clone(), s.identity());
+                    if found != s.shape {
+                        tracing::debug!(statement = %name, "the statement's result columns changed since the client described it");
+                        if let Some(statement) = self.statements.get_mut(&name) {
+                            statement.plan_changed = true;
+                            self.plans_changed = true;
+                        }
+                    }
+                }
+                // It no longer parses there (a dropped table): the usual re-Parse in front of
+                // the client's flight lets the server say why.
+                Ok(Ok((_, true))) => {
+                    attached.conn.prepared.remove(&name);
+                }
+                Ok(Err(e)) => return Ok(Some(e)),
+                Err(_) => {
+                    return Ok(Some(BackendError::Lost {
+                        node: attached.conn.address.clone(),
+                        why: format!("no answer within {timeout:?} while preparing a statement"),
+                    }));
+                }
+            }
+        }
+        Ok(None)
+    }
+
+    /// The frame to send for client message `m`: a Bind of a changed statement names one that
+    /// does not exist, so the server fails it where PostgreSQL would (see the module doc).
+    pub(super) fn client_frame(&mut self, m: &FrontendMessage) -> Frame {
+        if let FrontendMessage::Bind {
+            portal,
+            statement,
+            rest,
+        } = m
+            && self.plans_changed
+            && self
+                .statements
+                .get(statement)
+                .is_some_and(|s| s.plan_changed)
+            && let Some(attached) = self.backend.as_mut()
+        {
+            attached.plan_changed_sent = true;
+            return FrontendMessage::Bind {
+                portal: portal.clone(),
+                statement: CHANGED.into(),
+                rest: rest.clone(),
+            }
+            .to_frame();
+        }
+        m.to_frame()
+    }
+
+    /// The server's error for a Bind sent by [`Session::client_frame`], as PostgreSQL reports
+    /// a changed plan; other errors as they are.
+    pub(super) fn changed_plan_error(&self, e: &ErrorFields) -> Option<ErrorFields> {
+        let sent = self.backend.as_ref().is_some_and(|b| b.plan_changed_sent);
+        let ours = sent
+            && e.sqlstate() == Some("26000")
+            && e.get(b'M').is_some_and(|m| m.contains(CHANGED));
+        ours.then(|| {
+            let mut error =
+                ErrorFields::new("ERROR", "0A000", "cached plan must not change result type");
+            // Drivers recognise the error by the server routine that raises it (pgjdbc heals
+            // by re-preparing only when it is RevalidateCachedQuery).
+            error.fields.push((b'F', "plancache.c".into()));
+            error.fields.push((b'R', "RevalidateCachedQuery".into()));
+            error
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shapes_ignore_format_codes_and_refuse_garbage() {
+        // One column "a": table oid 1, attnum 1, int4 (23), len 4, typmod -1, format 1.
+        let mut body = vec![0, 1, b'a', 0];
+        body.extend_from_slice(&[
+            0, 0, 0, 1, 0, 1, 0, 0, 0, 23, 0, 4, 255, 255, 255, 255, 0, 1,
+        ]);
+        let text = {
+            let mut b = body.clone();
+            let n = b.len();
+            b[n - 1] = 0;
+            b
+        };
+        assert_eq!(shape(b'T', &body), shape(b'T', &text));
+        assert!(shape(b'T', &body).is_some());
+        assert_eq!(shape(b'n', &[]), Some(Bytes::new()));
+        assert_eq!(shape(b'T', &body[..body.len() - 1]), None);
+        assert_eq!(shape(b'T', &[0, 2, b'a', 0]), None);
+    }
+}
