@@ -16,6 +16,7 @@ mod cluster;
 mod node;
 mod pgbin;
 mod process;
+mod tls;
 
 use std::path::PathBuf;
 use std::sync::OnceLock;
@@ -25,6 +26,7 @@ pub use cluster::{Cluster, ClusterConfig, MANIFEST, Manifest, SyncMode};
 pub use node::{Node, NodeSpec};
 pub use pgbin::{BUNDLE_BIN, PG_BIN_ENV, PgBin};
 pub use process::SERVER_USER;
+pub use tls::{ClusterTls, Issued, TestCa};
 
 /// Everything the testkit can fail with; each message says what to do about it.
 #[derive(Debug, thiserror::Error)]
