@@ -36,7 +36,10 @@ impl RunAs {
             let home = if dir.is_null() {
                 std::path::PathBuf::from("/")
             } else {
-                std::ffi::CStr::from_ptr(dir).to_string_lossy().into_owned().into()
+                std::ffi::CStr::from_ptr(dir)
+                    .to_string_lossy()
+                    .into_owned()
+                    .into()
             };
             ((*entry).pw_uid, (*entry).pw_gid, home)
         };

@@ -81,9 +81,9 @@ fn assert_tls_on_both(proxy: &TestProxy) {
     });
 }
 
-/// The error text a client gets for `sql` through `proxy` (connect or statement).
+/// The error text a client gets for `sql` through `proxy` (at login or for the statement).
 fn client_error(proxy: &TestProxy, sql: &str) -> String {
-    rt().block_on(async {
+    let error = rt().block_on(async {
         let (client, connection) =
             match tokio_postgres::connect(&proxy.conninfo(), tokio_postgres::NoTls).await {
                 Ok(pair) => pair,
@@ -94,7 +94,10 @@ fn client_error(proxy: &TestProxy, sql: &str) -> String {
             Ok(_) => panic!("{sql} through the proxy worked"),
             Err(e) => lsngate_pgconn::describe(&e),
         }
-    })
+    });
+    // Printed for the guide (cargo test ... -- --nocapture).
+    println!("client saw: {error}");
+    error
 }
 
 /// Waits until /status shows every node unhealthy with a last error containing `expected`.

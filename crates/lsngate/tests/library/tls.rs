@@ -68,6 +68,8 @@ async fn primary_error(config: Config) -> String {
         .expect("gate (connections open lazily)");
     let error = gate.primary_position().await.unwrap_err();
     assert!(matches!(error, Error::PrimaryUnavailable { .. }), "{error}");
+    // Printed for the guide (cargo test ... -- --nocapture).
+    println!("gate said: {error}");
     error.to_string()
 }
 
@@ -128,7 +130,10 @@ async fn unknown_parameters_and_files_for_a_foreign_connector_are_refused() {
         "127.0.0.1",
         "sslmdoe=require",
     ));
-    let error = Gate::connect(bad).await.err().expect("refused").to_string();
+    let Err(error) = Gate::connect(bad).await else {
+        panic!("a misspelt parameter was accepted");
+    };
+    let error = error.to_string();
     assert!(
         error.contains("replica0 URL: unknown parameter \"sslmdoe\"; supported: host"),
         "{error}"
@@ -140,11 +145,10 @@ async fn unknown_parameters_and_files_for_a_foreign_connector_are_refused() {
         &format!("sslrootcert={ca}"),
     ))
     .tls(tokio_postgres::NoTls);
-    let error = Gate::connect(foreign)
-        .await
-        .err()
-        .expect("refused")
-        .to_string();
+    let Err(error) = Gate::connect(foreign).await else {
+        panic!("sslrootcert with a foreign connector was accepted");
+    };
+    let error = error.to_string();
     assert!(
         error.contains("sslrootcert is read by lsngate's own TLS"),
         "{error}"
