@@ -2,7 +2,8 @@
 # Install what the lsngate-proxy test suite and benchmark need beyond the Rust toolchain and
 # PostgreSQL: the Python clients (psycopg 3, asyncpg), the Node clients (pg, pg-copy-streams,
 # pinned by crates/lsngate-proxy/clients/package-lock.json) and Debian's PgBouncer for the
-# benchmark, openssl for the TLS test. Idempotent: re-running only checks.
+# benchmark, openssl for the TLS tests (the proxy's client TLS test, and the testkit's TLS-only
+# clusters that the proxy and library tests use). Idempotent: re-running only checks.
 set -euo pipefail
 root="$(cd "$(dirname "$0")/../.." && pwd)"
 
@@ -19,7 +20,7 @@ if ! command -v pgbouncer >/dev/null 2>&1 && [ ! -x /usr/sbin/pgbouncer ]; then
   export DEBIAN_FRONTEND=noninteractive
   apt-get install -y -qq pgbouncer >/dev/null 2>&1 || { apt-get update -qq && apt-get install -y -qq pgbouncer >/dev/null; }
 fi
-# The TLS test makes a throwaway certificate with the openssl command.
+# The TLS tests make throwaway CAs and certificates with the openssl command.
 if ! command -v openssl >/dev/null 2>&1; then
   export DEBIAN_FRONTEND=noninteractive
   apt-get install -y -qq openssl >/dev/null 2>&1 || { apt-get update -qq && apt-get install -y -qq openssl >/dev/null; }

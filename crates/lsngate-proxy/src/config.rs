@@ -25,11 +25,13 @@ pub enum ConfigError {
     /// The file is not valid TOML or has unknown keys.
     #[error("invalid config file {path}: {message}")]
     Parse { path: String, message: String },
-    /// A connection URL is not a libpq URL.
-    #[error(
-        "invalid connection URL {url:?}: {why}; expected postgres://user[:password]@host[:port]/database"
-    )]
-    Url { url: String, why: &'static str },
+    /// A node's connection string cannot be used (syntax, unknown parameter, TLS files).
+    #[error("invalid URL of {node} {url:?}: {why}")]
+    Url {
+        node: String,
+        url: String,
+        why: String,
+    },
     /// No primary was configured.
     #[error(
         "no primary configured: pass --primary postgres://user@host:port/db or set `primary` in the config file"
@@ -245,79 +247,125 @@ pub struct FileConfig {
     pub max_replica_lag_bytes: Option<u64>,
 }
 
-/// A parsed libpq URL of one node.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+/// The connection parameters a node URL may carry; anything else is refused at startup.
+pub const NODE_URL_PARAMETERS: &[&str] = &[
+    "host",
+    "port",
+    "user",
+    "password",
+    "dbname",
+    "application_name",
+    "options",
+    "connect_timeout",
+    "sslmode",
+    "sslrootcert",
+    "sslcert",
+    "sslkey",
+];
+
+/// One node's connection string (libpq URL or key/value form), parsed by tokio-postgres with
+/// libpq's TLS keys added (see `lsngate_pgconn`).
+#[derive(Clone, PartialEq, Eq)]
 pub struct NodeUrl {
-    /// Host name or address.
-    pub host: String,
-    /// TCP port.
-    pub port: u16,
+    /// Host names or addresses with their ports, tried in order (as libpq).
+    pub hosts: Vec<(String, u16)>,
     /// Backend user.
     pub user: String,
     /// Backend password, if any.
-    #[serde(skip)]
     pub password: Option<String>,
     /// Default database.
     pub database: String,
+    /// `application_name` sent at startup, if the URL sets one.
+    pub application_name: Option<String>,
+    /// `options` sent at startup (`-c name=value ...`), if the URL sets them.
+    pub options: Option<String>,
+    /// `connect_timeout`: replaces `connect_timeout_ms` for this node, per host.
+    pub connect_timeout: Option<Duration>,
+    /// `sslmode`, `sslrootcert`, `sslcert`, `sslkey`, with the files read.
+    pub tls: lsngate_pgconn::ServerTls,
+}
+
+impl std::fmt::Debug for NodeUrl {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NodeUrl")
+            .field("hosts", &self.hosts)
+            .field("user", &self.user)
+            .field("password", &self.password.as_ref().map(|_| "…"))
+            .field("database", &self.database)
+            .field("tls", self.tls.options())
+            .finish_non_exhaustive()
+    }
 }
 
 impl NodeUrl {
-    /// Parses `postgres://user[:password]@host[:port][/database]`.
+    /// Parses `postgres://user[:password]@host[:port][,host2[:port2]...][/database][?params]`
+    /// or `host=... user=... ...`, with the parameters in [`NODE_URL_PARAMETERS`].
     pub fn parse(url: &str) -> Result<NodeUrl, ConfigError> {
-        let bad = |why| ConfigError::Url {
-            url: redact(url),
+        Self::parse_for(url, "a node")
+    }
+
+    /// [`NodeUrl::parse`], naming the node (`the primary`, `replica 2`) in errors.
+    pub fn parse_for(url: &str, node: &str) -> Result<NodeUrl, ConfigError> {
+        let bad = |why: String| ConfigError::Url {
+            node: node.to_string(),
+            url: lsngate_pgconn::redact(url),
             why,
         };
-        let rest = url
-            .strip_prefix("postgres://")
-            .or_else(|| url.strip_prefix("postgresql://"))
-            .ok_or_else(|| bad("scheme must be postgres:// or postgresql://"))?;
-        let rest = rest.split('?').next().unwrap_or_default();
-        let (auth, hostpart) = rest.rsplit_once('@').ok_or_else(|| bad("missing user@"))?;
-        let (user, password) = match auth.split_once(':') {
-            Some((u, p)) => (u, Some(percent_decode(p))),
-            None => (auth, None),
+        let parsed = lsngate_pgconn::ConnString::parse(url, NODE_URL_PARAMETERS).map_err(|e| {
+            match e {
+                lsngate_pgconn::ParamError::Syntax(why) => bad(format!(
+                    "{why}; expected postgres://user[:password]@host[:port]/database[?sslmode=...] or host=... user=..."
+                )),
+                other => bad(other.to_string()),
+            }
+        })?;
+        let hosts = parsed.tcp_hosts().map_err(|e| bad(e.to_string()))?;
+        let config = &parsed.config;
+        let user = config
+            .get_user()
+            .filter(|u| !u.is_empty())
+            .ok_or_else(|| bad("no user given; write postgres://user@host/database".into()))?
+            .to_string();
+        let password = match config.get_password() {
+            None => None,
+            Some(bytes) => Some(
+                String::from_utf8(bytes.to_vec())
+                    .map_err(|_| bad("the password is not UTF-8 once percent-decoded".into()))?,
+            ),
         };
-        let (hostport, database) = hostpart.split_once('/').unwrap_or((hostpart, ""));
-        let (host, port) = match hostport.rsplit_once(':') {
-            Some((h, p)) => (h, p.parse().map_err(|_| bad("port is not a number"))?),
-            None => (hostport, 5432),
-        };
-        if host.is_empty() || user.is_empty() {
-            return Err(bad("host and user are required"));
-        }
-        let user = percent_decode(user);
-        let database = if database.is_empty() {
-            user.clone()
-        } else {
-            percent_decode(database)
-        };
+        let tls = lsngate_pgconn::ServerTls::new(parsed.tls.clone()).map_err(|e| bad(e.0))?;
         Ok(NodeUrl {
-            host: host.to_string(),
-            port,
+            hosts,
+            database: config.get_dbname().unwrap_or(&user).to_string(),
             user,
             password,
-            database,
+            application_name: config.get_application_name().map(Into::into),
+            options: config.get_options().map(Into::into),
+            connect_timeout: parsed.connect_timeout,
+            tls,
         })
     }
 
-    /// `host:port`, for logs and status.
+    /// `host:port` (several comma-separated for a host list), for logs and status.
     pub fn address(&self) -> String {
-        format!("{}:{}", self.host, self.port)
+        self.hosts
+            .iter()
+            .map(|(host, port)| host_port(host, *port))
+            .collect::<Vec<_>>()
+            .join(",")
     }
 }
 
-fn redact(url: &str) -> String {
-    match (url.find("://"), url.rfind('@')) {
-        (Some(s), Some(at)) if url[s + 3..at].contains(':') => {
-            let colon = s + 3 + url[s + 3..at].find(':').unwrap_or(0);
-            format!("{}:***{}", &url[..colon], &url[at..])
-        }
-        _ => url.to_string(),
+/// `host:port`, with brackets around an IPv6 address.
+pub fn host_port(host: &str, port: u16) -> String {
+    if host.contains(':') {
+        format!("[{host}]:{port}")
+    } else {
+        format!("{host}:{port}")
     }
 }
 
-/// Decodes `%XX` escapes (URLs, sqlcommenter values); invalid escapes stay as written.
+/// Decodes `%XX` escapes (sqlcommenter values); invalid escapes stay as written.
 pub(crate) fn percent_decode(s: &str) -> String {
     let bytes = s.as_bytes();
     let mut out = Vec::with_capacity(bytes.len());
@@ -384,10 +432,13 @@ impl Config {
         let listen = file
             .listen
             .unwrap_or_else(|| "127.0.0.1:6432".parse().expect("valid address"));
-        let primary = NodeUrl::parse(file.primary.as_deref().ok_or(ConfigError::NoPrimary)?)?;
+        let primary = NodeUrl::parse_for(
+            file.primary.as_deref().ok_or(ConfigError::NoPrimary)?,
+            "the primary",
+        )?;
         let mut nodes = vec![primary.clone()];
-        for r in &file.replicas {
-            nodes.push(NodeUrl::parse(r)?);
+        for (i, r) in file.replicas.iter().enumerate() {
+            nodes.push(NodeUrl::parse_for(r, &format!("replica {}", i + 1))?);
         }
         let mode = file.tls_mode.unwrap_or(if file.tls_cert.is_some() {
             TlsMode::Allow
@@ -688,22 +739,94 @@ mod tests {
     fn urls_parse_with_defaults() {
         let u = NodeUrl::parse("postgres://app:p%40ss@db1:5433/shop").unwrap();
         assert_eq!(
-            (
-                u.host.as_str(),
-                u.port,
-                u.user.as_str(),
-                u.database.as_str()
-            ),
-            ("db1", 5433, "app", "shop")
+            (u.address(), u.user.as_str(), u.database.as_str()),
+            ("db1:5433".to_string(), "app", "shop")
         );
         assert_eq!(u.password.as_deref(), Some("p@ss"));
+        assert_eq!(
+            u.tls.mode(),
+            lsngate_pgconn::SslMode::Prefer,
+            "libpq's default"
+        );
         let u = NodeUrl::parse("postgresql://postgres@127.0.0.1").unwrap();
         assert_eq!(
-            (u.port, u.database.as_str(), u.password),
+            (u.hosts[0].1, u.database.as_str(), u.password),
             (5432, "postgres", None)
         );
         assert!(NodeUrl::parse("mysql://x@y").is_err());
         assert!(NodeUrl::parse("postgres://host-only").is_err());
+    }
+
+    #[test]
+    fn url_parameters_are_read_or_refused_by_name() {
+        let u = NodeUrl::parse(
+            "postgres://app:pw@db1:5433,[::1]:5434/shop?sslmode=require&application_name=web&options=-c%20search_path%3Ds&connect_timeout=3",
+        )
+        .unwrap();
+        assert_eq!(u.address(), "db1:5433,[::1]:5434");
+        assert_eq!(u.tls.mode(), lsngate_pgconn::SslMode::Require);
+        assert_eq!(u.application_name.as_deref(), Some("web"));
+        assert_eq!(u.options.as_deref(), Some("-c search_path=s"));
+        assert_eq!(u.connect_timeout, Some(Duration::from_secs(3)));
+        let u =
+            NodeUrl::parse("host=db1 port=5433 user=app password='a b' sslmode=disable").unwrap();
+        assert_eq!(
+            (u.address(), u.password.as_deref()),
+            ("db1:5433".into(), Some("a b"))
+        );
+        let file = FileConfig {
+            primary: Some("postgres://app:secret@db/x".into()),
+            replicas: vec![
+                "postgres://app:secret@db2/x".into(),
+                "postgres://app:secret@db3/x?sslmdoe=require".into(),
+            ],
+            ..Default::default()
+        };
+        let error = Config::build(file).unwrap_err().to_string();
+        assert!(
+            error.starts_with("invalid URL of replica 2 ")
+                && error.contains("unknown parameter \"sslmdoe\"; supported: host, port")
+                && !error.contains("secret"),
+            "{error}"
+        );
+        for (url, expected) in [
+            (
+                "postgres://app:secret@db/x?sslmode=verify-full",
+                "needs sslrootcert",
+            ),
+            (
+                "postgres://app:secret@db/x?sslmode=verify-ca&sslrootcert=/nonexistent.pem",
+                "sslrootcert=/nonexistent.pem",
+            ),
+            (
+                "postgres://app:secret@db/x?sslmode=sometimes",
+                "sslmode=\"sometimes\"",
+            ),
+            (
+                "postgres://app:secret@db/x?keepalives=1",
+                "unknown parameter \"keepalives\"",
+            ),
+            (
+                "postgres://app:secret@db/x?hostaddr=10.0.0.1",
+                "unknown parameter \"hostaddr\"",
+            ),
+            (
+                "host=/run/postgresql user=app password=secret",
+                "Unix-domain",
+            ),
+            ("postgres://app:secret@db:five/x", "port"),
+        ] {
+            let error = NodeUrl::parse_for(url, "the primary")
+                .unwrap_err()
+                .to_string();
+            assert!(
+                error.contains(expected) && !error.contains("secret"),
+                "{url}: {error}"
+            );
+        }
+        assert!(
+            !format!("{:?}", NodeUrl::parse("postgres://a:secret@h/d").unwrap()).contains("secret")
+        );
     }
 
     #[test]

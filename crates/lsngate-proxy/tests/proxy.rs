@@ -27,3 +27,5 @@ mod signals;
 mod statements;
 #[path = "proxy/support.rs"]
 mod support;
+#[path = "proxy/tls_servers.rs"]
+mod tls_servers;

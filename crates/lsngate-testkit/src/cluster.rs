@@ -15,6 +15,7 @@ use crate::Error;
 use crate::node::{Node, NodeSpec, Tools};
 use crate::pgbin::PgBin;
 use crate::process::{self, RunAs};
+use crate::tls::ClusterTls;
 
 /// `synchronous_commit` with one synchronous standby (`replica1`), or none.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
@@ -62,6 +63,8 @@ pub struct ClusterConfig {
     pub settings: Vec<(String, String)>,
     /// `pg_hba.conf` rules put above initdb's `trust` rules on every node, so they win.
     pub hba: Vec<String>,
+    /// TLS on every node with a certificate from a test CA, and TCP without TLS refused.
+    pub tls_only: bool,
 }
 
 impl Default for ClusterConfig {
@@ -75,6 +78,7 @@ impl Default for ClusterConfig {
             dir: None,
             settings: Vec::new(),
             hba: Vec::new(),
+            tls_only: false,
         }
     }
 }
@@ -122,6 +126,15 @@ impl ClusterConfig {
         self.hba.push(line.to_string());
         self
     }
+    /// Every node serves TLS (`ssl = on`) with a certificate for `localhost` signed by a CA the
+    /// test kit makes (see [`Cluster::tls`]), checks client certificates against that CA when a
+    /// rule says `cert`, and refuses TCP connections without TLS (`hostnossl ... reject` for
+    /// every database and replication, IPv4 and IPv6, above the [`ClusterConfig::hba`] rules).
+    /// Unix-socket connections stay trusted.
+    pub fn tls_only(mut self) -> Self {
+        self.tls_only = true;
+        self
+    }
 }
 
 /// What `cluster.json` holds.
@@ -144,6 +157,7 @@ pub struct Cluster {
     primary: Node,
     replicas: Vec<Node>,
     bin: PgBin,
+    tls: Option<ClusterTls>,
     detached: bool,
 }
 
@@ -171,9 +185,13 @@ impl Cluster {
             primary,
             replicas: Vec::new(),
             bin: bin.clone(),
+            tls: None,
             detached: false,
         };
-        init_primary(&cluster.primary, &tools, config)?;
+        if config.tls_only {
+            cluster.tls = Some(ClusterTls::create(&dir.join("tls"))?);
+        }
+        init_primary(&cluster.primary, &tools, config, cluster.tls.as_ref())?;
         cluster.primary.start()?;
         for i in 1..=config.replicas {
             let replica = Node::new(spec(&format!("replica{i}"))?, tools.clone());
@@ -236,6 +254,7 @@ impl Cluster {
             primary,
             replicas: nodes.collect(),
             bin,
+            tls: None,
             detached: true,
         })
     }
@@ -268,6 +287,11 @@ impl Cluster {
     /// The PostgreSQL installation the cluster runs.
     pub fn pg_bin(&self) -> &PgBin {
         &self.bin
+    }
+
+    /// The CA and server certificate of a [`ClusterConfig::tls_only`] cluster.
+    pub fn tls(&self) -> Option<&ClusterTls> {
+        self.tls.as_ref()
     }
 
     /// The primary's libpq URL.
@@ -378,7 +402,12 @@ fn make_dir(requested: Option<&Path>, run_as: &RunAs) -> Result<PathBuf, Error> 
     Ok(dir)
 }
 
-fn init_primary(primary: &Node, tools: &Tools, config: &ClusterConfig) -> Result<(), Error> {
+fn init_primary(
+    primary: &Node,
+    tools: &Tools,
+    config: &ClusterConfig,
+    tls: Option<&ClusterTls>,
+) -> Result<(), Error> {
     let mut initdb = tools.run_as.command(&tools.bin.tool("initdb"));
     initdb
         .args([
@@ -413,10 +442,16 @@ fn init_primary(primary: &Node, tools: &Tools, config: &ClusterConfig) -> Result
         ("log_min_messages".into(), "warning".into()),
         ("log_line_prefix".into(), "%m [%p] %a ".into()),
     ];
+    let mut hba = Vec::new();
+    if let Some(tls) = tls {
+        conf.extend(tls.settings());
+        hba.extend(ClusterTls::hba());
+    }
     conf.extend(config.settings.iter().cloned());
+    hba.extend(config.hba.iter().cloned());
     append_conf(primary, &conf)?;
     // Replicas get the primary's pg_hba.conf with their base backup.
-    prepend_hba(primary, &config.hba)?;
+    prepend_hba(primary, &hba)?;
     node_conf(primary)
 }
 

@@ -13,7 +13,8 @@
 //!   Arm it while the connection is idle, so the server's stream is at a message boundary.
 //!
 //! Connections whose first bytes from the client contain a pattern given to
-//! [`Forwarder::spare`] (an `application_name` in the startup packet, say) are never faulted.
+//! [`Forwarder::spare`] (an `application_name` in a plaintext startup packet, say) are never
+//! faulted.
 //!
 //! Plain threads, no runtime: usable from any test.
 
@@ -220,8 +221,15 @@ impl Link {
         self.spared.load(Ordering::SeqCst) == SPARED
     }
 
-    /// Decides from the client's first bytes whether the connection is spared.
+    /// Decides from the client's first bytes whether the connection is spared (an SSLRequest
+    /// or GSSENCRequest first is looked past: the startup packet follows it).
     fn decide(&self, first: &[u8], shared: &Shared) {
+        let negotiation = first.len() == 8
+            && first[..4] == [0, 0, 0, 8]
+            && matches!(first[4..], [4, 210, 22, 47] | [4, 210, 22, 48]);
+        if negotiation {
+            return;
+        }
         let patterns = shared.spared.lock().unwrap_or_else(|p| p.into_inner());
         let spared = patterns
             .iter()

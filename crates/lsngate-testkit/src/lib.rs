@@ -17,6 +17,7 @@ mod forwarder;
 mod node;
 mod pgbin;
 mod process;
+mod tls;
 
 use std::path::PathBuf;
 use std::sync::OnceLock;
@@ -27,6 +28,7 @@ pub use forwarder::{Fault, Forwarder};
 pub use node::{Node, NodeSpec};
 pub use pgbin::{BUNDLE_BIN, PG_BIN_ENV, PgBin};
 pub use process::SERVER_USER;
+pub use tls::{ClusterTls, Issued, TestCa};
 
 /// Everything the testkit can fail with; each message says what to do about it.
 #[derive(Debug, thiserror::Error)]

@@ -14,9 +14,9 @@ use crate::Error;
 /// The user server programs run as when started by root.
 pub const SERVER_USER: &str = "lsngate";
 
-/// uid/gid to switch to, or `None` when not root.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct RunAs(Option<(u32, u32)>);
+/// uid/gid (and home directory) to switch to, or `None` when not root.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RunAs(Option<(u32, u32, std::path::PathBuf)>);
 
 impl RunAs {
     pub fn detect() -> Result<RunAs, Error> {
@@ -30,16 +30,29 @@ impl RunAs {
         if entry.is_null() {
             return Err(Error::NoServerUser);
         }
-        // SAFETY: non-null pointer from getpwnam.
-        let (uid, gid) = unsafe { ((*entry).pw_uid, (*entry).pw_gid) };
-        Ok(RunAs(Some((uid, gid))))
+        // SAFETY: non-null pointer from getpwnam; pw_dir is a C string or null.
+        let (uid, gid, home) = unsafe {
+            let dir = (*entry).pw_dir;
+            let home = if dir.is_null() {
+                std::path::PathBuf::from("/")
+            } else {
+                std::ffi::CStr::from_ptr(dir)
+                    .to_string_lossy()
+                    .into_owned()
+                    .into()
+            };
+            ((*entry).pw_uid, (*entry).pw_gid, home)
+        };
+        Ok(RunAs(Some((uid, gid, home))))
     }
 
     /// A command that runs as the server user.
     pub fn command(&self, program: &Path) -> Command {
         let mut command = Command::new(program);
-        if let Some((uid, gid)) = self.0 {
-            command.uid(uid).gid(gid);
+        if let Some((uid, gid, home)) = &self.0 {
+            // Its own HOME: libpq in pg_basebackup and the walreceiver reads ~/.postgresql when
+            // TLS is on, and root's is unreadable to it ("could not open certificate file").
+            command.uid(*uid).gid(*gid).env("HOME", home);
         }
         command.env_remove("PGDATA").env("LC_ALL", "C");
         command
@@ -47,7 +60,8 @@ impl RunAs {
 
     /// Gives `path` to the server user.
     pub fn own(&self, path: &Path) -> Result<(), Error> {
-        if let Some((uid, gid)) = self.0 {
+        if let Some((uid, gid, _)) = &self.0 {
+            let (uid, gid) = (*uid, *gid);
             std::os::unix::fs::chown(path, Some(uid), Some(gid))
                 .map_err(|e| Error::io(format!("chown {}", path.display()), e))?;
         }

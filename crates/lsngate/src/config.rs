@@ -56,7 +56,8 @@ impl Config {
     /// replicas yet and these defaults: budget 500 ms, fallback to the primary, at most 32
     /// concurrent fallbacks, lag bound 16 MiB / 5 s for token-less reads, 16 connections per
     /// node, connect timeout 2 s, I/O grace 1 s, replica polling every 50 ms, unsigned tokens,
-    /// plain TCP.
+    /// TLS as each URL's `sslmode` says (libpq's default `prefer`: TLS when the server offers
+    /// it), with lsngate's rustls connector.
     pub fn new(primary_url: impl Into<String>) -> Config {
         Config {
             primary_url: primary_url.into(),
@@ -76,7 +77,7 @@ impl Config {
             io_grace: Duration::from_secs(1),
             poll_interval: Duration::from_millis(50),
             token_codec: TokenCodec::unsigned(),
-            connector: Connector::plain(),
+            connector: Connector::Rustls,
         }
     }
 
@@ -172,8 +173,11 @@ impl Config {
     }
 
     /// Connects through `tls`, any tokio-postgres TLS connector (for example from
-    /// `postgres-native-tls` or `tokio-postgres-rustls`); each URL's `sslmode` then applies
-    /// (`prefer` by default, `require` to insist). Without this, connections are plain TCP.
+    /// `postgres-native-tls`), instead of lsngate's own rustls TLS. Each URL's `sslmode` then
+    /// applies as tokio-postgres knows it (`prefer` by default; `require`, `verify-ca` and
+    /// `verify-full` all insist on TLS and leave certificate checks to the connector), and
+    /// `sslrootcert`, `sslcert` and `sslkey` are refused. Without this, lsngate's rustls TLS
+    /// follows every libpq `sslmode` and those files.
     pub fn tls<T>(mut self, tls: T) -> Config
     where
         T: MakeTlsConnect<Socket> + Clone + Send + Sync + 'static,

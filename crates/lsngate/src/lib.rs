@@ -26,8 +26,8 @@
 //!
 //! What it is not: a failover manager (the primary URL is fixed), or a query router that
 //! classifies SQL (reads go where you send them with [`Gate::read`], writes with
-//! [`Gate::write`] / [`Gate::begin`]). TLS is whatever tokio-postgres connector you pass to
-//! [`Config::tls`]; plain TCP otherwise.
+//! [`Gate::write`] / [`Gate::begin`]). TLS follows each URL's libpq `sslmode` with lsngate's
+//! rustls connector, or is whatever tokio-postgres connector you pass to [`Config::tls`].
 
 #![warn(missing_docs)]
 

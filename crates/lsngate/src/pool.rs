@@ -5,8 +5,8 @@
 //! [`ServerId`] — learned once per connection, when it is opened — never by the URL, so
 //! "replica 1 has replayed X" is only ever applied to the server that said so.
 //!
-//! This is a thin [`deadpool`] manager over `tokio_postgres` connections (plain or the caller's
-//! TLS connector), with
+//! This is a thin [`deadpool`] manager over `tokio_postgres` connections (TLS as each URL's
+//! `sslmode` says, through lsngate-pgconn's rustls connector, or the caller's own connector), with
 //! a per-connection prepared-statement cache so a read sent after a wait costs no prepare round
 //! trip. It is not a general pool: checkout and connect are always bounded by a timeout, because a
 //! frozen server accepts TCP and then never answers.
@@ -20,21 +20,26 @@ use deadpool::managed::{self, Metrics, RecycleError, RecycleResult};
 use futures_util::future::BoxFuture;
 use tokio::time::Instant;
 use tokio_postgres::tls::{MakeTlsConnect, TlsConnect};
-use tokio_postgres::{Client, NoTls, SimpleQueryMessage, Socket, Statement};
+use tokio_postgres::{Client, SimpleQueryMessage, Socket, Statement};
 
-/// Opens one driver connection (spawning its connection task): plain TCP or the caller's TLS.
+type Connect = dyn Fn(tokio_postgres::Config) -> BoxFuture<'static, Result<Client, tokio_postgres::Error>>
+    + Send
+    + Sync;
+
+/// Opens one driver connection (spawning its connection task): lsngate's rustls TLS following
+/// each URL's `sslmode`, `sslrootcert`, `sslcert` and `sslkey`, or the caller's connector.
 #[derive(Clone)]
-pub(crate) struct Connector(
-    Arc<
-        dyn Fn(tokio_postgres::Config) -> BoxFuture<'static, Result<Client, tokio_postgres::Error>>
-            + Send
-            + Sync,
-    >,
-);
+pub(crate) enum Connector {
+    /// lsngate-pgconn's rustls connector (the default).
+    Rustls,
+    /// The caller's tokio-postgres TLS connector.
+    Custom(Arc<Connect>),
+}
 
 impl Connector {
     /// Connections through `tls` (any tokio-postgres TLS connector, e.g. postgres-native-tls
-    /// or tokio-postgres-rustls), which then follow each URL's `sslmode`.
+    /// or tokio-postgres-rustls), which then follow each URL's `sslmode` (`verify-ca` and
+    /// `verify-full` mean `require`: certificates are the connector's to check).
     pub fn new<T>(tls: T) -> Connector
     where
         T: MakeTlsConnect<Socket> + Clone + Send + Sync + 'static,
@@ -42,7 +47,7 @@ impl Connector {
         T::TlsConnect: Send,
         <T::TlsConnect as TlsConnect<Socket>>::Future: Send,
     {
-        Connector(Arc::new(move |config: tokio_postgres::Config| {
+        Connector::Custom(Arc::new(move |config: tokio_postgres::Config| {
             let tls = tls.clone();
             Box::pin(async move {
                 let (client, connection) = config.connect(tls).await?;
@@ -52,11 +57,6 @@ impl Connector {
                 Ok(client)
             })
         }))
-    }
-
-    /// Plain TCP.
-    pub fn plain() -> Connector {
-        Connector::new(NoTls)
     }
 }
 
@@ -154,6 +154,7 @@ const IDENTITY_SQL: &str = "SELECT system_identifier::text, \
 /// Opens connections to one URL.
 pub(crate) struct NodeManager {
     config: tokio_postgres::Config,
+    tls: lsngate_pgconn::ServerTls,
     connect_timeout: Duration,
     connector: Connector,
 }
@@ -164,9 +165,14 @@ impl managed::Manager for NodeManager {
 
     async fn create(&self) -> Result<Conn, ConnectError> {
         let open = async {
-            let client = (self.connector.0)(self.config.clone())
-                .await
-                .map_err(|e| ConnectError(e.to_string()))?;
+            let client = match &self.connector {
+                Connector::Rustls => lsngate_pgconn::connect(&self.config, &self.tls)
+                    .await
+                    .map_err(ConnectError)?,
+                Connector::Custom(connect) => connect(self.config.clone())
+                    .await
+                    .map_err(|e| ConnectError(lsngate_pgconn::describe(&e)))?,
+            };
             let rows = client
                 .simple_query(IDENTITY_SQL)
                 .await
@@ -258,14 +264,40 @@ impl NodePool {
         connect_timeout: Duration,
         connector: Connector,
     ) -> Result<NodePool, String> {
-        let mut config: tokio_postgres::Config = url.parse().map_err(|e| format!("{e}"))?;
-        config.connect_timeout(connect_timeout);
+        let parsed = lsngate_pgconn::ConnString::parse(url, lsngate_pgconn::ALL_PARAMETERS)
+            .map_err(|e| e.to_string())?;
+        let mut config = parsed.config;
+        // The URL's connect_timeout is per host attempt; the pool's bounds the whole opening.
+        config.connect_timeout(parsed.connect_timeout.unwrap_or(connect_timeout));
+        if let Connector::Custom(_) = connector {
+            let tls = &parsed.tls;
+            if let Some(key) = [
+                tls.root_cert.as_ref().map(|_| "sslrootcert"),
+                tls.cert.as_ref().map(|_| "sslcert"),
+                tls.key.as_ref().map(|_| "sslkey"),
+            ]
+            .into_iter()
+            .flatten()
+            .next()
+            {
+                return Err(format!(
+                    "{key} is read by lsngate's own TLS, but Config::tls was given a connector of its own, which checks certificates itself; remove {key} from the URL or drop Config::tls"
+                ));
+            }
+        }
+        let tls = match connector {
+            Connector::Rustls => parsed.tls,
+            // Unused: the caller's connector does TLS.
+            Connector::Custom(_) => lsngate_pgconn::TlsOptions::default(),
+        };
+        let tls = lsngate_pgconn::ServerTls::new(tls).map_err(|e| e.0)?;
         if config.get_application_name().is_none() {
             config.application_name("lsngate");
         }
         let address = describe(&config);
         let manager = NodeManager {
             config,
+            tls,
             connect_timeout,
             connector,
         };

@@ -1,5 +1,6 @@
-//! One server connection: connect, authenticate with the config's credentials (trust,
-//! cleartext, MD5, SCRAM-SHA-256), then send and receive frames. It also remembers what the
+//! One server connection: connect (each host of the URL in turn, TLS as its `sslmode` says),
+//! authenticate with the config's credentials (trust, cleartext, MD5, SCRAM-SHA-256), then send
+//! and receive frames. It also remembers what the
 //! session above must know to reuse it safely: which prepared statements and settings it
 //! carries, and its cancel key. It does not decide where queries go.
 
@@ -13,7 +14,9 @@ use bytes::{Buf, BytesMut};
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 
-use crate::config::{NodeUrl, ServerLogin};
+use lsngate_pgconn::{Attempt, Negotiated, PLAINTEXT_REFUSED_FIX, refuses_plaintext};
+
+use crate::config::{NodeUrl, ServerLogin, host_port};
 use crate::frontend::auth::{md5_response, md5_stored, scram_client_final, scram_server_final_ok};
 use crate::net::{BackendMessage, ErrorFields, Frame, FrontendMessage, StartupFrame, decode_frame};
 
@@ -25,6 +28,15 @@ pub enum BackendError {
     /// TCP connect failed or timed out.
     #[error("cannot connect to {node}: {why}; is the server up and the URL right?")]
     Connect { node: String, why: String },
+    /// The TLS negotiation or handshake failed (`why` names the cause and the fix).
+    #[error("cannot connect to {node}: {why}")]
+    Tls { node: String, why: String },
+    /// Every host of a multi-host URL failed; each one's reason.
+    #[error("cannot connect to any host of {node}: {why}")]
+    AllHosts { node: String, why: String },
+    /// The server's pg_hba.conf refused a plaintext connection.
+    #[error("{node} refused a connection without TLS: {message}; {PLAINTEXT_REFUSED_FIX}")]
+    PlaintextRefused { node: String, message: String },
     /// The server refused our credentials or sent an error at startup.
     #[error("{node} refused the proxy's login as {role:?}: {message}; check {check}")]
     Startup {
@@ -63,12 +75,16 @@ impl BackendError {
     pub fn server_unavailable(&self) -> bool {
         match self {
             BackendError::Connect { .. }
+            | BackendError::Tls { .. }
+            | BackendError::AllHosts { .. }
             | BackendError::Lost { .. }
             | BackendError::Protocol { .. } => true,
             BackendError::Startup { sqlstate, .. } => {
                 sqlstate.starts_with("57") || sqlstate.starts_with("53")
             }
-            BackendError::ServerProof { .. } | BackendError::UnsupportedAuth { .. } => false,
+            BackendError::ServerProof { .. }
+            | BackendError::UnsupportedAuth { .. }
+            | BackendError::PlaintextRefused { .. } => false,
         }
     }
 }
@@ -85,12 +101,57 @@ pub struct CancelKey {
     pub pid: i32,
     /// The backend's cancel secret.
     pub secret: Vec<u8>,
+    /// The host name and TLS of the connection when it used TLS: the cancel request goes over
+    /// TLS too (as libpq 17 does), for servers that accept nothing else.
+    pub tls: Option<(String, lsngate_pgconn::ServerTls)>,
+}
+
+impl CancelKey {
+    /// Sends the CancelRequest on a new connection, over TLS when the cancelled connection used
+    /// it, and waits for the server to close that connection.
+    pub async fn send(&self) -> std::io::Result<()> {
+        use tokio::io::AsyncReadExt;
+        let mut out = BytesMut::new();
+        StartupFrame::Cancel {
+            pid: self.pid,
+            secret: self.secret.clone(),
+        }
+        .encode(&mut out);
+        let stream = TcpStream::connect(&self.address).await?;
+        let negotiated = match &self.tls {
+            None => Negotiated::Plain(stream),
+            Some((host, tls)) => tls
+                .negotiate(stream, host, Attempt::TlsIfOffered)
+                .await
+                .map_err(std::io::Error::other)?,
+        };
+        match negotiated {
+            Negotiated::Plain(mut stream) => {
+                stream.write_all(&out).await?;
+                let _ = stream.read(&mut [0u8; 1]).await;
+            }
+            Negotiated::Tls(mut stream) => {
+                stream.write_all(&out).await?;
+                stream.flush().await?;
+                let _ = stream.read(&mut [0u8; 1]).await;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The socket under a server connection: plain TCP with the proxy's own system calls (see
+/// [`crate::socket`]), or TLS over it through tokio-rustls.
+#[derive(Debug)]
+enum ServerStream {
+    Plain(TcpStream),
+    Tls(Box<tokio_rustls::client::TlsStream<TcpStream>>),
 }
 
 /// An authenticated server connection.
 #[derive(Debug)]
 pub struct BackendConn {
-    stream: TcpStream,
+    stream: ServerStream,
     read_buf: BytesMut,
     write_buf: BytesMut,
     /// Index of the node in the config.
@@ -166,9 +227,111 @@ struct Login<'a> {
     check: &'static str,
 }
 
+/// One host of a node URL, about to be connected to.
+struct Target<'a> {
+    node: usize,
+    url: &'a NodeUrl,
+    host: &'a str,
+    port: u16,
+    database: &'a str,
+    timeout: Duration,
+}
+
+impl Target<'_> {
+    /// Connects under the URL's `sslmode`: `allow` retries with TLS when the server's
+    /// pg_hba.conf refuses plaintext; `disable` turns that refusal into its fix.
+    async fn connect(&self, login: &Login<'_>) -> Result<BackendConn, BackendError> {
+        let tls = &self.url.tls;
+        match self.open(login, tls.first_attempt()).await {
+            Err(BackendError::Startup { message, .. }) if tls.retry_with_tls(&message) => {
+                self.open(login, Attempt::TlsRequired).await
+            }
+            Err(BackendError::Startup { node, message, .. }) if refuses_plaintext(&message) => {
+                Err(BackendError::PlaintextRefused { node, message })
+            }
+            other => other,
+        }
+    }
+
+    async fn open(&self, login: &Login<'_>, attempt: Attempt) -> Result<BackendConn, BackendError> {
+        let (timeout, address) = (self.timeout, host_port(self.host, self.port));
+        let connect_error = |why: String| BackendError::Connect {
+            node: address.clone(),
+            why,
+        };
+        let stream = crate::timer::timeout(timeout, TcpStream::connect((self.host, self.port)))
+            .await
+            .map_err(|_| connect_error(format!("timed out after {timeout:?}")))?
+            .map_err(|e| connect_error(e.to_string()))?;
+        let _ = stream.set_nodelay(true);
+        let negotiated =
+            crate::timer::timeout(timeout, self.url.tls.negotiate(stream, self.host, attempt))
+                .await
+                .map_err(|_| connect_error(format!("TLS negotiation timed out after {timeout:?}")))?
+                .map_err(|why| BackendError::Tls {
+                    node: address.clone(),
+                    why,
+                })?;
+        let (stream, tls) = match negotiated {
+            Negotiated::Plain(stream) => (ServerStream::Plain(stream), None),
+            Negotiated::Tls(stream) => (
+                ServerStream::Tls(stream),
+                Some((self.host.to_string(), self.url.tls.clone())),
+            ),
+        };
+        let mut conn = BackendConn {
+            stream,
+            read_buf: BytesMut::with_capacity(16 * 1024),
+            write_buf: BytesMut::with_capacity(16 * 1024),
+            node: self.node,
+            address,
+            database: self.database.to_string(),
+            cancel: Arc::default(),
+            server_params: Vec::new(),
+            prepared: HashMap::new(),
+            unnamed: None,
+            applied: Settings::new(),
+            facts: ServerFacts::default(),
+            opened: super::clock::Coarse::now(),
+            severable: None,
+        };
+        let mut params = vec![
+            ("user".into(), login.user.to_string()),
+            ("database".into(), self.database.into()),
+        ];
+        if let Some(name) = &self.url.application_name {
+            params.push(("application_name".into(), name.clone()));
+        }
+        if let Some(options) = &self.url.options {
+            params.push(("options".into(), options.clone()));
+        }
+        let mut out = BytesMut::new();
+        StartupFrame::Startup { minor: 0, params }.encode(&mut out);
+        conn.write_raw(&out).await?;
+        crate::timer::timeout(timeout, conn.authenticate(login, tls))
+            .await
+            .map_err(|_| BackendError::Connect {
+                node: conn.address.clone(),
+                why: format!("login timed out after {timeout:?}"),
+            })??;
+        let facts = crate::timer::timeout(
+            timeout,
+            conn.query_row(crate::causal::sql::SERVER_FACTS_SQL),
+        )
+        .await
+        .map_err(|_| BackendError::Connect {
+            node: conn.address.clone(),
+            why: format!("no answer to the identity query within {timeout:?}"),
+        })??;
+        conn.facts = ServerFacts::from_row(&facts);
+        Ok(conn)
+    }
+}
+
 impl BackendConn {
     /// Opens and authenticates a connection to `url` for `database`, as `login` when given,
-    /// else as the URL's user.
+    /// else as the URL's user. The URL's hosts are tried in order, as libpq does: one that
+    /// cannot be reached or fails TLS gives way to the next; a refused login ends the attempt.
     pub async fn connect(
         node: usize,
         url: &NodeUrl,
@@ -188,64 +351,37 @@ impl BackendConn {
                 check: "the user/password in the node URL",
             },
         };
-        let address = url.address();
-        let stream = crate::timer::timeout(timeout, TcpStream::connect(&address))
-            .await
-            .map_err(|_| BackendError::Connect {
-                node: address.clone(),
-                why: format!("timed out after {timeout:?}"),
-            })?
-            .map_err(|e| BackendError::Connect {
-                node: address.clone(),
-                why: e.to_string(),
-            })?;
-        let _ = stream.set_nodelay(true);
-        let mut conn = BackendConn {
-            stream,
-            read_buf: BytesMut::with_capacity(16 * 1024),
-            write_buf: BytesMut::with_capacity(16 * 1024),
-            node,
-            address,
-            database: database.to_string(),
-            cancel: Arc::default(),
-            server_params: Vec::new(),
-            prepared: HashMap::new(),
-            unnamed: None,
-            applied: Settings::new(),
-            facts: ServerFacts::default(),
-            opened: super::clock::Coarse::now(),
-            severable: None,
-        };
-        let startup = StartupFrame::Startup {
-            minor: 0,
-            params: vec![
-                ("user".into(), login.user.to_string()),
-                ("database".into(), database.into()),
-            ],
-        };
-        let mut out = BytesMut::new();
-        startup.encode(&mut out);
-        conn.write_raw(&out).await?;
-        crate::timer::timeout(timeout, conn.authenticate(&login))
-            .await
-            .map_err(|_| BackendError::Connect {
-                node: conn.address.clone(),
-                why: format!("login timed out after {timeout:?}"),
-            })??;
-        let facts = crate::timer::timeout(
-            timeout,
-            conn.query_row(crate::causal::sql::SERVER_FACTS_SQL),
-        )
-        .await
-        .map_err(|_| BackendError::Connect {
-            node: conn.address.clone(),
-            why: format!("no answer to the identity query within {timeout:?}"),
-        })??;
-        conn.facts = ServerFacts::from_row(&facts);
-        Ok(conn)
+        let timeout = url.connect_timeout.unwrap_or(timeout);
+        let mut failed = Vec::new();
+        for (host, port) in &url.hosts {
+            let target = Target {
+                node,
+                url,
+                host,
+                port: *port,
+                database,
+                timeout,
+            };
+            match target.connect(&login).await {
+                Err(e @ (BackendError::Connect { .. } | BackendError::Tls { .. }))
+                    if url.hosts.len() > 1 =>
+                {
+                    failed.push(e.to_string());
+                }
+                other => return other,
+            }
+        }
+        Err(BackendError::AllHosts {
+            node: url.address(),
+            why: failed.join("; "),
+        })
     }
 
-    async fn authenticate(&mut self, login: &Login<'_>) -> Result<(), BackendError> {
+    async fn authenticate(
+        &mut self,
+        login: &Login<'_>,
+        tls: Option<(String, lsngate_pgconn::ServerTls)>,
+    ) -> Result<(), BackendError> {
         let mut scram: Option<(String, Vec<u8>)> = None;
         loop {
             let frame = self.recv().await?;
@@ -311,6 +447,7 @@ impl BackendConn {
                         address: self.address.clone(),
                         pid,
                         secret: secret.to_vec(),
+                        tls: tls.clone(),
                     })
                 }
                 BackendMessage::ErrorResponse(e) => return Err(self.startup_error(&e, login)),
@@ -361,14 +498,25 @@ impl BackendConn {
 
     /// Writes `rest`, what [`BackendConn::send_now`] could not, waiting for room as needed.
     pub async fn send_rest(&mut self, rest: &[u8]) -> Result<(), BackendError> {
-        self.stream.write_all(rest).await.map_err(|e| self.lost(e))
+        let written = match &mut self.stream {
+            ServerStream::Plain(stream) => stream.write_all(rest).await,
+            // rustls holds records it could not write yet: the flush sends them.
+            ServerStream::Tls(stream) => match stream.write_all(rest).await {
+                Ok(()) => stream.flush().await,
+                Err(e) => Err(e),
+            },
+        };
+        written.map_err(|e| self.lost(e))
     }
 
     /// Writes what the socket takes right now, without waiting: how many bytes that was. A
     /// statement nearly always fits the socket buffer, so this one non-blocking write is the
-    /// whole send; [`BackendConn::send_rest`] writes any rest.
+    /// whole send; [`BackendConn::send_rest`] writes any rest (all of it over TLS).
     pub fn send_now(&mut self, bytes: &[u8]) -> Result<usize, BackendError> {
-        match crate::socket::try_send(&self.stream, bytes) {
+        let ServerStream::Plain(stream) = &self.stream else {
+            return Ok(0);
+        };
+        match crate::socket::try_send(stream, bytes) {
             Ok(n) => Ok(n),
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => Ok(0),
             Err(e) => Err(self.lost(e)),
@@ -394,7 +542,11 @@ impl BackendConn {
 
     /// The socket's descriptor (for the node's registry of connections).
     pub fn socket_fd(&self) -> std::os::fd::RawFd {
-        std::os::fd::AsRawFd::as_raw_fd(&self.stream)
+        use std::os::fd::AsRawFd;
+        match &self.stream {
+            ServerStream::Plain(tcp) => tcp.as_raw_fd(),
+            ServerStream::Tls(tls) => tls.get_ref().0.as_raw_fd(),
+        }
     }
 
     /// Writes frames in one flight (one syscall for the batch).
@@ -422,11 +574,15 @@ impl BackendConn {
     /// [`BackendConn::fill`] as a poll.
     pub fn poll_fill(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), BackendError>> {
         while !self.has_frame() {
-            let n = match ready!(crate::socket::poll_recv(
-                &self.stream,
-                cx,
-                &mut self.read_buf
-            )) {
+            let received = match &mut self.stream {
+                ServerStream::Plain(stream) => {
+                    ready!(crate::socket::poll_recv(stream, cx, &mut self.read_buf))
+                }
+                ServerStream::Tls(stream) => {
+                    ready!(poll_read_tls(stream, cx, &mut self.read_buf))
+                }
+            };
+            let n = match received {
                 Ok(n) => n,
                 Err(e) => return Poll::Ready(Err(self.lost(e))),
             };
@@ -507,22 +663,74 @@ impl BackendConn {
     }
 }
 
+/// Reads what TLS yields into `buf`'s spare room (made first, as for plain TCP); 0 at the end.
+fn poll_read_tls(
+    stream: &mut tokio_rustls::client::TlsStream<TcpStream>,
+    cx: &mut Context<'_>,
+    buf: &mut BytesMut,
+) -> Poll<std::io::Result<usize>> {
+    use tokio::io::AsyncRead;
+    crate::net::room_to_read(buf);
+    let mut read = tokio::io::ReadBuf::uninit(buf.spare_capacity_mut());
+    ready!(std::pin::Pin::new(stream).poll_read(cx, &mut read))?;
+    let n = read.filled().len();
+    // SAFETY: poll_read initialised the first `n` bytes of the spare room.
+    unsafe { buf.set_len(buf.len() + n) };
+    Poll::Ready(Ok(n))
+}
+
 impl BackendConn {
     /// Whether an idle connection can be handed out: nothing may be waiting on it. A server that
     /// closed it (restart, `pg_terminate_backend`, idle timeout) left EOF or a FATAL behind, and
     /// handing that out would turn a statement that never reached a server into an error.
-    pub fn is_usable(&self) -> bool {
+    pub fn is_usable(&mut self) -> bool {
         let mut probe = [0u8; 1];
+        let socket = match &mut self.stream {
+            ServerStream::Plain(stream) => &*stream,
+            ServerStream::Tls(stream) => {
+                // Records already taken off the socket may hold a message (or the close).
+                let (socket, session) = stream.get_mut();
+                match session.process_new_packets() {
+                    Ok(state)
+                        if state.plaintext_bytes_to_read() == 0 && !state.peer_has_closed() => {}
+                    _ => return false,
+                }
+                &*socket
+            }
+        };
         self.read_buf.is_empty()
-            && matches!(self.stream.try_read(&mut probe), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock)
+            && matches!(socket.try_read(&mut probe), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock)
     }
 
-    /// Closes the connection politely: a Terminate if the socket takes it without waiting (so
-    /// the server logs no unexpected EOF), then the socket is dropped.
+    /// Whether this connection runs over TLS.
+    pub fn is_tls(&self) -> bool {
+        matches!(self.stream, ServerStream::Tls(_))
+    }
+
+    /// Closes the connection politely: a Terminate (and over TLS a close_notify) if the socket
+    /// takes it without waiting (so the server logs no unexpected EOF), then the socket is
+    /// dropped.
     pub fn close(self) {
         let mut terminate = BytesMut::new();
         FrontendMessage::Terminate.to_frame().encode(&mut terminate);
-        let _ = self.stream.try_write(&terminate);
+        match self.stream {
+            ServerStream::Plain(stream) => {
+                let _ = stream.try_write(&terminate);
+            }
+            ServerStream::Tls(mut stream) => {
+                use std::io::Write;
+                let (socket, session) = stream.get_mut();
+                let _ = session.writer().write_all(&terminate);
+                session.send_close_notify();
+                let mut records = Vec::new();
+                while session.wants_write() {
+                    if session.write_tls(&mut records).is_err() {
+                        break;
+                    }
+                }
+                let _ = socket.try_write(&records);
+            }
+        }
     }
 
     /// Moves the complete messages at the front of the read buffer whose tag `plain` accepts

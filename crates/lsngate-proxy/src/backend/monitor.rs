@@ -41,11 +41,13 @@ impl std::fmt::Debug for Probe {
 
 fn pg_config(url: &NodeUrl) -> tokio_postgres::Config {
     let mut config = tokio_postgres::Config::new();
-    config
-        .host(&url.host)
-        .port(url.port)
-        .user(&url.user)
-        .dbname(&url.database);
+    for (host, port) in &url.hosts {
+        config.host(host).port(*port);
+    }
+    config.user(&url.user).dbname(&url.database);
+    if let Some(options) = &url.options {
+        config.options(options);
+    }
     // No tokio-postgres connect timeout (it would need a time driver on this runtime): every
     // poll, connecting included, runs under `check`'s timeout.
     config.application_name("lsngate-proxy-monitor");
@@ -129,13 +131,8 @@ pub async fn check(
 
 async fn poll(node: &NodeState, probe: &mut Option<Probe>) -> Result<Poll, String> {
     if probe.as_ref().is_none_or(|p| p.client.is_closed()) {
-        let (client, connection) = pg_config(&node.url)
-            .connect(tokio_postgres::NoTls)
-            .await
-            .map_err(|e| describe(&e))?;
-        tokio::spawn(async move {
-            let _ = connection.await;
-        });
+        // TLS as the URL's sslmode says, like the pooled connections.
+        let client = lsngate_pgconn::connect(&pg_config(&node.url), &node.url.tls).await?;
         let facts = client
             .simple_query(crate::causal::sql::SERVER_FACTS_SQL)
             .await
@@ -180,17 +177,9 @@ async fn poll(node: &NodeState, probe: &mut Option<Probe>) -> Result<Poll, Strin
     })
 }
 
-/// The error with its causes: tokio-postgres says only "db error" and keeps the server's
-/// message (e.g. `FATAL: password authentication failed ...`) in the source.
+/// The error with its causes (see [`lsngate_pgconn::describe`]).
 fn describe(e: &tokio_postgres::Error) -> String {
-    let mut text = e.to_string();
-    let mut source = std::error::Error::source(e);
-    while let Some(cause) = source {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    text
+    lsngate_pgconn::describe(e)
 }
 
 /// Poll period of a node while reads wait on it.

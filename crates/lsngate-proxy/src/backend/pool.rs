@@ -285,7 +285,7 @@ impl Pool {
     fn take_idle(&self, shelf: &mut Shelf) -> (Option<Box<BackendConn>>, Vec<Box<BackendConn>>) {
         let now = Coarse::now();
         let mut expired = Vec::new();
-        while let Some(candidate) = shelf.conns.pop() {
+        while let Some(mut candidate) = shelf.conns.pop() {
             let idle_for = now.since(candidate.since);
             if shelf.limits.expired(candidate.conn.opened, idle_for, now) {
                 expired.push(candidate.conn);

@@ -210,15 +210,8 @@ impl Proxy {
             return Ok(());
         };
         metrics::counter!("lsngate_proxy_cancels_total").increment(1);
-        let mut server = TcpStream::connect(&target.address).await?;
-        let mut out = BytesMut::new();
-        StartupFrame::Cancel {
-            pid: target.pid,
-            secret: target.secret.clone(),
-        }
-        .encode(&mut out);
-        server.write_all(&out).await?;
-        let _ = server.read(&mut [0u8; 1]).await;
+        // Over TLS when the cancelled connection used it.
+        target.send().await?;
         Ok(())
     }
 }

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use crate::support::*;
 use lsngate_testkit::shared_cluster;
 
-fn example_binary() -> std::path::PathBuf {
+pub fn example_binary() -> std::path::PathBuf {
     let exe = std::env::current_exe().unwrap();
     exe.parent()
         .unwrap()
