@@ -272,7 +272,9 @@ fn unnamed_preparation(
                 statement,
                 query,
                 param_types,
-            } if statement.is_empty() => conn.unnamed = Some(format!("{param_types:?}|{query}")),
+            } if statement.is_empty() => {
+                conn.unnamed = Some(super::session::statement_identity(param_types, query))
+            }
             FrontendMessage::Bind { statement, .. }
             | FrontendMessage::Describe {
                 kind: b'S',
@@ -280,14 +282,14 @@ fn unnamed_preparation(
             } if statement.is_empty() && !checked => {
                 checked = true;
                 let Some(s) = client else { continue };
-                if conn.unnamed.as_deref() != Some(s.identity().as_str()) {
+                if conn.unnamed.as_deref() != Some(s.identity()) {
                     let message = FrontendMessage::Parse {
                         statement: String::new(),
                         query: s.query.clone(),
                         param_types: s.param_types.clone(),
                     };
                     parse = Some(message.to_frame());
-                    conn.unnamed = Some(s.identity());
+                    conn.unnamed = Some(s.identity().to_string());
                 }
             }
             FrontendMessage::Close { kind: b'S', name } if name.is_empty() => conn.unnamed = None,
@@ -583,8 +585,10 @@ impl Session {
                         );
                     }
                     defined_here.insert(statement.clone());
-                    conn.prepared
-                        .insert(statement.clone(), format!("{param_types:?}|{query}"));
+                    conn.prepared.insert(
+                        statement.clone(),
+                        super::session::statement_identity(param_types, query),
+                    );
                 }
                 FrontendMessage::Bind { statement, .. }
                 | FrontendMessage::Describe {
@@ -603,7 +607,7 @@ impl Session {
                         }
                         continue;
                     };
-                    if conn.prepared.get(statement) != Some(&s.identity()) {
+                    if conn.prepared.get(statement).map(String::as_str) != Some(s.identity()) {
                         statements.push(
                             FrontendMessage::Close {
                                 kind: b'S',
@@ -617,7 +621,8 @@ impl Session {
                             param_types: s.param_types.clone(),
                         };
                         statements.push(parse.to_frame());
-                        conn.prepared.insert(statement.clone(), s.identity());
+                        conn.prepared
+                            .insert(statement.clone(), s.identity().to_string());
                     }
                 }
                 FrontendMessage::Close { kind: b'S', name } => {
@@ -863,7 +868,13 @@ impl Session {
                 .await;
         }
         self.expect_shapes(&flight);
-        let client_frames: Vec<Frame> = flight.iter().map(|m| self.client_frame(m)).collect();
+        // Rebuilt only when some statement of the client's changed shape (see `shapes.rs`).
+        let client_frames = self.plans_changed.then(|| {
+            flight
+                .iter()
+                .map(|m| self.client_frame(m))
+                .collect::<Vec<_>>()
+        });
         let mut frames = self.preparation(&flight);
         if self.note_session_effects(&flight, class) {
             self.settings_in_doubt = true;
@@ -906,7 +917,10 @@ impl Session {
                 attached.verdict = Some(Verdict::new(floor, wait, budget));
             }
         }
-        frames.extend(client_frames);
+        match client_frames {
+            Some(rebuilt) => frames.extend(rebuilt),
+            None => frames.extend(flight.iter().map(FrontendMessage::to_frame)),
+        }
         attached
             .expect
             .extend(std::iter::repeat_n(Owner::Client, ends));

@@ -220,13 +220,21 @@ pub struct ClientStatement {
     pub shape: Option<super::shapes::Shape>,
     /// The columns changed since: its Binds fail as PostgreSQL's would (`0A000`).
     pub plan_changed: bool,
+    /// [`ClientStatement::identity`], computed once.
+    identity: String,
 }
 
 impl ClientStatement {
-    /// The identity a backend's copy must match to be reused.
-    pub fn identity(&self) -> String {
-        format!("{:?}|{}", self.param_types, self.query)
+    /// The identity a backend's copy must match to be reused: parameter types and text, as
+    /// `flight.rs` records what each server connection holds.
+    pub fn identity(&self) -> &str {
+        &self.identity
     }
+}
+
+/// The identity of a statement parsed with `param_types` and `query`.
+pub fn statement_identity(param_types: &[u32], query: &str) -> String {
+    format!("{param_types:?}|{query}")
 }
 
 /// How long a session that ended waits for replies still due before it gives up its server
@@ -624,6 +632,7 @@ impl Session {
                     &self.config.write_functions,
                 );
                 let defined = ClientStatement {
+                    identity: statement_identity(&param_types, &query),
                     query: query.clone(),
                     param_types: param_types.clone(),
                     class,

@@ -58,10 +58,9 @@ impl Session {
         {
             return;
         }
-        let mut wanted = Vec::new();
-        for (at, m) in flight.iter().enumerate() {
-            let FrontendMessage::Describe { kind, name } = m else {
-                continue;
+        let wanted = |session: &Session, at: usize| -> Option<String> {
+            let FrontendMessage::Describe { kind, name } = &flight[at] else {
+                return None;
             };
             let statement = if *kind == b'S' {
                 Some(name.as_str())
@@ -74,15 +73,26 @@ impl Session {
                     _ => None,
                 })
             };
-            let unknown = statement
+            statement
                 .filter(|s| !s.is_empty())
-                .filter(|s| self.statements.get(*s).is_some_and(|c| c.shape.is_none()));
-            wanted.push(unknown.map(str::to_string));
+                .filter(|s| {
+                    session
+                        .statements
+                        .get(*s)
+                        .is_some_and(|c| c.shape.is_none())
+                })
+                .map(str::to_string)
+        };
+        // Nothing allocated in the common case: every shape the flight shows is known.
+        if !(0..flight.len()).any(|at| wanted(self, at).is_some()) {
+            return;
         }
-        if wanted.iter().any(Option::is_some)
-            && let Some(attached) = self.backend.as_mut()
-        {
-            attached.describing.extend(wanted);
+        let entries: Vec<Option<String>> = (0..flight.len())
+            .filter(|at| matches!(flight[*at], FrontendMessage::Describe { .. }))
+            .map(|at| wanted(self, at))
+            .collect();
+        if let Some(attached) = self.backend.as_mut() {
+            attached.describing.extend(entries);
         }
     }
 
@@ -135,10 +145,9 @@ impl Session {
                 let Some(s) = self.statements.get(name) else {
                     continue;
                 };
-                let lacks = attached.conn.prepared.get(name) != Some(&s.identity());
                 if s.shape.is_some()
                     && !s.plan_changed
-                    && lacks
+                    && attached.conn.prepared.get(name).map(String::as_str) != Some(s.identity())
                     && !parsed_here(name)
                     && !moved.contains(name)
                 {
@@ -195,7 +204,10 @@ impl Session {
             .await;
             match answer {
                 Ok(Ok((found, false))) => {
-                    attached.conn.prepared.insert(name.clone(), s.identity());
+                    attached
+                        .conn
+                        .prepared
+                        .insert(name.clone(), s.identity().to_string());
                     if found != s.shape {
                         tracing::debug!(statement = %name, "the statement's result columns changed since the client described it");
                         if let Some(statement) = self.statements.get_mut(&name) {
