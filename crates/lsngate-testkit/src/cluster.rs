@@ -325,6 +325,32 @@ impl Cluster {
         Ok(())
     }
 
+    /// A failover that leaves an orphan *ahead of the fork point*, the case that makes old
+    /// positions dangerous: replica `promoted` stops receiving, the primary runs `tail_sql` (and
+    /// writes a megabyte of WAL) which only replica `orphan` replays, the primary is killed and
+    /// `promoted` is promoted. The orphan stays on the old timeline, its WAL receiver failing,
+    /// with writes the new primary never had. Returns the orphan's replay position (text `X/Y`).
+    /// Positions the new primary reaches first are numerically below it.
+    pub fn fail_over_leaving_orphan(
+        &self,
+        promoted: usize,
+        orphan: usize,
+        tail_sql: &str,
+    ) -> Result<String, Error> {
+        let (promoted, orphan) = (&self.replicas[promoted], &self.replicas[orphan]);
+        promoted.stop()?;
+        self.primary.sql(&format!(
+            "CREATE TABLE lsngate_orphan_tail AS SELECT g, repeat('x', 100) AS pad \
+             FROM generate_series(1, 8000) g; {tail_sql}"
+        ))?;
+        let tail_end = self.primary.position()?;
+        orphan.wait_replayed(&tail_end, Duration::from_secs(30))?;
+        self.primary.kill()?;
+        promoted.start()?;
+        promoted.promote()?;
+        orphan.sql("SELECT pg_last_wal_replay_lsn()")
+    }
+
     /// Keeps the cluster running after this guard is dropped (for `lsngate cluster up`).
     pub fn detach(mut self) -> PathBuf {
         self.detached = true;

@@ -632,22 +632,7 @@ fn after_a_failover_old_floors_read_the_new_primary_and_an_orphaned_replica_serv
         cluster.primary().stop_immediate().unwrap();
         cluster.replica(1).promote().unwrap();
         // Replica 0 is orphaned: still in recovery on timeline 1, following nobody.
-        let deadline = Instant::now() + Duration::from_secs(30);
-        loop {
-            match client
-                .batch_execute(&format!("INSERT INTO {t} VALUES (100, 2)"))
-                .await
-            {
-                Ok(()) => break,
-                Err(e) => {
-                    assert!(
-                        Instant::now() < deadline,
-                        "writes never reached the new primary: {e}"
-                    );
-                    tokio::time::sleep(Duration::from_millis(200)).await;
-                }
-            }
-        }
+        execute_once_a_primary_takes_it(&client, &format!("INSERT INTO {t} VALUES (100, 2)")).await;
         let orphan = cluster.replica(0).port() as i32;
         for i in [0, 4, 100] {
             let row = client
@@ -1012,24 +997,11 @@ fn an_orphan_ahead_of_the_fork_point_serves_no_read_with_a_bare_floor_or_without
     // The proxy has seen both replicas stream timeline 1.
     wait_for_replica_timelines(&watching, 2);
     let (promoted, orphan) = (cluster.replica(0), cluster.replica(1));
-    promoted.stop().unwrap();
-    // The tail only the orphan gets: a megabyte of WAL and a row version the new primary never has.
-    cluster
-        .primary()
-        .sql(&format!(
-            "CREATE TABLE {t}_tail AS SELECT g, repeat('x', 100) AS pad FROM generate_series(1, 8000) g; \
-             UPDATE {t} SET v = 1 WHERE id = 1"
-        ))
+    // The tail only the orphan gets: a row version the new primary never has.
+    let orphan_replayed = cluster
+        .fail_over_leaving_orphan(0, 1, &format!("UPDATE {t} SET v = 1 WHERE id = 1"))
         .unwrap();
-    let tail_end = cluster.primary().position().unwrap();
-    orphan
-        .wait_replayed(&tail_end, Duration::from_secs(30))
-        .unwrap();
-    cluster.primary().kill().unwrap();
-    promoted.start().unwrap();
-    promoted.promote().unwrap();
     let orphan_port = orphan.port() as i32;
-    let orphan_replayed = orphan.sql("SELECT pg_last_wal_replay_lsn()").unwrap();
 
     let writer = format!(
         "{} options='-c lsngate.consistency=token'",
@@ -1037,22 +1009,8 @@ fn an_orphan_ahead_of_the_fork_point_serves_no_read_with_a_bare_floor_or_without
     );
     let (floor, token) = rt().block_on(async {
         let client = connect(&writer).await;
-        let deadline = Instant::now() + Duration::from_secs(30);
-        loop {
-            match client
-                .batch_execute(&format!("UPDATE {t} SET v = 2 WHERE id = 1"))
-                .await
-            {
-                Ok(()) => break,
-                Err(e) => {
-                    assert!(
-                        Instant::now() < deadline,
-                        "writes never reached the new primary: {e}"
-                    );
-                    tokio::time::sleep(Duration::from_millis(100)).await;
-                }
-            }
-        }
+        execute_once_a_primary_takes_it(&client, &format!("UPDATE {t} SET v = 2 WHERE id = 1"))
+            .await;
         (
             show(&client, "SHOW lsngate.commit_lsn").await,
             show(&client, "SHOW lsngate.commit_token").await,

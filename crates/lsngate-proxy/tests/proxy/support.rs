@@ -211,3 +211,20 @@ pub async fn show(client: &tokio_postgres::Client, sql: &str) -> String {
         })
         .unwrap_or_default()
 }
+
+/// Runs `sql` until it succeeds (a failover in progress: no primary yet), at most 30 s.
+pub async fn execute_once_a_primary_takes_it(client: &tokio_postgres::Client, sql: &str) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        match client.batch_execute(sql).await {
+            Ok(()) => return,
+            Err(e) => {
+                assert!(
+                    std::time::Instant::now() < deadline,
+                    "writes never reached the new primary: {e}"
+                );
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    }
+}

@@ -600,24 +600,11 @@ async fn an_orphan_ahead_of_the_fork_point_serves_no_read() {
     .unwrap();
     let warm = support::insert_then_read(&gate, "rw_fork", 100, 10).await;
     assert_eq!(warm.stale, 0, "{warm:?}");
-    let (promoted, orphan) = (cluster.replica(0), cluster.replica(1));
-    promoted.stop().unwrap();
-    cluster
-        .primary()
-        .sql(
-            "CREATE TABLE rw_fork_tail AS SELECT g, repeat('x', 100) AS pad FROM generate_series(1, 8000) g; \
-             UPDATE rw_fork SET note = 'lost' WHERE id = 1",
-        )
+    let orphan_replayed = cluster
+        .fail_over_leaving_orphan(0, 1, "UPDATE rw_fork SET note = 'lost' WHERE id = 1")
         .unwrap();
-    let tail_end = cluster.primary().position().unwrap();
-    orphan
-        .wait_replayed(&tail_end, Duration::from_secs(30))
-        .unwrap();
-    cluster.primary().kill().unwrap();
-    promoted.start().unwrap();
-    promoted.promote().unwrap();
+    let promoted = cluster.replica(0);
     front.set_target(promoted.port());
-    let orphan_replayed = orphan.sql("SELECT pg_last_wal_replay_lsn()").unwrap();
     let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
     let written = loop {
         match gate
