@@ -486,6 +486,15 @@ async fn session_reads_never_go_backwards_across_replicas_with_different_delays(
 
 /// A replica read cancelled by a recovery conflict (an ACCESS EXCLUSIVE lock replayed while the
 /// read holds the table) is served by the primary instead, flagged with the reason.
+///
+/// The order is fixed, not raced: the lock is committed on the primary and received by the
+/// replica with replay paused, the read is seen sleeping on the replica while holding its ACCESS
+/// SHARE lock, and only then does replay resume, so the replayed lock always meets the read.
+/// (The test used to take the lock as soon as the read showed up in `pg_stat_activity`. On
+/// PostgreSQL ≤ 18 a replica that had not yet replayed the token when the read arrived made the
+/// library's one-flight check + read run a read it then throws away and send the read again once
+/// replay caught up: the lock cancelled the discarded read, the second one ran after the lock was
+/// gone, and the read was served by the replica after its whole sleep.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn read_cancelled_by_a_recovery_conflict_falls_back() {
     let cluster = Cluster::start(
@@ -495,10 +504,8 @@ async fn read_cancelled_by_a_recovery_conflict_falls_back() {
     )
     .unwrap();
     support::table(&cluster, "rw_conflict");
-    // The read sleeps 6 s on the replica and the conflict must cancel it before that. The
-    // attempt's hard limit (budget + I/O grace) is set well past it: with the default 1 s grace
-    // a loaded machine (the PostgreSQL 15 pass late in CI) ended the attempt at 3 s, before the
-    // replayed lock cancelled the read, and the fallback was reported as `Unreachable`.
+    // The read only ends early by being cancelled: it sleeps far longer than the attempt's hard
+    // limit (budget + I/O grace) on the replica, and not at all on the primary.
     let gate = support::gate(&cluster, |c| {
         c.budget(Duration::from_secs(2))
             .io_grace(Duration::from_secs(30))
@@ -511,30 +518,79 @@ async fn read_cancelled_by_a_recovery_conflict_falls_back() {
         .token;
     let primary = cluster.primary().clone();
     let replica = cluster.replica(0).clone();
-    // The lock is taken only once the read runs on the replica (a fixed delay raced with the
-    // read's own wait on a loaded machine, and the lock replayed before the read began).
-    let locker = tokio::task::spawn_blocking(move || {
-        let running = "SELECT count(*) FROM pg_stat_activity WHERE state = 'active' \
-                       AND query LIKE 'SELECT count(*) FROM rw_conflict, pg_sleep%'";
-        replica
-            .wait_until(
-                "the read runs on the replica",
-                Duration::from_secs(30),
-                || Ok(replica.sql(running)? == "1"),
-            )
-            .unwrap();
-        primary
-            .sql("BEGIN; LOCK TABLE rw_conflict IN ACCESS EXCLUSIVE MODE; COMMIT")
-            .unwrap();
-    });
-    let read = gate
-        .query_after(&token, "SELECT count(*) FROM rw_conflict, pg_sleep(6)", &[])
-        .await
+    // The replica has the row before the read is sent, so its replay check passes at once and the
+    // read that runs there is the only one.
+    cluster.wait_caught_up(Duration::from_secs(30)).unwrap();
+    replica.pause_replay().unwrap();
+    primary
+        .sql("BEGIN; LOCK TABLE rw_conflict IN ACCESS EXCLUSIVE MODE; COMMIT")
         .unwrap();
-    locker.await.unwrap();
+    let lock_end = primary.sql("SELECT pg_current_wal_flush_lsn()").unwrap();
+    replica
+        .wait_until(
+            "the lock's WAL received (not replayed)",
+            Duration::from_secs(30),
+            || {
+                Ok(replica.sql(&format!(
+                    "SELECT pg_last_wal_receive_lsn() >= '{lock_end}'::pg_lsn"
+                ))? == "t")
+            },
+        )
+        .unwrap();
+    let reader = gate.clone();
+    let read = tokio::spawn(async move {
+        reader
+            .query_after(
+                &token,
+                "SELECT count(*) FROM rw_conflict, \
+                 pg_sleep(CASE WHEN pg_is_in_recovery() THEN 300 ELSE 0 END)",
+                &[],
+            )
+            .await
+    });
+    // In pg_sleep (so past Parse and Bind) and holding the lock the replayed one conflicts with.
+    let holding = "SELECT count(*) FROM pg_stat_activity a JOIN pg_locks l ON l.pid = a.pid \
+                   WHERE a.state = 'active' AND a.wait_event = 'PgSleep' \
+                   AND a.query LIKE 'SELECT count(*) FROM rw_conflict, %' \
+                   AND l.locktype = 'relation' AND l.relation = 'rw_conflict'::regclass \
+                   AND l.mode = 'AccessShareLock' AND l.granted";
+    let waiter = replica.clone();
+    tokio::task::spawn_blocking(move || {
+        waiter.wait_until(
+            "the read sleeping on the replica, holding ACCESS SHARE on rw_conflict",
+            Duration::from_secs(30),
+            || Ok(waiter.sql(holding)? == "1"),
+        )
+    })
+    .await
+    .unwrap()
+    .unwrap();
+    replica.resume_replay().unwrap();
+    let read = tokio::time::timeout(Duration::from_secs(60), read)
+        .await
+        .expect("the read ends within 60 s of replay resuming")
+        .unwrap()
+        .unwrap();
     assert_eq!(read.rows[0].get::<_, i64>(0), 1);
     assert_eq!(read.served.by, ServedBy::Primary, "{:?}", read.served);
-    assert_eq!(read.served.fallback, Some(FallbackReason::RecoveryConflict));
+    assert_eq!(
+        read.served.fallback,
+        Some(FallbackReason::RecoveryConflict),
+        "the replayed lock must cancel the read: {:?}",
+        read.served
+    );
+    // And the replica counts it as what it was: a lock conflict.
+    replica
+        .wait_until(
+            "pg_stat_database_conflicts.confl_lock counts the cancelled read",
+            Duration::from_secs(30),
+            || {
+                Ok(replica.sql(
+                    "SELECT confl_lock FROM pg_stat_database_conflicts WHERE datname = 'postgres'",
+                )? == "1")
+            },
+        )
+        .unwrap();
 }
 
 /// Token-less reads skip a replica over the lag bound; with every replica over it they go to
