@@ -41,8 +41,10 @@ pub struct UpArgs {
 
 #[derive(Debug, Args)]
 pub struct DirArgs {
-    /// Cluster directory (data dirs, logs, cluster.json).
-    #[arg(long, default_value = "lsngate-cluster")]
+    /// Cluster directory (data dirs, logs, cluster.json): $TMPDIR/lsngate-cluster-<user> unless
+    /// given. As root, PostgreSQL runs as user `lsngate`, which must be able to enter every
+    /// parent of it (so not under /root).
+    #[arg(long, default_value_os_t = lsngate_testkit::default_cluster_dir())]
     dir: PathBuf,
 }
 

@@ -25,7 +25,7 @@ pub struct LagArgs {
     #[arg(long = "replica", env = "LSNGATE_REPLICA_URLS", value_delimiter = ',')]
     replicas: Vec<String>,
     /// Cluster directory of `lsngate cluster up`, used when --primary is not given.
-    #[arg(long, default_value = "lsngate-cluster")]
+    #[arg(long, default_value_os_t = lsngate_testkit::default_cluster_dir())]
     dir: PathBuf,
     /// Measure true lag with a heartbeat row (creates table lsngate_heartbeat on the primary).
     #[arg(long)]

@@ -1,8 +1,11 @@
 //! The `lsngate` binary end to end on real clusters: `bench` (strategies, the proxy's included,
 //! JSON schema), `lag` (verdicts for healthy, paused and stopped replicas) and
-//! `cluster up|status|down`.
+//! `cluster up|status|down` (including where the cluster goes when run as root from a
+//! directory the servers' user cannot enter).
 //! The server version follows LSNGATE_PG_BIN like every other test.
 
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::Path;
 use std::process::{Command, Output};
 use std::time::Duration;
 
@@ -349,6 +352,111 @@ fn cluster_up_status_down() {
     );
     lsngate(&["cluster", "down", "--dir", path]);
     assert!(!std::path::Path::new(path).exists());
+}
+
+/// `lsngate` run in `cwd` with `TMPDIR` set, success or not.
+fn lsngate_in(cwd: &Path, tmpdir: &Path, args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_lsngate"))
+        .args(args)
+        .current_dir(cwd)
+        .env("TMPDIR", tmpdir)
+        .env("RUST_BACKTRACE", "0")
+        .output()
+        .expect("run lsngate")
+}
+
+/// A directory only its owner may enter, like /root where a root user clones the repository.
+fn closed_dir() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o700)).unwrap();
+    dir
+}
+
+/// An empty temp dir anyone may enter, to stand in for /tmp.
+fn open_dir() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    dir
+}
+
+fn is_root() -> bool {
+    std::fs::metadata("/proc/self").unwrap().uid() == 0
+}
+
+/// The first run of a root user in a fresh clone under /root: `cluster up` with no --dir from a
+/// directory the `lsngate` user cannot enter. It used to put the cluster there and fail in
+/// initdb; the default is now $TMPDIR/lsngate-cluster-<user>, which `status` and `down` find
+/// again without --dir.
+#[test]
+fn cluster_up_without_dir_works_from_a_directory_the_server_user_cannot_enter() {
+    let (cwd, tmp) = (closed_dir(), open_dir());
+    let run = |args: &[&str]| {
+        let output = lsngate_in(cwd.path(), tmp.path(), args);
+        assert!(
+            output.status.success(),
+            "lsngate {args:?} failed: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        output
+    };
+    let up = run(&["cluster", "up", "--replicas", "1"]);
+    let made: Vec<_> = std::fs::read_dir(tmp.path())
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    assert_eq!(made.len(), 1, "one cluster directory in $TMPDIR: {made:?}");
+    let dir = &made[0];
+    let name = dir.file_name().unwrap().to_string_lossy().into_owned();
+    assert!(name.starts_with("lsngate-cluster-"), "{name}");
+    assert!(dir.join("cluster.json").exists());
+    let said = String::from_utf8_lossy(&up.stderr);
+    assert!(said.contains(&dir.display().to_string()), "{said}");
+    assert!(
+        String::from_utf8_lossy(&up.stdout).contains("LSNGATE_PRIMARY_URL=postgres://"),
+        "{up:?}"
+    );
+    assert_eq!(
+        std::fs::read_dir(cwd.path()).unwrap().count(),
+        0,
+        "nothing written in the current directory"
+    );
+    let status = run(&["cluster", "status"]);
+    assert!(
+        String::from_utf8_lossy(&status.stdout).contains("replica1"),
+        "{status:?}"
+    );
+    run(&["cluster", "down"]);
+    assert!(!dir.exists());
+}
+
+/// An explicit --dir the `lsngate` user cannot reach: as root, refused before initdb with the
+/// directory, the parent that blocks it and the fix, nothing created; as another user, whose
+/// servers run as that user, it simply works.
+#[test]
+fn cluster_up_with_a_dir_the_server_user_cannot_enter_names_the_parent_and_the_fix() {
+    let (closed, tmp) = (closed_dir(), open_dir());
+    let dir = closed.path().join("c");
+    let path = dir.to_str().unwrap();
+    let up = lsngate_in(tmp.path(), tmp.path(), &["cluster", "up", "--dir", path]);
+    if !is_root() {
+        assert!(up.status.success(), "{up:?}");
+        lsngate(&["cluster", "down", "--dir", path]);
+        return;
+    }
+    assert!(!up.status.success(), "{up:?}");
+    let said = String::from_utf8_lossy(&up.stderr);
+    let blocker = format!(
+        "`lsngate` cannot enter {} (mode 0700, owner root)",
+        closed.path().display()
+    );
+    for part in [path, blocker.as_str(), "choose another --dir"] {
+        assert!(said.contains(part), "{part:?} missing from: {said}");
+    }
+    assert!(
+        !said.contains("initdb:"),
+        "refused before initdb ran: {said}"
+    );
+    assert!(!dir.exists(), "nothing created");
 }
 
 #[test]

@@ -166,7 +166,7 @@ impl Cluster {
     pub fn start(config: &ClusterConfig) -> Result<Cluster, Error> {
         let bin = PgBin::find(config.pg_bin.as_deref())?;
         let run_as = RunAs::detect()?;
-        let dir = make_dir(config.dir.as_deref(), &run_as)?;
+        let dir = crate::dir::make_dir(config.dir.as_deref(), &run_as, &bin)?;
         let tools = Arc::new(Tools {
             bin: bin.clone(),
             run_as,
@@ -247,7 +247,7 @@ impl Cluster {
         let primary = nodes.next().ok_or_else(|| Error::Command {
             what: format!("open {}", path.display()),
             status: "empty manifest".into(),
-            stderr: String::new(),
+            output: String::new(),
         })?;
         Ok(Cluster {
             dir: dir.to_path_buf(),
@@ -406,26 +406,6 @@ impl Drop for Cluster {
             );
         }
     }
-}
-
-fn make_dir(requested: Option<&Path>, run_as: &RunAs) -> Result<PathBuf, Error> {
-    let dir = match requested {
-        Some(dir) => {
-            if dir.join(MANIFEST).exists() {
-                return Err(Error::DirInUse(dir.to_path_buf()));
-            }
-            std::fs::create_dir_all(dir).map_err(|e| Error::io("create cluster dir", e))?;
-            dir.canonicalize()
-                .map_err(|e| Error::io("resolve cluster dir", e))?
-        }
-        None => tempfile::Builder::new()
-            .prefix("lsngate-")
-            .tempdir()
-            .map_err(|e| Error::io("create temp dir", e))?
-            .keep(),
-    };
-    run_as.own(&dir)?;
-    Ok(dir)
 }
 
 fn init_primary(

@@ -13,6 +13,7 @@
 #![warn(missing_docs)]
 
 mod cluster;
+mod dir;
 mod forwarder;
 mod node;
 mod pgbin;
@@ -24,6 +25,7 @@ use std::sync::OnceLock;
 use std::time::Duration;
 
 pub use cluster::{Cluster, ClusterConfig, MANIFEST, Manifest, SyncMode};
+pub use dir::default_cluster_dir;
 pub use forwarder::{Fault, Forwarder};
 pub use node::{Node, NodeSpec};
 pub use pgbin::{BUNDLE_BIN, PG_BIN_ENV, PgBin};
@@ -54,6 +56,29 @@ pub enum Error {
     #[error("{} already holds a cluster; stop it with `lsngate cluster down --dir {}` or pick another --dir", .0.display(), .0.display())]
     /// The requested cluster directory already holds a cluster.
     DirInUse(PathBuf),
+    #[error(
+        "cannot use {} as the cluster directory: PostgreSQL runs as user `{SERVER_USER}` when lsngate runs as root (initdb refuses root), and `{SERVER_USER}` {why}; choose another --dir whose parents `{SERVER_USER}` can enter, such as one under /tmp",
+        .dir.display()
+    )]
+    /// The server user cannot reach the requested cluster directory.
+    DirUnreachable {
+        /// The directory.
+        dir: PathBuf,
+        /// Which parent blocks the server user, and how.
+        why: String,
+    },
+    #[error(
+        "{} already exists and belongs to {}, neither you nor `{SERVER_USER}`; lsngate cluster would hand it to `{SERVER_USER}`, so it does not use it: remove it or choose another --dir",
+        .dir.display(),
+        dir::user_name(*.owner)
+    )]
+    /// The requested cluster directory exists and belongs to another user.
+    DirNotOurs {
+        /// The directory.
+        dir: PathBuf,
+        /// Its owner's uid.
+        owner: u32,
+    },
     #[error("{what}: {source}")]
     /// A file or process operation failed.
     Io {
@@ -62,15 +87,15 @@ pub enum Error {
         /// The underlying error.
         source: std::io::Error,
     },
-    #[error("{what} failed ({status}): {stderr}")]
+    #[error("{what} failed ({status}):\n{output}")]
     /// A server program (initdb, pg_ctl, pg_basebackup) failed.
     Command {
         /// What was being done.
         what: String,
         /// Its exit status.
         status: String,
-        /// What it printed.
-        stderr: String,
+        /// What it printed: standard error, then standard output, each on lines of its own.
+        output: String,
     },
     #[error("SQL on {node} failed: {message}\n  statement: {sql}")]
     /// A statement run with psql failed.

@@ -46,6 +46,11 @@ impl RunAs {
         Ok(RunAs(Some((uid, gid, home))))
     }
 
+    /// The server user's uid and gid, or `None` when servers run as this process's user.
+    pub fn ids(&self) -> Option<(u32, u32)> {
+        self.0.as_ref().map(|(uid, gid, _)| (*uid, *gid))
+    }
+
     /// A command that runs as the server user.
     pub fn command(&self, program: &Path) -> Command {
         let mut command = Command::new(program);
@@ -81,11 +86,22 @@ pub fn run(mut command: Command, what: &str) -> Result<Output, Error> {
         return Err(Error::Command {
             what: what.to_string(),
             status: output.status.to_string(),
-            stderr: String::from_utf8_lossy(&output.stderr).trim().to_string()
-                + String::from_utf8_lossy(&output.stdout).trim(),
+            output: printed(&output),
         });
     }
     Ok(output)
+}
+
+/// What a failed program printed: its standard error, then its standard output, each on lines
+/// of its own (initdb says what went wrong on stderr and narrates on stdout; glued together,
+/// the error's last line ran into the narration's first).
+fn printed(output: &Output) -> String {
+    [&output.stderr, &output.stdout]
+        .iter()
+        .map(|bytes| String::from_utf8_lossy(bytes).trim().to_string())
+        .filter(|text| !text.is_empty())
+        .collect::<Vec<_>>()
+        .join("\n")
 }
 
 /// The postmaster's pid, from `postmaster.pid`, if it is running.
@@ -129,4 +145,20 @@ pub fn signal_server(data_dir: &Path, signal: i32) -> usize {
         unsafe { libc::kill(pid, signal) };
     }
     pids.len()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_failed_program_s_stderr_and_stdout_stay_on_their_own_lines() {
+        let mut command = Command::new("sh");
+        command.args(["-c", "echo narration; echo 'error: it broke' >&2; exit 3"]);
+        let error = run(command, "sh").unwrap_err().to_string();
+        assert_eq!(
+            error, "sh failed (exit status: 3):\nerror: it broke\nnarration",
+            "{error}"
+        );
+    }
 }

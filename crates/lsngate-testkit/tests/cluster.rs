@@ -1,10 +1,12 @@
 //! The harness proves itself on real servers: replication works, WAIT FOR LSN behaves as the
 //! background doc says (PostgreSQL 19), pausing replay makes a replica stale, promotion makes it
-//! writable, and the fault helpers do what they say.
+//! writable, the fault helpers do what they say, and a cluster directory the servers' user
+//! cannot reach is refused before any server program runs.
 
+use std::os::unix::fs::PermissionsExt;
 use std::time::Duration;
 
-use lsngate_testkit::{Cluster, ClusterConfig, SyncMode, shared_cluster};
+use lsngate_testkit::{Cluster, ClusterConfig, Error, SyncMode, shared_cluster};
 
 const SETTLE: Duration = Duration::from_secs(30);
 
@@ -207,4 +209,47 @@ fn a_detached_cluster_is_found_again_by_its_directory() {
     assert!(err.to_string().contains("already holds a cluster"), "{err}");
     again.destroy().unwrap();
     assert!(!path.exists());
+}
+
+/// As root, servers run as `lsngate`: a cluster directory inside a root-only (0700) directory is
+/// refused before initdb runs, naming the parent that blocks it and the fix, and nothing is left
+/// behind. (It used to reach initdb, whose "Permission denied" ran into its next output line.)
+/// Run by another user, servers run as that user, who can use the directory, so it starts.
+#[test]
+fn a_cluster_dir_the_server_user_cannot_enter_is_refused_before_initdb() {
+    let closed = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(closed.path(), std::fs::Permissions::from_mode(0o700)).unwrap();
+    let dir = closed.path().join("cluster");
+    let result = Cluster::start(&ClusterConfig::default().replicas(0).dir(&dir));
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        result
+            .expect("servers run as this user, who owns the directory")
+            .destroy()
+            .unwrap();
+        return;
+    }
+    let error = result.expect_err("the lsngate user cannot enter a root-only directory");
+    assert!(matches!(error, Error::DirUnreachable { .. }), "{error:?}");
+    let text = error.to_string();
+    let blocker = format!(
+        "`lsngate` cannot enter {} (mode 0700, owner root)",
+        closed.path().display()
+    );
+    for part in [
+        dir.display().to_string().as_str(),
+        blocker.as_str(),
+        "choose another --dir",
+    ] {
+        assert!(text.contains(part), "{part:?} missing from: {text}");
+    }
+    assert!(
+        !text.contains("initdb:"),
+        "initdb must not have run: {text}"
+    );
+    assert!(
+        !dir.exists(),
+        "nothing left behind in {}",
+        closed.path().display()
+    );
 }

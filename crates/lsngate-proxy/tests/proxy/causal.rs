@@ -428,12 +428,22 @@ fn a_paused_replica_is_passed_over_and_a_killed_one_costs_no_stale_read() {
     cluster.wait_streaming(Duration::from_secs(30)).unwrap();
     let t = unique("faults");
     create(&cluster, &t);
+    // The first run asserts that replica1 serves every read: its proxy waits far longer than
+    // replica1 takes to replay, however loaded the machine (one 300 ms proxy for both runs
+    // sent a read to the primary when a replay was slow). The run across the kill keeps
+    // 300 ms, as every read there waits out its budget on the paused replica.
+    let patient = proxy_with(&cluster, |f| f.wait_timeout_ms = Some(5000));
     let budget = 300;
-    let proxy = proxy_with(&cluster, |f| f.wait_timeout_ms = Some(budget));
+    // Every read after the kill falls back (replica0 paused, replica1 dead), which the primary
+    // guard would rightly refuse after min_reads; this test is about staleness and survival.
+    let proxy = proxy_with(&cluster, |f| {
+        f.wait_timeout_ms = Some(budget);
+        f.breaker_ratio = Some(1.0);
+    });
     cluster.replica(0).pause_replay().unwrap();
     let port1 = cluster.replica(1).port() as i32;
     rt().block_on(async {
-        let client = connect(&proxy.conninfo()).await;
+        let client = connect(&patient.conninfo()).await;
         for i in 0..30 {
             client
                 .execute(&format!("INSERT INTO {t} VALUES ($1, 1)"), &[&(i as i64)])
@@ -453,20 +463,22 @@ fn a_paused_replica_is_passed_over_and_a_killed_one_costs_no_stale_read() {
             );
         }
     });
-    // Now the replica that serves dies in the middle of a run.
-    let killer = {
-        let dir = cluster.dir().to_path_buf();
-        std::thread::spawn(move || {
-            std::thread::sleep(Duration::from_millis(300));
-            let cluster = Cluster::open(&dir).unwrap();
-            cluster.replica(1).kill().unwrap();
-            cluster.detach();
-        })
-    };
+    // Now the replica that serves dies in the middle of a run: the kill starts before read 110
+    // and is over before read 120, so reads overlap it and follow it however fast they run (it
+    // was a thread that slept 300 ms first, which a fast run could finish before).
+    let doomed = cluster.replica(1).clone();
     let slowest = rt().block_on(async {
         let client = connect(&proxy.conninfo()).await;
         let mut slowest = Duration::ZERO;
-        for i in 100..160 {
+        let mut killer = None;
+        for i in 100..140 {
+            if i == 110 {
+                let doomed = doomed.clone();
+                killer = Some(std::thread::spawn(move || doomed.kill().unwrap()));
+            }
+            if i == 120 {
+                killer.take().expect("started").join().unwrap();
+            }
             client
                 .execute(&format!("INSERT INTO {t} VALUES ($1, 1)"), &[&(i as i64)])
                 .await
@@ -481,13 +493,14 @@ fn a_paused_replica_is_passed_over_and_a_killed_one_costs_no_stale_read() {
         }
         slowest
     });
-    killer.join().unwrap();
     println!(
         "slowest read across the kill: {slowest:?} (budget {budget} ms); {}",
         proxy.status()["causal"]["outcomes"]
     );
+    // A hang detector, not a latency claim: a read costs its budget on the paused replica and
+    // then the primary's answer, far below this on any machine.
     assert!(
-        slowest < Duration::from_millis(budget) * 10,
+        slowest < Duration::from_secs(30),
         "a read hung: {slowest:?} with a {budget} ms budget"
     );
     cluster.replica(0).resume_replay().unwrap();
@@ -862,14 +875,27 @@ fn a_cancel_stops_a_read_waiting_for_its_floor() {
             .batch_execute(&format!("INSERT INTO {t} VALUES (1, 1)"))
             .await
             .unwrap();
+        // The wait happens inside the proxy, where no server shows it, so the cancel is sent
+        // every 100 ms until the read ends: one that arrives before the wait finds nothing to
+        // cancel, the first one during it ends it (a single cancel after a 500 ms sleep could
+        // come too early on a loaded machine, and the read waited its full 20 s).
         let token = client.cancel_token();
-        let canceller = tokio::spawn(async move {
-            tokio::time::sleep(Duration::from_millis(500)).await;
-            token.cancel_query(tokio_postgres::NoTls).await.unwrap();
+        let ended = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let canceller = tokio::spawn({
+            let ended = ended.clone();
+            async move {
+                let deadline = Instant::now() + Duration::from_secs(30);
+                while !ended.load(std::sync::atomic::Ordering::Relaxed) && Instant::now() < deadline
+                {
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    token.cancel_query(tokio_postgres::NoTls).await.unwrap();
+                }
+            }
         });
         let started = Instant::now();
         let err = client.query(&select, &[]).await.unwrap_err();
         let waited = started.elapsed();
+        ended.store(true, std::sync::atomic::Ordering::Relaxed);
         canceller.await.unwrap();
         let db = err.as_db_error().expect("a server error");
         assert_eq!(db.code().code(), "57014", "{db:?}");

@@ -225,11 +225,18 @@ fn passed_through_queries_keep_each_clients_settings_errors_and_cancels() {
         assert_eq!(setting(beta.simple_query(&count).await.unwrap()), "3");
         // A cancel reaches a passed-through statement.
         let cancel = alpha.cancel_token();
+        let marker = unique("cancel_me");
+        let (running, nodes) = (marker.clone(), vec![cluster.primary().clone()]);
         let sleeper = tokio::spawn(async move {
-            tokio::time::sleep(Duration::from_millis(300)).await;
+            tokio::task::spawn_blocking(move || wait_running(&nodes, &running))
+                .await
+                .unwrap();
             cancel.cancel_query(tokio_postgres::NoTls).await.unwrap();
         });
-        let e = alpha.simple_query("SELECT pg_sleep(30)").await.unwrap_err();
+        let e = alpha
+            .simple_query(&format!("SELECT pg_sleep(30) AS {marker}"))
+            .await
+            .unwrap_err();
         assert_eq!(e.code().unwrap().code(), "57014", "{e}");
         sleeper.await.unwrap();
         assert_eq!(setting(alpha.simple_query(&count).await.unwrap()), "3");
@@ -260,7 +267,9 @@ fn a_full_pool_queues_checkouts_and_times_them_out_without_losing_a_slot() {
     file.replicas = Vec::new();
     file.consistency = Some("eventual".into());
     file.pool_size = Some(1);
-    file.acquire_timeout_ms = Some(1000);
+    // Far above the 350 ms the queued checkouts below are staged over, so none of them times
+    // out before the commit on a loaded machine (it was 1 s).
+    file.acquire_timeout_ms = Some(5000);
     let proxy = TestProxy::with(file);
     let t = unique("fullpool");
     rt().block_on(async {

@@ -298,15 +298,20 @@ fn transaction_pooling_shares_backends_session_pooling_pins_them() {
 fn cancel_reaches_the_backend_running_the_query() {
     let cluster = shared_cluster();
     let proxy = TestProxy::start(cluster);
+    let marker = unique("cancel_me");
+    let nodes: Vec<_> = cluster.nodes().cloned().collect();
     rt().block_on(async {
         let client = connect(&proxy.conninfo()).await;
         let token = client.cancel_token();
+        let running = marker.clone();
         let canceller = tokio::spawn(async move {
-            tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+            tokio::task::spawn_blocking(move || wait_running(&nodes, &running))
+                .await
+                .unwrap();
             token.cancel_query(tokio_postgres::NoTls).await.unwrap();
         });
         let err = client
-            .batch_execute("SELECT pg_sleep(20)")
+            .batch_execute(&format!("SELECT pg_sleep(20) AS {marker}"))
             .await
             .unwrap_err();
         assert_eq!(
@@ -384,8 +389,17 @@ fn shutdown_lets_an_open_transaction_finish() {
             .unwrap();
         client
     });
+    let addr = proxy.addr;
     let stopper = std::thread::spawn(move || proxy.shutdown());
-    std::thread::sleep(std::time::Duration::from_millis(300));
+    // Draining has begun once the proxy stops accepting (this used to be a 300 ms sleep).
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while std::net::TcpStream::connect(addr).is_ok() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the proxy still accepted clients 30 s after shutdown"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
     runtime.block_on(async {
         client
             .batch_execute(&format!("INSERT INTO {t} VALUES (2); COMMIT"))

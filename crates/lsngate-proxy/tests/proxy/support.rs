@@ -165,6 +165,24 @@ pub fn unique(prefix: &str) -> String {
     )
 }
 
+/// Waits (at most 30 s) until a statement containing `marker` runs on one of the cluster's
+/// servers, so that a cancel sent now finds it there (a cancel sent after a fixed sleep could
+/// arrive before the statement and be ignored, and the statement then ran to its end).
+pub fn wait_running(nodes: &[lsngate_testkit::Node], marker: &str) {
+    let sql = format!(
+        "SELECT count(*) FROM pg_stat_activity WHERE state = 'active' \
+         AND query LIKE '%{marker}%' AND pid <> pg_backend_pid()"
+    );
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while !nodes.iter().any(|n| n.sql(&sql).is_ok_and(|c| c != "0")) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no server ran the statement marked {marker} within 30 s"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 /// Waits until every replica replayed the primary's current position.
 pub fn caught_up(cluster: &Cluster) {
     cluster

@@ -262,7 +262,16 @@ async fn commit_token_and_wait_plus_read_are_one_flight_each() {
     )
     .await
     .unwrap();
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // The monitor's one round is over once it has the replica's lag, which needs both the
+    // primary's and the replica's answer (this used to be a 300 ms sleep).
+    support::until("the monitor's first round", || {
+        let status = gate.replicas();
+        status[0]
+            .lag_bytes
+            .map(drop)
+            .ok_or_else(|| format!("{status:?}"))
+    })
+    .await;
     let insert = "INSERT INTO rw_flight VALUES ($1, 'x')";
     let select = "SELECT note FROM rw_flight WHERE id = $1";
     // Warm up: prepares both statements on their single connections.
@@ -344,28 +353,69 @@ async fn metrics_report_outcomes_waits_and_replica_positions() {
         .query("SELECT 1", &[])
         .await
         .unwrap();
-    tokio::time::sleep(Duration::from_millis(100)).await;
-    let snapshot = snapshotter.snapshot().into_vec();
+    // A snapshot drains the counters, so snapshots are merged until the monitor has exported
+    // both replicas' gauges (this used to be one snapshot after a 100 ms sleep).
+    let mut snapshot: Vec<(metrics_util::CompositeKey, DebugValue)> = Vec::new();
+    let has = |snapshot: &[(metrics_util::CompositeKey, DebugValue)], name: &str, replica: &str| {
+        snapshot.iter().any(|(key, _)| {
+            key.key().name() == name && key.key().labels().any(|l| l.value() == replica)
+        })
+    };
+    let gauges = [
+        lsngate::metrics::REPLAYED_LSN,
+        lsngate::metrics::LAG_BYTES,
+        lsngate::metrics::LAG_SECONDS,
+    ];
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        for (key, _, _, value) in snapshotter.snapshot().into_vec() {
+            match snapshot.iter_mut().find(|(k, _)| *k == key) {
+                Some((_, DebugValue::Counter(total))) => {
+                    if let DebugValue::Counter(n) = value {
+                        *total += n;
+                    }
+                }
+                Some((_, DebugValue::Histogram(all))) => {
+                    if let DebugValue::Histogram(more) = value {
+                        all.extend(more);
+                    }
+                }
+                Some((_, old)) => *old = value,
+                None => snapshot.push((key, value)),
+            }
+        }
+        let exported = ["replica0", "replica1"]
+            .iter()
+            .all(|replica| gauges.iter().all(|name| has(&snapshot, name, replica)));
+        if exported {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the monitor never exported both replicas' gauges: {snapshot:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     let find = |name: &str, label: Option<(&str, &str)>| {
-        snapshot.iter().find(|(key, _, _, _)| {
+        snapshot.iter().find(|(key, _)| {
             let key = key.key();
             key.name() == name
                 && label.is_none_or(|(k, v)| key.labels().any(|l| l.key() == k && l.value() == v))
         })
     };
     let counter = |name, label| match find(name, Some(label)) {
-        Some((_, _, _, DebugValue::Counter(n))) => *n,
+        Some((_, DebugValue::Counter(n))) => *n,
         other => panic!("{name} {label:?}: {other:?}"),
     };
     assert!(counter(lsngate::metrics::READS, ("outcome", "replica_after_wait")) > 0);
     assert!(counter(lsngate::metrics::READS, ("outcome", "primary_fallback")) > 0);
     assert!(counter(lsngate::metrics::FALLBACKS, ("reason", "budget spent")) > 0);
     assert!(
-        matches!(find(lsngate::metrics::WAIT_SECONDS, None), Some((_, _, _, DebugValue::Histogram(v))) if !v.is_empty())
+        matches!(find(lsngate::metrics::WAIT_SECONDS, None), Some((_, DebugValue::Histogram(v))) if !v.is_empty())
     );
     for replica in ["replica0", "replica1"] {
         assert!(
-            matches!(find(lsngate::metrics::REPLAYED_LSN, Some(("replica", replica))), Some((_, _, _, DebugValue::Gauge(v))) if v.0 > 0.0)
+            matches!(find(lsngate::metrics::REPLAYED_LSN, Some(("replica", replica))), Some((_, DebugValue::Gauge(v))) if v.0 > 0.0)
         );
         assert!(find(lsngate::metrics::LAG_BYTES, Some(("replica", replica))).is_some());
         assert!(find(lsngate::metrics::LAG_SECONDS, Some(("replica", replica))).is_some());
@@ -395,6 +445,10 @@ async fn tls_connector_is_used_for_every_connection() {
 
 /// Reads go to the least busy replica: while one replica serves a long read of this gate, the
 /// gate's other reads all go to the other one.
+///
+/// The long read waits for an advisory lock the test holds on both replicas and releases only
+/// after the other reads, so it is still running however slow they are (it was a 2 s
+/// `pg_sleep`, which a loaded machine could outlast).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reads_go_to_the_least_busy_replica() {
     let cluster = shared_cluster();
@@ -407,25 +461,38 @@ async fn reads_go_to_the_least_busy_replica() {
         })
         .await,
     );
-    let deadline = std::time::Instant::now() + Duration::from_secs(15);
-    while gate.replicas().iter().filter(|r| r.healthy).count() < 2 {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "both replicas never showed healthy: {:?}",
-            gate.replicas()
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
+    support::until("both replicas healthy", || {
+        let status = gate.replicas();
+        (status.iter().filter(|r| r.healthy).count() == 2)
+            .then_some(())
+            .ok_or_else(|| format!("{status:?}"))
+    })
+    .await;
+    // Advisory locks work on a hot standby; the key is this test binary's own.
+    let key = 0x6c73_6e00_0000_0000_i64 | i64::from(std::process::id());
+    let mut holders = Vec::new();
+    for replica in cluster.replicas() {
+        let holder = replica.connect().await.unwrap();
+        holder
+            .simple_query(&format!("SELECT pg_advisory_lock({key})"))
+            .await
+            .unwrap();
+        holders.push(holder);
     }
     let marker = format!("least_busy_{}", std::process::id());
-    let slow_sql = format!("SELECT pg_sleep(2) AS {marker}");
+    let slow_sql = format!(
+        "SELECT pg_advisory_lock_shared({key})::text, pg_advisory_unlock_shared({key}) AS {marker}"
+    );
     let slow = tokio::spawn({
         let gate = std::sync::Arc::clone(&gate);
         async move { gate.query(&slow_sql, &[]).await.unwrap().served }
     });
-    // Which replica runs the long read, seen from the servers themselves.
+    // Which replica runs the long read, seen from the servers themselves: waiting for the lock.
     let running = format!(
-        "SELECT count(*) FROM pg_stat_activity WHERE query LIKE '%AS {marker}' AND state = 'active'"
+        "SELECT count(*) FROM pg_stat_activity WHERE query LIKE '%AS {marker}' \
+         AND state = 'active' AND wait_event_type = 'Lock'"
     );
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
     let busy = loop {
         let on: Vec<usize> = (0..2)
             .filter(|&i| cluster.replica(i).sql(&running).unwrap().trim() == "1")
@@ -447,5 +514,15 @@ async fn reads_go_to_the_least_busy_replica() {
             "a read went to the busy replica{busy} while the other was idle"
         );
     }
-    assert_eq!(slow.await.unwrap().by, ServedBy::Replica(busy));
+    for holder in &holders {
+        holder
+            .simple_query(&format!("SELECT pg_advisory_unlock({key})"))
+            .await
+            .unwrap();
+    }
+    let served = tokio::time::timeout(Duration::from_secs(30), slow)
+        .await
+        .expect("the long read ends once the lock is released")
+        .unwrap();
+    assert_eq!(served.by, ServedBy::Replica(busy));
 }

@@ -14,7 +14,7 @@ use crate::support::{self, Forwarder};
 /// Generous bound used only to detect hangs, never as a performance claim.
 const HANG: Duration = Duration::from_secs(5);
 
-/// One replica held 50 ms behind (`recovery_min_apply_delay`), shared by the two budget tests.
+/// One replica held 50 ms behind (`recovery_min_apply_delay`).
 fn delayed() -> &'static Cluster {
     static CLUSTER: OnceLock<&'static Cluster> = OnceLock::new();
     CLUSTER.get_or_init(|| {
@@ -26,6 +26,30 @@ fn delayed() -> &'static Cluster {
         .expect("delayed cluster")
         .leak_until_exit();
         support::table(cluster, "rw_delay");
+        let position = cluster.primary().position().unwrap();
+        cluster
+            .replica(0)
+            .wait_replayed(&position, Duration::from_secs(30))
+            .unwrap();
+        cluster
+    })
+}
+
+/// One replica held 1 s behind, for the tests whose budget (20 ms, 5 ms) must run out: the gap
+/// between budget and delay is what makes them fall back, so it is far wider than any
+/// scheduling delay (with the 50 ms replica it was 30 ms, and a read that started late on a
+/// loaded machine found its row replayed). Well inside the default 5 s lag bound.
+fn far_behind() -> &'static Cluster {
+    static CLUSTER: OnceLock<&'static Cluster> = OnceLock::new();
+    CLUSTER.get_or_init(|| {
+        let cluster = Cluster::start(
+            &ClusterConfig::default()
+                .replicas(1)
+                .apply_delay(Duration::from_secs(1)),
+        )
+        .expect("far-behind cluster")
+        .leak_until_exit();
+        support::table(cluster, "rw_behind");
         let position = cluster.primary().position().unwrap();
         cluster
             .replica(0)
@@ -55,12 +79,20 @@ fn paused() -> &'static Cluster {
     })
 }
 
+/// With a budget far above the apply delay every read waits on the replica. The monitor polls
+/// only at start, so a token can become known covered only by a read's own wait: each read's
+/// token is newer than anything the previous read saw, and every read must wait (with the 20 ms
+/// monitor a read that started 50 ms late could find its token already known).
 #[tokio::test]
-async fn apply_delay_50ms_with_budget_500ms_every_read_on_the_replica() {
+async fn apply_delay_50ms_with_a_budget_far_above_it_every_read_waits_on_the_replica() {
     let cluster = delayed();
-    let gate = support::gate(cluster, |c| c.budget(Duration::from_millis(500))).await;
+    let gate = support::gate(cluster, |c| {
+        c.budget(Duration::from_secs(5))
+            .poll_interval(Duration::from_secs(3600))
+    })
+    .await;
     let tally = support::insert_then_read(&gate, "rw_delay", 1, 100).await;
-    println!("budget 500ms: {tally:?}");
+    println!("budget 5s: {tally:?}");
     assert!(tally.errors.is_empty(), "{:?}", tally.errors);
     assert_eq!(tally.stale, 0);
     assert_eq!(tally.replica, 100, "{tally:?}");
@@ -68,8 +100,8 @@ async fn apply_delay_50ms_with_budget_500ms_every_read_on_the_replica() {
 }
 
 #[tokio::test]
-async fn apply_delay_50ms_with_budget_20ms_every_read_falls_back() {
-    let cluster = delayed();
+async fn apply_delay_1s_with_budget_20ms_every_read_falls_back() {
+    let cluster = far_behind();
     // The breaker would (rightly) trip after 50 reads at a 100 % fallback rate; this test is
     // about the fallback itself, so the guard gets out of the way.
     let guard = GuardConfig {
@@ -80,7 +112,7 @@ async fn apply_delay_50ms_with_budget_20ms_every_read_falls_back() {
         c.budget(Duration::from_millis(20)).guard(guard)
     })
     .await;
-    let tally = support::insert_then_read(&gate, "rw_delay", 1_000_000, 100).await;
+    let tally = support::insert_then_read(&gate, "rw_behind", 1_000_000, 100).await;
     println!("budget 20ms: {tally:?}");
     assert!(tally.errors.is_empty(), "{:?}", tally.errors);
     assert_eq!(tally.stale, 0);
@@ -93,9 +125,9 @@ async fn apply_delay_50ms_with_budget_20ms_every_read_falls_back() {
 /// primary.
 #[tokio::test]
 async fn stale_policy_and_primary_guard_behaviours() {
-    let cluster = delayed();
-    let insert = "INSERT INTO rw_delay (id, note) VALUES ($1, 'x')";
-    let select = "SELECT note FROM rw_delay WHERE id = $1";
+    let cluster = far_behind();
+    let insert = "INSERT INTO rw_behind (id, note) VALUES ($1, 'x')";
+    let select = "SELECT note FROM rw_behind WHERE id = $1";
     let budget = Duration::from_millis(5);
     let gate = support::gate(cluster, |c| c.budget(budget)).await;
     let written = gate.write(insert, &[&2_000_000i64]).await.unwrap();
@@ -143,15 +175,12 @@ async fn stale_policy_and_primary_guard_behaviours() {
         }
     }
     assert!(gate.breaker_open());
-    // Normally exactly 10 fallbacks then 20 stale answers; a read that took longer than the
-    // apply delay on a loaded machine may be served fresh by the replica, so only the shape is
-    // asserted.
+    // min_reads fallbacks on the primary open the breaker, and every later read is served
+    // stale: with the replica a second behind no read can find its row replayed (with the 50 ms
+    // replica a late read sometimes did, and only the shape could be asserted).
     println!("guard: {primary} on the primary, {flagged} flagged stale");
-    assert!(
-        (5..=20).contains(&primary),
-        "the breaker opened after min_reads: {primary}"
-    );
-    assert!(flagged >= 10, "then reads were served stale: {flagged}");
+    assert_eq!(primary, 10, "the breaker opens after min_reads");
+    assert_eq!(flagged, 20, "then every read is served stale");
     let gate = support::gate(cluster, |c| {
         c.budget(budget)
             .guard(guard)
@@ -167,17 +196,28 @@ async fn stale_policy_and_primary_guard_behaviours() {
             Err(other) => panic!("{other}"),
         }
     }
-    assert!(
-        refused >= 5,
-        "fail fast once the breaker is open: {refused}"
+    assert_eq!(
+        refused, 10,
+        "min_reads fallbacks, then fail fast once the breaker is open"
     );
 }
 
 #[tokio::test]
 async fn replay_paused_on_one_of_two_the_other_serves() {
     let cluster = paused();
-    let gate = support::gate(cluster, |c| c.budget(Duration::from_millis(200))).await;
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    // A budget far above the live replica's replay time, so that one serves every read it can
+    // however loaded the machine (it was 200 ms).
+    let gate = support::gate(cluster, |c| c.budget(Duration::from_secs(5))).await;
+    // Both positions known before the first read (this used to be a 200 ms sleep).
+    support::until("both replicas' positions known", || {
+        let status = gate.replicas();
+        status
+            .iter()
+            .all(|r| r.replayed.is_some())
+            .then_some(())
+            .ok_or_else(|| format!("{status:?}"))
+    })
+    .await;
     let tally = support::insert_then_read(&gate, "rw_paused", 1, 200).await;
     println!("paused: {tally:?}");
     assert!(tally.errors.is_empty(), "{:?}", tally.errors);
@@ -270,7 +310,16 @@ async fn run_through_fault(cluster: &Cluster, table: &str, fault: impl FnOnce())
     }
     tokio::time::sleep(Duration::from_millis(500)).await;
     fault();
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    // Until the gate has seen replica0 down (this used to be a fixed 3 s that should have been
+    // enough), then one more second of reads against the known-down replica.
+    support::until("replica0 seen down", || {
+        let status = gate.replicas();
+        (!status[0].healthy)
+            .then_some(())
+            .ok_or_else(|| format!("{status:?}"))
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
     done.store(true, Ordering::Relaxed);
     let mut tally = support::Tally::default();
     for handle in handles {
@@ -486,6 +535,15 @@ async fn session_reads_never_go_backwards_across_replicas_with_different_delays(
 
 /// A replica read cancelled by a recovery conflict (an ACCESS EXCLUSIVE lock replayed while the
 /// read holds the table) is served by the primary instead, flagged with the reason.
+///
+/// The order is fixed, not raced: the lock is committed on the primary and received by the
+/// replica with replay paused, the read is seen sleeping on the replica while holding its ACCESS
+/// SHARE lock, and only then does replay resume, so the replayed lock always meets the read.
+/// (The test used to take the lock as soon as the read showed up in `pg_stat_activity`. On
+/// PostgreSQL ≤ 18 a replica that had not yet replayed the token when the read arrived made the
+/// library's one-flight check + read run a read it then throws away and send the read again once
+/// replay caught up: the lock cancelled the discarded read, the second one ran after the lock was
+/// gone, and the read was served by the replica after its whole sleep.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn read_cancelled_by_a_recovery_conflict_falls_back() {
     let cluster = Cluster::start(
@@ -495,10 +553,8 @@ async fn read_cancelled_by_a_recovery_conflict_falls_back() {
     )
     .unwrap();
     support::table(&cluster, "rw_conflict");
-    // The read sleeps 6 s on the replica and the conflict must cancel it before that. The
-    // attempt's hard limit (budget + I/O grace) is set well past it: with the default 1 s grace
-    // a loaded machine (the PostgreSQL 15 pass late in CI) ended the attempt at 3 s, before the
-    // replayed lock cancelled the read, and the fallback was reported as `Unreachable`.
+    // The read only ends early by being cancelled: it sleeps far longer than the attempt's hard
+    // limit (budget + I/O grace) on the replica, and not at all on the primary.
     let gate = support::gate(&cluster, |c| {
         c.budget(Duration::from_secs(2))
             .io_grace(Duration::from_secs(30))
@@ -511,30 +567,79 @@ async fn read_cancelled_by_a_recovery_conflict_falls_back() {
         .token;
     let primary = cluster.primary().clone();
     let replica = cluster.replica(0).clone();
-    // The lock is taken only once the read runs on the replica (a fixed delay raced with the
-    // read's own wait on a loaded machine, and the lock replayed before the read began).
-    let locker = tokio::task::spawn_blocking(move || {
-        let running = "SELECT count(*) FROM pg_stat_activity WHERE state = 'active' \
-                       AND query LIKE 'SELECT count(*) FROM rw_conflict, pg_sleep%'";
-        replica
-            .wait_until(
-                "the read runs on the replica",
-                Duration::from_secs(30),
-                || Ok(replica.sql(running)? == "1"),
-            )
-            .unwrap();
-        primary
-            .sql("BEGIN; LOCK TABLE rw_conflict IN ACCESS EXCLUSIVE MODE; COMMIT")
-            .unwrap();
-    });
-    let read = gate
-        .query_after(&token, "SELECT count(*) FROM rw_conflict, pg_sleep(6)", &[])
-        .await
+    // The replica has the row before the read is sent, so its replay check passes at once and the
+    // read that runs there is the only one.
+    cluster.wait_caught_up(Duration::from_secs(30)).unwrap();
+    replica.pause_replay().unwrap();
+    primary
+        .sql("BEGIN; LOCK TABLE rw_conflict IN ACCESS EXCLUSIVE MODE; COMMIT")
         .unwrap();
-    locker.await.unwrap();
+    let lock_end = primary.sql("SELECT pg_current_wal_flush_lsn()").unwrap();
+    replica
+        .wait_until(
+            "the lock's WAL received (not replayed)",
+            Duration::from_secs(30),
+            || {
+                Ok(replica.sql(&format!(
+                    "SELECT pg_last_wal_receive_lsn() >= '{lock_end}'::pg_lsn"
+                ))? == "t")
+            },
+        )
+        .unwrap();
+    let reader = gate.clone();
+    let read = tokio::spawn(async move {
+        reader
+            .query_after(
+                &token,
+                "SELECT count(*) FROM rw_conflict, \
+                 pg_sleep(CASE WHEN pg_is_in_recovery() THEN 300 ELSE 0 END)",
+                &[],
+            )
+            .await
+    });
+    // In pg_sleep (so past Parse and Bind) and holding the lock the replayed one conflicts with.
+    let holding = "SELECT count(*) FROM pg_stat_activity a JOIN pg_locks l ON l.pid = a.pid \
+                   WHERE a.state = 'active' AND a.wait_event = 'PgSleep' \
+                   AND a.query LIKE 'SELECT count(*) FROM rw_conflict, %' \
+                   AND l.locktype = 'relation' AND l.relation = 'rw_conflict'::regclass \
+                   AND l.mode = 'AccessShareLock' AND l.granted";
+    let waiter = replica.clone();
+    tokio::task::spawn_blocking(move || {
+        waiter.wait_until(
+            "the read sleeping on the replica, holding ACCESS SHARE on rw_conflict",
+            Duration::from_secs(30),
+            || Ok(waiter.sql(holding)? == "1"),
+        )
+    })
+    .await
+    .unwrap()
+    .unwrap();
+    replica.resume_replay().unwrap();
+    let read = tokio::time::timeout(Duration::from_secs(60), read)
+        .await
+        .expect("the read ends within 60 s of replay resuming")
+        .unwrap()
+        .unwrap();
     assert_eq!(read.rows[0].get::<_, i64>(0), 1);
     assert_eq!(read.served.by, ServedBy::Primary, "{:?}", read.served);
-    assert_eq!(read.served.fallback, Some(FallbackReason::RecoveryConflict));
+    assert_eq!(
+        read.served.fallback,
+        Some(FallbackReason::RecoveryConflict),
+        "the replayed lock must cancel the read: {:?}",
+        read.served
+    );
+    // And the replica counts it as what it was: a lock conflict.
+    replica
+        .wait_until(
+            "pg_stat_database_conflicts.confl_lock counts the cancelled read",
+            Duration::from_secs(30),
+            || {
+                Ok(replica.sql(
+                    "SELECT confl_lock FROM pg_stat_database_conflicts WHERE datname = 'postgres'",
+                )? == "1")
+            },
+        )
+        .unwrap();
 }
 
 /// Token-less reads skip a replica over the lag bound; with every replica over it they go to
@@ -547,14 +652,30 @@ async fn token_less_reads_respect_the_lag_bound() {
         .primary()
         .sql("CREATE TABLE IF NOT EXISTS rw_bulk AS SELECT g, repeat('x', 100) AS pad FROM generate_series(1, 20000) g")
         .unwrap();
+    let bulk_end = cluster.primary().position().unwrap();
+    cluster
+        .replica(1)
+        .wait_replayed(&bulk_end, Duration::from_secs(30))
+        .unwrap();
     let bound = lsngate::LagBound {
         max_bytes: Some(1 << 20),
         max_lag: Some(Duration::from_secs(30)),
     };
+    let over = |status: &lsngate::ReplicaStatus| status.lag_bytes.is_some_and(|b| b > 1 << 20);
     let gate = support::gate(cluster, |c| c.lag_bound(bound)).await;
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    let status = gate.replicas();
-    assert!(status[0].lag_bytes.unwrap_or(0) > 1 << 20, "{status:?}");
+    // The monitor's first probes tell the gate each replica's lag (this used to be a 300 ms
+    // sleep; on a loaded machine the paused replica could still look in bounds after it).
+    support::until(
+        "replica0 seen over the bound and replica1 within it",
+        || {
+            let status = gate.replicas();
+            let within = status[1].lag_bytes.is_some_and(|b| b <= 1 << 20);
+            (over(&status[0]) && within)
+                .then_some(())
+                .ok_or_else(|| format!("{status:?}"))
+        },
+    )
+    .await;
     for _ in 0..10 {
         let read = gate.query("SELECT 1", &[]).await.unwrap();
         assert_eq!(read.served.node, "replica1", "{:?}", read.served);
@@ -567,7 +688,13 @@ async fn token_less_reads_respect_the_lag_bound() {
     )
     .await
     .unwrap();
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    support::until("the lone replica seen over the bound", || {
+        let status = only_paused.replicas();
+        over(&status[0])
+            .then_some(())
+            .ok_or_else(|| format!("{status:?}"))
+    })
+    .await;
     let read = only_paused.query("SELECT 1", &[]).await.unwrap();
     assert_eq!(read.served.by, ServedBy::Primary);
     assert_eq!(read.served.fallback, Some(FallbackReason::AllLagging));

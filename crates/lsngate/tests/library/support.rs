@@ -20,6 +20,24 @@ pub async fn gate(cluster: &Cluster, tweak: impl FnOnce(Config) -> Config) -> Ga
     Gate::connect(tweak(config)).await.expect("gate")
 }
 
+/// Waits, polling every 20 ms for at most 30 s, until `check` says done (`Ok`); otherwise
+/// panics naming `what` and the last state `check` described (`Err`). For what a gate learns in
+/// the background (replica positions, lag, health), instead of a sleep that should be enough.
+pub async fn until(what: &str, mut check: impl FnMut() -> Result<(), String>) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let state = match check() {
+            Ok(()) => return,
+            Err(state) => state,
+        };
+        assert!(
+            Instant::now() < deadline,
+            "waited 30 s for {what}; last seen: {state}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 /// A fresh table `name (id bigint primary key, note text)` on the primary.
 pub fn table(cluster: &Cluster, name: &str) {
     cluster
