@@ -55,7 +55,12 @@ fn a_proxy_reading_replicas_in_session_mode_answers_every_case_like_postgresql()
     // own writes, so they see what the direct run saw.
     let cluster = shared_cluster();
     let proxy = TestProxy::start(cluster);
-    check(cluster, proxy.addr, "proxy with 2 replicas, consistency session", true);
+    check(
+        cluster,
+        proxy.addr,
+        "proxy with 2 replicas, consistency session",
+        true,
+    );
 }
 
 struct Settings {
@@ -127,7 +132,14 @@ fn check(cluster: &Cluster, proxy: SocketAddr, label: &str, replicas: bool) {
             // Minimize the first case of each kind of failure only.
             let kind = outcome.kind();
             if settings.minimize && !kinds.contains(&kind) {
-                let small = minimize(&mut fixture, direct, proxy, &case, &outcome);
+                let small = minimize(
+                    &mut fixture,
+                    direct,
+                    proxy,
+                    &case,
+                    &outcome,
+                    &settings.exclusions,
+                );
                 if small.steps.len() < case.steps.len() {
                     let pair = &fixture.tables(1)[0];
                     let again = compare(direct, proxy, &small, pair, MINIMIZE_BOUND);
@@ -366,7 +378,11 @@ impl Outcome {
         };
         let _ = writeln!(out, "      {:<64} | proxy", "direct");
         for i in 0..end {
-            let mark = if Some(i) == self.difference { ">>" } else { "  " };
+            let mark = if Some(i) == self.difference {
+                ">>"
+            } else {
+                "  "
+            };
             let _ = writeln!(
                 out,
                 "{mark}{:>3} {:<64} | {}",
@@ -387,6 +403,7 @@ fn minimize(
     proxy: SocketAddr,
     case: &Case,
     original: &Outcome,
+    exclusions: &Exclusions,
 ) -> Case {
     let mut best = case.clone();
     let mut size = (best.steps.len() / 2).max(1);
@@ -400,6 +417,10 @@ fn minimize(
             }
             tries += 1;
             let candidate = best.without(i, (i + size).min(best.steps.len()));
+            if !exclusions.admit(&candidate) {
+                i += size;
+                continue;
+            }
             let outcome = compare(
                 direct,
                 proxy,
@@ -506,7 +527,10 @@ impl<'a> Fixture<'a> {
         if self.live.is_empty() {
             return;
         }
-        let sql = format!("SET lock_timeout = '5s'; DROP TABLE IF EXISTS {}", self.live.join(", "));
+        let sql = format!(
+            "SET lock_timeout = '5s'; DROP TABLE IF EXISTS {}",
+            self.live.join(", ")
+        );
         if let Err(e) = self.sql(&sql) {
             eprintln!("differential: could not drop the cases' tables: {e}");
         }

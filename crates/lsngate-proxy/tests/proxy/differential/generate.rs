@@ -87,7 +87,11 @@ impl Msg {
         let sql = |s: &str| s.replace("{t}", table);
         match self {
             Msg::Query(q) => FrontendMessage::Query(sql(q)),
-            Msg::Parse { name, sql: q, types } => FrontendMessage::Parse {
+            Msg::Parse {
+                name,
+                sql: q,
+                types,
+            } => FrontendMessage::Parse {
                 statement: name.clone(),
                 query: sql(q),
                 param_types: types.clone(),
@@ -178,7 +182,9 @@ impl fmt::Display for Msg {
                 )
             }
             Msg::Describe { kind, name } => write!(f, "Describe {kind} {name:?}"),
-            Msg::Execute { portal, max_rows } => write!(f, "Execute {portal:?} max_rows {max_rows}"),
+            Msg::Execute { portal, max_rows } => {
+                write!(f, "Execute {portal:?} max_rows {max_rows}")
+            }
             Msg::Close { kind, name } => write!(f, "Close {kind} {name:?}"),
             Msg::Sync => write!(f, "Sync"),
             Msg::Flush => write!(f, "Flush"),
@@ -267,6 +273,8 @@ impl fmt::Display for Case {
 pub struct Exclusions {
     /// A simple Query while extended messages are unsynced: a Sync is put in front of it.
     pub query_after_unsynced: bool,
+    /// COPY FROM STDIN, over either protocol.
+    pub copy_in: bool,
 }
 
 impl Exclusions {
@@ -275,14 +283,40 @@ impl Exclusions {
         for name in list.split(',').map(str::trim).filter(|n| !n.is_empty()) {
             match name {
                 "query-after-unsynced" => exclusions.query_after_unsynced = true,
+                "copy-in" => exclusions.copy_in = true,
                 other => {
                     return Err(format!(
-                        "LSNGATE_DIFF_EXCLUDE: unknown pattern {other:?}; known: query-after-unsynced"
+                        "LSNGATE_DIFF_EXCLUDE: unknown pattern {other:?}; known: query-after-unsynced, copy-in"
                     ));
                 }
             }
         }
         Ok(exclusions)
+    }
+}
+
+impl Exclusions {
+    /// Whether `case` (a candidate of the minimizer, which drops steps at will) is free of the
+    /// excluded patterns, as every generated case is.
+    pub fn admit(&self, case: &Case) -> bool {
+        let mut unsynced = false;
+        for step in &case.steps {
+            let Step::Send(msg) = step else { continue };
+            match msg {
+                Msg::Query(_) if unsynced && self.query_after_unsynced => return false,
+                Msg::Query(_) | Msg::CopyData(_) | Msg::CopyDone | Msg::CopyFail(_) => {}
+                Msg::Sync => unsynced = false,
+                _ => unsynced = true,
+            }
+            let copy_in = match msg {
+                Msg::Query(q) | Msg::Parse { sql: q, .. } => q.contains("FROM STDIN"),
+                _ => false,
+            };
+            if copy_in && self.copy_in {
+                return false;
+            }
+        }
+        true
     }
 }
 
@@ -482,10 +516,11 @@ impl Generator {
                 }
             }
             74..=79 => self.sql_prepare(),
-            80..=82 => self.copy_in_simple(),
+            80..=82 if !self.exclusions.copy_in => self.copy_in_simple(),
             83..=85 => self.copy_out_simple(),
             86 => self.copy_out_extended(),
-            87 => self.copy_in_extended(),
+            87 if !self.exclusions.copy_in => self.copy_in_extended(),
+            80..=82 | 87 => {}
             88..=91 => self.proxy_handled(),
             92..=94 => self.autosave(),
             _ => {
@@ -558,7 +593,10 @@ impl Generator {
                 "INSERT INTO {t} (id, v) VALUES ($1, $2) RETURNING id, v",
                 &[&fresh, "7"],
             ),
-            4 => Sql::new("UPDATE {t} SET v = v + $1 WHERE id <= $2", &["1", &existing]),
+            4 => Sql::new(
+                "UPDATE {t} SET v = v + $1 WHERE id <= $2",
+                &["1", &existing],
+            ),
             5 => Sql::new(
                 "UPDATE {t} SET v = v * 2 WHERE id = $1 RETURNING id, v",
                 &[&existing],
@@ -838,7 +876,7 @@ impl Generator {
         let mut data = String::new();
         for _ in 0..rows {
             let id = match self.rng.below(10) {
-                0 => "1".to_string(), // 23505
+                0 => "1".to_string(),    // 23505
                 1 => "oops".to_string(), // 22P02
                 _ => self.fresh_id(),
             };
@@ -870,7 +908,9 @@ impl Generator {
         if self.rng.chance(85) {
             self.send(Msg::CopyDone);
         } else {
-            self.send(Msg::CopyFail("the differential checker aborts this COPY".into()));
+            self.send(Msg::CopyFail(
+                "the differential checker aborts this COPY".into(),
+            ));
         }
     }
 
@@ -961,7 +1001,24 @@ mod tests {
             let b = generate(seed, &Exclusions::default());
             assert_eq!(a.steps, b.steps);
             let total = a.messages() + 2;
-            assert!((5..=40).contains(&total), "seed {seed}: {total} messages\n{a}");
+            assert!(
+                (5..=40).contains(&total),
+                "seed {seed}: {total} messages\n{a}"
+            );
         }
+    }
+
+    #[test]
+    fn cases_generated_without_a_pattern_are_admitted_and_others_are_not_all() {
+        let all = Exclusions::parse("query-after-unsynced,copy-in").unwrap();
+        let mut refused = 0;
+        for seed in 0..500 {
+            assert!(all.admit(&generate(seed, &all)), "seed {seed}");
+            refused += usize::from(!all.admit(&generate(seed, &Exclusions::default())));
+        }
+        assert!(
+            refused > 50,
+            "only {refused} of 500 default cases had an excluded pattern"
+        );
     }
 }

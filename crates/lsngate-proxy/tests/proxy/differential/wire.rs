@@ -58,7 +58,8 @@ impl Conn {
     /// Connects and logs in as `postgres` to database `postgres` (trust: the testkit's servers
     /// and the test proxy trust loopback clients).
     pub fn connect(addr: SocketAddr) -> Result<Conn, String> {
-        let stream = TcpStream::connect(addr).map_err(|e| format!("cannot connect to {addr}: {e}"))?;
+        let stream =
+            TcpStream::connect(addr).map_err(|e| format!("cannot connect to {addr}: {e}"))?;
         stream.set_nodelay(true).map_err(|e| e.to_string())?;
         let mut conn = Conn {
             stream,
@@ -150,8 +151,11 @@ impl Conn {
 
     /// The end marker's row and the ReadyForQuery after it have arrived.
     pub fn marker_done(&self) -> bool {
-        self.marker_row
-            .is_some_and(|row| self.replies[row..].iter().any(|r| r.key.starts_with("ReadyForQuery")))
+        self.marker_row.is_some_and(|row| {
+            self.replies[row..]
+                .iter()
+                .any(|r| r.key.starts_with("ReadyForQuery"))
+        })
     }
 
     pub fn close(mut self) {
@@ -161,7 +165,9 @@ impl Conn {
     /// The next whole message, reading as needed; None at `deadline`.
     fn next_frame(&mut self, deadline: Instant) -> Result<Option<Frame>, String> {
         loop {
-            if let Some(frame) = decode_frame(&mut self.buf, usize::MAX).map_err(|e| e.to_string())? {
+            if let Some(frame) =
+                decode_frame(&mut self.buf, usize::MAX).map_err(|e| e.to_string())?
+            {
                 return Ok(Some(frame));
             }
             let now = Instant::now();
@@ -198,10 +204,12 @@ impl Conn {
 
     fn normalize(&mut self, frame: &Frame) -> Result<Option<Reply>, String> {
         let body = &frame.body[..];
-        let plain = |key: &str| Ok(Some(Reply {
-            key: key.to_string(),
-            note: String::new(),
-        }));
+        let plain = |key: &str| {
+            Ok(Some(Reply {
+                key: key.to_string(),
+                note: String::new(),
+            }))
+        };
         match frame.tag {
             b'1' => plain("ParseComplete"),
             b'2' => plain("BindComplete"),
@@ -211,11 +219,17 @@ impl Conn {
             b'I' => plain("EmptyQueryResponse"),
             b'c' => plain("CopyDone"),
             b'K' => Ok(None),
-            b'Z' => plain(&format!("ReadyForQuery {}", body.first().map_or('?', |&b| b as char))),
+            b'Z' => plain(&format!(
+                "ReadyForQuery {}",
+                body.first().map_or('?', |&b| b as char)
+            )),
             b'C' => plain(&format!("CommandComplete {:?}", cstr(body).0)),
             b'T' => plain(&format!("RowDescription [{}]", row_description(body)?)),
             b'D' => plain(&format!("DataRow [{}]", data_row(body)?)),
-            b't' => plain(&format!("ParameterDescription {:?}", parameter_types(body)?)),
+            b't' => plain(&format!(
+                "ParameterDescription {:?}",
+                parameter_types(body)?
+            )),
             b'd' => plain(&format!("CopyData {}", value(body))),
             b'G' | b'H' | b'W' => {
                 let name = match frame.tag {
@@ -255,7 +269,10 @@ impl Conn {
             }
             b'A' => {
                 let (channel, rest) = cstr(&body[4.min(body.len())..]);
-                plain(&format!("NotificationResponse {channel:?} {:?}", cstr(rest).0))
+                plain(&format!(
+                    "NotificationResponse {channel:?} {:?}",
+                    cstr(rest).0
+                ))
             }
             other => Ok(Some(Reply {
                 key: format!("message '{}'", other as char),
@@ -339,7 +356,9 @@ fn row_description(body: &[u8]) -> Result<String, String> {
         } else {
             String::new()
         };
-        columns.push(format!("{name} {type_oid}/{len}/{typmod} f{format}{origin}"));
+        columns.push(format!(
+            "{name} {type_oid}/{len}/{typmod} f{format}{origin}"
+        ));
     }
     Ok(columns.join(", "))
 }
