@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 use bytes::BytesMut;
 use lsngate_proxy::net::{ErrorFields, Frame, StartupFrame, decode_frame};
 
-use super::generate::MARKER;
+use super::case::MARKER;
 
 /// How long any one wait for replies may take before it is reported as a hang.
 pub const REPLY_BOUND: Duration = Duration::from_secs(20);
