@@ -118,8 +118,12 @@ fn check(cluster: &Cluster, proxy: SocketAddr, label: &str, replicas: bool) {
     let label = format!("{label}, PostgreSQL {version}");
     let direct: SocketAddr = ([127, 0, 0, 1], cluster.primary().port()).into();
     let mut fixture = Fixture::new(cluster, direct, replicas);
+    let limit = match settings.until {
+        Some(until) => format!(", for at most {} s", (until - Instant::now()).as_secs() + 1),
+        None => String::new(),
+    };
     eprintln!(
-        "differential ({label}): {} cases from LSNGATE_DIFF_SEED={}",
+        "differential ({label}): {} cases from LSNGATE_DIFF_SEED={}{limit}",
         settings.cases, settings.seed
     );
     let mut failures: Vec<(u64, String)> = Vec::new();
