@@ -5,22 +5,26 @@
 //! Query after unsynced extended messages, errors in the middle of a pipeline, Flush, COPY, the
 //! proxy's own statements), which no driver shows because drivers hide the reply stream.
 //!
-//! Each case runs on fresh connections against its own table (one per side, same rows), and
-//! ends with Sync and a marker query, so the reader knows when every reply is in. Where a case
-//! waits for replies in the middle (after a Flush, or for CopyInResponse), the direct run
-//! records how many replies had come by then and the proxied run waits for as many.
+//! The known sequences (`differential/regressions.rs`, the shrunk findings) run first, all of
+//! them, then the random cases. Each case runs on fresh connections (a new client after each
+//! `Step::Reconnect`) against its own table (one per side, same rows), and ends with Sync and a
+//! marker query, so the reader knows when every reply is in. Where a case waits for replies in
+//! the middle (after a Flush, or for CopyInResponse), the direct run records how many replies
+//! had come by then and the proxied run waits for as many.
 //!
 //! Env: `LSNGATE_DIFF_SEED` (a case seed; alone it replays that one case), `LSNGATE_DIFF_CASES`
 //! (default 200: cases use seeds SEED, SEED+1, ...), `LSNGATE_DIFF_SECONDS` (start no case after
-//! that many seconds), `LSNGATE_DIFF_KEEP_GOING=1` (report every
-//! failing case, not only the first), `LSNGATE_DIFF_MINIMIZE=0` (do not shrink a failing case),
-//! `LSNGATE_DIFF_EXCLUDE` (patterns to leave out while a known bug is fixed; see
-//! `generate::Exclusions`). `scripts/fuzz.sh` runs it with many cases and a seed from the clock.
+//! that many seconds), `LSNGATE_DIFF_KEEP_GOING=1` (report every failing case, not only the
+//! first), `LSNGATE_DIFF_MINIMIZE=0` (do not shrink a failing case), `LSNGATE_DIFF_EXCLUDE`
+//! (patterns to leave out while a known bug is fixed; see `case::Exclusions`). `scripts/fuzz.sh`
+//! runs it with many cases and a seed from the clock.
 
 #[path = "differential/case.rs"]
 mod case;
 #[path = "differential/generate.rs"]
 mod generate;
+#[path = "differential/regressions.rs"]
+mod regressions;
 #[path = "differential/wire.rs"]
 mod wire;
 
@@ -126,8 +130,24 @@ fn check(cluster: &Cluster, proxy: SocketAddr, label: &str, replicas: bool) {
         "differential ({label}): {} cases from LSNGATE_DIFF_SEED={}{limit}",
         settings.cases, settings.seed
     );
-    let mut failures: Vec<(u64, String)> = Vec::new();
+    let mut failures: Vec<(String, String)> = Vec::new();
     let mut kinds: Vec<String> = Vec::new();
+    // The known sequences first, every one of them, whatever the settings.
+    let known = regressions::known();
+    let tables = fixture.tables(known.len());
+    for ((name, case), pair) in known.iter().zip(&tables) {
+        let outcome = compare(direct, proxy, case, pair, REPLY_BOUND);
+        if !outcome.passed() {
+            let report = format!(
+                "differential mismatch ({label}), known sequence \"{name}\" (differential/regressions.rs)\n{}",
+                outcome.report(case)
+            );
+            eprintln!("{report}");
+            kinds.push(outcome.kind());
+            failures.push((format!("\"{name}\""), report));
+        }
+    }
+    let known_failed = failures.len();
     let (mut done, mut ran) = (0, 0);
     'cases: while done < settings.cases {
         let tables = fixture.tables((settings.cases - done).min(50));
@@ -174,7 +194,7 @@ fn check(cluster: &Cluster, proxy: SocketAddr, label: &str, replicas: bool) {
             }
             kinds.push(kind);
             eprintln!("{report}");
-            failures.push((seed, report));
+            failures.push((format!("seed {seed}"), report));
             if !settings.keep_going {
                 break 'cases;
             }
@@ -184,20 +204,20 @@ fn check(cluster: &Cluster, proxy: SocketAddr, label: &str, replicas: bool) {
     }
     fixture.finish();
     eprintln!(
-        "differential ({label}): {} cases from LSNGATE_DIFF_SEED={}, {} failed",
-        ran,
+        "differential ({label}): {known_failed} of {} known sequences and {} of {ran} cases from LSNGATE_DIFF_SEED={} failed",
+        known.len(),
+        failures.len() - known_failed,
         settings.seed,
-        failures.len()
     );
     if let Some((_, first)) = failures.first() {
-        let seeds: Vec<String> = failures.iter().map(|(s, _)| s.to_string()).collect();
+        let which: Vec<&str> = failures.iter().map(|(w, _)| w.as_str()).collect();
         kinds.sort();
         kinds.dedup();
         panic!(
-            "{} of {} cases failed (seeds {}), {} kinds of failure:\n  {}\nthe first:\n{first}",
-            failures.len(),
-            ran,
-            seeds.join(", "),
+            "{known_failed} of {} known sequences and {} of {ran} cases failed ({}), {} kinds of failure:\n  {}\nthe first:\n{first}",
+            known.len(),
+            failures.len() - known_failed,
+            which.join(", "),
             kinds.len(),
             kinds.join("\n  ")
         );
@@ -214,35 +234,45 @@ struct Run {
     failure: Option<String>,
 }
 
-/// Runs `case` on a fresh connection to `addr`. Without `plan` (the direct run), each wait lasts
-/// until the server went quiet; with it, until as many replies arrived as the direct run had.
+/// Runs `case` on a fresh connection to `addr` (a new one after each `Step::Reconnect`).
+/// Without `plan` (the direct run), each wait lasts until the server went quiet; with it, until
+/// as many replies arrived as the direct run had.
 fn run(addr: SocketAddr, case: &Case, table: &str, plan: Option<&[usize]>, bound: Duration) -> Run {
-    let mut conn = match Conn::connect(addr) {
-        Ok(conn) => conn,
-        Err(e) => {
-            return Run {
-                failure: Some(e),
-                ..Run::default()
-            };
+    let mut run = Run::default();
+    for (n, steps) in case.steps.split(|s| *s == Step::Reconnect).enumerate() {
+        if n > 0 {
+            run.replies.push(Reply {
+                key: "-- a new client connects --".into(),
+                note: String::new(),
+            });
         }
-    };
-    let mut waits = Vec::new();
-    let failure = drive(&mut conn, case, table, plan, bound, &mut waits).err();
-    let replies = std::mem::take(&mut conn.replies);
-    conn.close();
-    Run {
-        replies,
-        waits,
-        failure,
+        let mut conn = match Conn::connect(addr) {
+            Ok(conn) => conn,
+            Err(e) => {
+                run.failure = Some(e);
+                break;
+            }
+        };
+        let offset = run.replies.len();
+        let result = drive(&mut conn, steps, table, plan, bound, offset, &mut run.waits);
+        run.replies.append(&mut conn.replies);
+        conn.close();
+        if let Err(e) = result {
+            run.failure = Some(e);
+            break;
+        }
     }
+    run
 }
 
+/// One client's part of a case; `offset` replies came before it (from earlier clients).
 fn drive(
     conn: &mut Conn,
-    case: &Case,
+    steps: &[Step],
     table: &str,
     plan: Option<&[usize]>,
     bound: Duration,
+    offset: usize,
     waits: &mut Vec<usize>,
 ) -> Result<(), String> {
     let tail = [
@@ -251,7 +281,7 @@ fn drive(
     ];
     let mut out = BytesMut::new();
     let (mut readies_due, mut last_is_ready, mut writes) = (0, false, 0);
-    for step in case.steps.iter().chain(&tail) {
+    for step in steps.iter().chain(&tail) {
         match step {
             Step::Send(msg) => {
                 msg.to_frontend(table).to_frame().encode(&mut out);
@@ -263,6 +293,7 @@ fn drive(
                 out.clear();
                 writes += 1;
             }
+            Step::Reconnect => unreachable!("cases are split at Reconnect"),
         }
         if *step != Step::Wait {
             continue;
@@ -279,14 +310,14 @@ fn drive(
                     }
                     _ => false,
                 })?;
-                waits.push(conn.replies.len());
+                waits.push(offset + conn.replies.len());
             }
             Some(plan) => {
                 let want = plan[waits.len()];
-                if !conn.read_until(deadline, |c| c.replies.len() >= want)? {
+                if !conn.read_until(deadline, |c| offset + c.replies.len() >= want)? {
                     return Err(format!(
                         "hang: after write {writes} the client waited {bound:?} for {want} replies (as many as PostgreSQL had sent by then); {} arrived",
-                        conn.replies.len()
+                        offset + conn.replies.len()
                     ));
                 }
                 waits.push(want);

@@ -201,6 +201,9 @@ pub enum Step {
     /// The messages so far go out in one write, and the client waits for what the server answers
     /// to them before it sends more (Flush-then-wait, psql waiting for CopyInResponse, ...).
     Wait,
+    /// The client ends (with Sync and the end marker, like every case) and a new client
+    /// connects: what one client leaves behind must not reach the next.
+    Reconnect,
 }
 
 /// One generated case. The harness appends `Sync` and [`END_QUERY`] to its steps.
@@ -223,7 +226,10 @@ impl Case {
         let mut steps: Vec<Step> = Vec::new();
         for step in self.steps[..i].iter().chain(&self.steps[j..]) {
             match (step, steps.last()) {
-                (Step::Write | Step::Wait, None | Some(Step::Write | Step::Wait)) => {}
+                (
+                    Step::Write | Step::Wait,
+                    None | Some(Step::Write | Step::Wait | Step::Reconnect),
+                ) => {}
                 (Step::Wait, Some(Step::Send(Msg::Flush | Msg::Sync | Msg::Query(_)))) => {
                     steps.push(Step::Wait)
                 }
@@ -253,6 +259,13 @@ impl fmt::Display for Case {
                 }
                 Step::Write => writeln!(f, "       -- end of write")?,
                 Step::Wait => writeln!(f, "       -- end of write; wait for the replies")?,
+                Step::Reconnect => {
+                    n += 2;
+                    writeln!(
+                        f,
+                        "       -- Sync, the end marker; the client leaves and a new one connects"
+                    )?
+                }
             }
         }
         writeln!(
@@ -302,6 +315,9 @@ impl Exclusions {
         // together (0A000).
         let (mut own, mut other) = (false, false);
         for step in case.steps.iter().chain([&Step::Send(Msg::Sync)]) {
+            if *step == Step::Reconnect {
+                (unsynced, own, other) = (false, false, false);
+            }
             let Step::Send(msg) = step else { continue };
             match msg {
                 Msg::Parse { sql, .. } if sql.contains("lsngate.") => own = true,

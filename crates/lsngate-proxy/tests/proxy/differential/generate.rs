@@ -215,6 +215,7 @@ impl Generator {
             80..=82 | 87 => {}
             88..=91 => self.proxy_handled(),
             92..=94 => self.autosave(),
+            95 => self.reconnect(),
             _ => {
                 // Several Executes of one statement before one Sync (a pipeline).
                 let sql = self.read_statement();
@@ -663,6 +664,16 @@ impl Generator {
             self.extended_run(Sql::new(&sql, &[]), "");
             self.send(Msg::Sync);
         }
+    }
+
+    /// A new client. The statement names of the old one stay in the model, so the new client
+    /// binds some of them: PostgreSQL says 26000, and so must the proxy, whichever server
+    /// connection it lends.
+    fn reconnect(&mut self) {
+        self.steps.push(Step::Reconnect);
+        self.portals.clear();
+        self.sql_prepared.clear();
+        (self.unsynced, self.in_block) = (false, false);
     }
 
     /// pgjdbc's autosave: an unsynced extended BEGIN, a simple-Query SAVEPOINT, the statement
