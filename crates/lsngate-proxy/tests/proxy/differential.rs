@@ -25,6 +25,8 @@ mod case;
 mod generate;
 #[path = "differential/regressions.rs"]
 mod regressions;
+#[path = "differential/statements.rs"]
+mod statements;
 #[path = "differential/wire.rs"]
 mod wire;
 

@@ -12,6 +12,9 @@
 //! guess makes a deterministic error, which is as good a test as a success.
 
 use super::case::{Case, Exclusions, Msg, Rng, Step};
+use super::statements::{
+    self, PORTAL_NAMES, PROXY_HANDLED, STATEMENT_NAMES, Sql, TRANSACTION_CONTROL,
+};
 
 /// The case for `seed`.
 pub fn generate(seed: u64, exclusions: &Exclusions) -> Case {
@@ -35,61 +38,6 @@ pub fn generate(seed: u64, exclusions: &Exclusions) -> Case {
         steps: generator.steps,
     }
 }
-
-/// A statement and the values of its `$n` parameters.
-struct Sql {
-    text: String,
-    params: Vec<Option<String>>,
-}
-
-impl Sql {
-    fn new(text: &str, params: &[&str]) -> Sql {
-        Sql {
-            text: text.to_string(),
-            params: params.iter().map(|p| Some(p.to_string())).collect(),
-        }
-    }
-
-    /// The statement with its parameters written in as literals, for the simple protocol.
-    fn inline(&self) -> String {
-        let mut text = self.text.clone();
-        // Backwards, so `$1` does not match the front of `$10`.
-        for (i, value) in self.params.iter().enumerate().rev() {
-            let literal = value.as_ref().map_or("NULL".into(), |v| format!("'{v}'"));
-            text = text.replace(&format!("${}", i + 1), &literal);
-        }
-        text
-    }
-}
-
-const STATEMENT_NAMES: &[&str] = &["s1", "s2", "s3"];
-const PORTAL_NAMES: &[&str] = &["p1", "p2"];
-const TRANSACTION_CONTROL: &[&str] = &[
-    "BEGIN",
-    "BEGIN",
-    "BEGIN ISOLATION LEVEL REPEATABLE READ",
-    "BEGIN READ ONLY",
-    "START TRANSACTION",
-    "COMMIT",
-    "COMMIT",
-    "END",
-    "ROLLBACK",
-    "ROLLBACK",
-    "SAVEPOINT sp1",
-    "SAVEPOINT sp2",
-    "RELEASE SAVEPOINT sp1",
-    "ROLLBACK TO SAVEPOINT sp1",
-    "COMMIT AND CHAIN",
-];
-/// Statements the proxy answers itself (or whose comment it strips); PostgreSQL answers them as
-/// custom settings, with the same messages.
-const PROXY_HANDLED: &[&str] = &[
-    // Quoted: `primary` is a reserved word to PostgreSQL.
-    "SET lsngate.route = 'primary'",
-    "SET lsngate.route = auto",
-    "RESET lsngate.route",
-    "SET lsngate.consistency = session",
-];
 
 struct Generator {
     rng: Rng,
@@ -218,7 +166,7 @@ impl Generator {
             95 => self.reconnect(),
             _ => {
                 // Several Executes of one statement before one Sync (a pipeline).
-                let sql = self.read_statement();
+                let sql = statements::read(&mut self.rng);
                 self.extended_run(sql, "");
                 let extra = 1 + self.rng.below(2);
                 for _ in 0..extra {
@@ -238,84 +186,13 @@ impl Generator {
     /// A statement of any kind the protocols can carry as an ordinary statement.
     fn any_statement(&mut self) -> Sql {
         match self.rng.below(10) {
-            0..=3 => self.read_statement(),
-            4..=7 => self.write_statement(),
-            8 => self.setting_statement(),
+            0..=3 => statements::read(&mut self.rng),
+            4..=7 => {
+                let fresh = self.fresh_id();
+                statements::write(&mut self.rng, fresh)
+            }
+            8 => statements::setting(&mut self.rng),
             _ => Sql::new(self.rng.word(TRANSACTION_CONTROL), &[]),
-        }
-    }
-
-    fn read_statement(&mut self) -> Sql {
-        let existing = (1 + self.rng.below(3)).to_string();
-        let mut sql = match self.rng.below(11) {
-            0 | 1 => Sql::new("SELECT id, v FROM {t} ORDER BY id", &[]),
-            2 => Sql::new("SELECT v FROM {t} WHERE id = $1", &[&existing]),
-            3 => Sql::new("SELECT count(*) AS n, sum(v) AS total FROM {t}", &[]),
-            4 => Sql::new(
-                "SELECT g AS n, g * $1 AS m FROM generate_series(1, 4) g",
-                &["7"],
-            ),
-            5 => Sql::new("VALUES (1, 'one'), (2, NULL)", &[]),
-            // Rows, then 22012 in the middle of the result.
-            6 => Sql::new(
-                "SELECT id, 100 / (id - $1) AS q FROM {t} ORDER BY id",
-                &[&existing],
-            ),
-            7 => Sql::new("SELECT 10 / $1::int AS q", &["0"]),
-            8 => Sql::new("", &[]),
-            9 => Sql::new("SELECT id FROM {t} ORDER BY id LIMIT 1 FOR UPDATE", &[]),
-            _ => Sql::new(
-                "SELECT current_setting('work_mem') AS work_mem, current_setting('application_name') AS app",
-                &[],
-            ),
-        };
-        if !sql.text.is_empty() && self.rng.chance(10) {
-            sql.text = format!("/* lsngate:route=primary */ {}", sql.text);
-        }
-        sql
-    }
-
-    fn write_statement(&mut self) -> Sql {
-        let fresh = self.fresh_id();
-        let existing = (1 + self.rng.below(3)).to_string();
-        match self.rng.below(9) {
-            0 | 1 => Sql::new("INSERT INTO {t} (id, v) VALUES ($1, $2)", &[&fresh, "5"]),
-            // 23505 unless the row was deleted.
-            2 => Sql::new("INSERT INTO {t} (id, v) VALUES ($1, $2)", &[&existing, "6"]),
-            3 => Sql::new(
-                "INSERT INTO {t} (id, v) VALUES ($1, $2) RETURNING id, v",
-                &[&fresh, "7"],
-            ),
-            4 => Sql::new(
-                "UPDATE {t} SET v = v + $1 WHERE id <= $2",
-                &["1", &existing],
-            ),
-            5 => Sql::new(
-                "UPDATE {t} SET v = v * 2 WHERE id = $1 RETURNING id, v",
-                &[&existing],
-            ),
-            6 => Sql::new("DELETE FROM {t} WHERE id = $1", &[&existing]),
-            7 => Sql::new(
-                "WITH moved AS (UPDATE {t} SET v = v - 1 WHERE id = $1 RETURNING v) SELECT v FROM moved",
-                &[&existing],
-            ),
-            _ => Sql {
-                text: "INSERT INTO {t} (id, v) VALUES ($1, $2)".into(),
-                params: vec![Some(fresh), None],
-            },
-        }
-    }
-
-    fn setting_statement(&mut self) -> Sql {
-        let n = (1 + self.rng.below(8)).to_string();
-        match self.rng.below(7) {
-            0 => Sql::new(&format!("SET work_mem = '{n}MB'"), &[]),
-            1 => Sql::new("RESET work_mem", &[]),
-            2 => Sql::new("SET LOCAL work_mem = '3MB'", &[]),
-            3 => Sql::new("SHOW work_mem", &[]),
-            4 => Sql::new(&format!("SET application_name = 'diff-{n}'"), &[]),
-            5 => Sql::new("SHOW application_name", &[]),
-            _ => Sql::new("RESET application_name", &[]),
         }
     }
 
