@@ -7,6 +7,8 @@ mod causal;
 mod clients;
 #[path = "proxy/dashboard.rs"]
 mod dashboard;
+#[path = "proxy/differential.rs"]
+mod differential;
 #[path = "proxy/drivers.rs"]
 mod drivers;
 #[path = "proxy/faults.rs"]
