@@ -105,6 +105,12 @@ enum Answered {
     Shown(String, String),
 }
 
+/// What the server says to anything but the end of an aborted transaction block.
+const ABORTED: (&str, &str) = (
+    "25P02",
+    "current transaction is aborted, commands ignored until end of transaction block",
+);
+
 fn empty(tag: u8) -> Frame {
     Frame::new(tag, Bytes::new())
 }
@@ -134,6 +140,9 @@ impl Session {
     pub(super) async fn answer_locally(&mut self, command: LocalCommand) -> anyhow::Result<()> {
         // Earlier replies first, and with them any commit position SHOW must report.
         self.drain().await?;
+        if self.status == b'E' {
+            return self.answer_error(ABORTED.0, ABORTED.1).await;
+        }
         match self.run_command(&command) {
             Ok(Answered::Done(tag)) => self.io.queue(&build::command_complete(tag)),
             Ok(Answered::Shown(name, value)) => {
@@ -165,15 +174,30 @@ impl Session {
             s.and_then(|s| s.local.clone())
         };
         let mut failed = false;
+        // Portals of SET/RESET run to completion in this flight: a second Execute fails.
+        let mut spent: Vec<String> = Vec::new();
+        let aborted = |session: &mut Session, failed: &mut bool| {
+            session
+                .io
+                .queue(&ErrorFields::new("ERROR", ABORTED.0, ABORTED.1).to_frame(b'E'));
+            *failed = true;
+        };
         for m in flight {
             if failed && !matches!(m, FrontendMessage::Sync) {
                 continue;
             }
             match m {
+                // In an aborted transaction block the server refuses Parse, Bind and Execute.
+                FrontendMessage::Parse { .. } | FrontendMessage::Bind { .. }
+                    if self.status == b'E' =>
+                {
+                    aborted(self, &mut failed)
+                }
                 FrontendMessage::Parse { .. } => self.io.queue(&empty(b'1')),
                 FrontendMessage::Bind {
                     portal, statement, ..
                 } => {
+                    spent.retain(|p| p != &portal);
                     if let Some(command) = command_of(self, &statement) {
                         self.local_portals.insert(portal, command);
                     }
@@ -199,11 +223,25 @@ impl Session {
                     }
                 }
                 FrontendMessage::Execute { portal, .. } => {
+                    if spent.contains(&portal) {
+                        let message = format!("portal \"{portal}\" cannot be run");
+                        self.io
+                            .queue(&ErrorFields::new("ERROR", "55000", message).to_frame(b'E'));
+                        failed = true;
+                        continue;
+                    }
                     let Some(command) = self.local_portals.get(&portal).cloned() else {
                         continue;
                     };
+                    if self.status == b'E' {
+                        aborted(self, &mut failed);
+                        continue;
+                    }
                     match self.run_command(&command) {
-                        Ok(Answered::Done(tag)) => self.io.queue(&build::command_complete(tag)),
+                        Ok(Answered::Done(tag)) => {
+                            spent.push(portal);
+                            self.io.queue(&build::command_complete(tag))
+                        }
                         Ok(Answered::Shown(name, value)) => {
                             self.io.queue(&build::single_text_row(&name, &value)[1]);
                             self.io.queue(&build::command_complete("SHOW"));

@@ -136,6 +136,9 @@ pub struct Attached {
     pub describing: VecDeque<Option<String>>,
     /// A Bind of a changed statement was sent (see `shapes.rs`).
     pub plan_changed_sent: bool,
+    /// The client segment in flight is a RESET sent as `set_config` (see
+    /// `Session::reset_to_startup`): its row is dropped and its tag relayed as `RESET`.
+    pub reset_rewritten: bool,
 }
 
 impl Attached {
@@ -166,6 +169,7 @@ impl Attached {
             skipping: false,
             describing: VecDeque::new(),
             plan_changed_sent: false,
+            reset_rewritten: false,
         }
     }
 
@@ -255,6 +259,8 @@ fn settings_sql(wanted: &Settings, applied: &Settings) -> Option<String> {
 /// parsing it, and the server's unnamed statement is not the client's (another client parsed
 /// one there, a simple Query dropped it, or the client parsed it on another connection). Tracks
 /// what `conn`'s unnamed statement is once the flight has run; injects nothing unless `may_inject`.
+/// When the client has no unnamed statement (a simple Query dropped it) and the server has one,
+/// it is a `Close S ""` instead, so the server answers 26000 as it would directly.
 fn unnamed_preparation(
     conn: &mut BackendConn,
     client: Option<&ClientStatement>,
@@ -281,7 +287,20 @@ fn unnamed_preparation(
                 name: statement,
             } if statement.is_empty() && !checked => {
                 checked = true;
-                let Some(s) = client else { continue };
+                let Some(s) = client else {
+                    // The client has none (a simple Query dropped it): neither may the server,
+                    // which then answers 26000 as it would directly.
+                    if may_inject && conn.unnamed.take().is_some() {
+                        parse = Some(
+                            FrontendMessage::Close {
+                                kind: b'S',
+                                name: String::new(),
+                            }
+                            .to_frame(),
+                        );
+                    }
+                    continue;
+                };
                 if conn.unnamed.as_deref() != Some(s.identity()) {
                     let message = FrontendMessage::Parse {
                         statement: String::new(),
@@ -539,6 +558,7 @@ impl Session {
         let attached = self.backend.as_mut().expect("attached before send");
         let conn = &mut attached.conn;
         let mut frames = Vec::new();
+        let duplicates = std::mem::take(&mut self.duplicate_parses);
         if attached.open || attached.copy_in {
             unnamed_preparation(conn, self.unnamed.as_ref(), flight, false);
             if closes_unnamed(flight) {
@@ -570,6 +590,27 @@ impl Session {
         }
         for m in flight {
             match m {
+                FrontendMessage::Parse { statement, .. }
+                    if duplicates.contains(statement) && !defined_here.contains(statement) =>
+                {
+                    // The client's statement of that name must be here, for the server to
+                    // refuse the Parse as it would directly.
+                    defined_here.insert(statement.clone());
+                    let Some(s) = self.statements.get(statement) else {
+                        continue;
+                    };
+                    if conn.prepared.get(statement).map(String::as_str) != Some(s.identity()) {
+                        statements.push(close_statement(statement));
+                        let parse = FrontendMessage::Parse {
+                            statement: statement.clone(),
+                            query: s.query.clone(),
+                            param_types: s.param_types.clone(),
+                        };
+                        statements.push(parse.to_frame());
+                        conn.prepared
+                            .insert(statement.clone(), s.identity().to_string());
+                    }
+                }
                 FrontendMessage::Parse {
                     statement,
                     query,
@@ -978,6 +1019,7 @@ impl Session {
             }
         }
         attached.read = read;
+        attached.reset_rewritten |= std::mem::take(&mut self.reset_rewritten);
         attached.may_commit |= status == b'I'
             || !matches!(
                 class,

@@ -126,6 +126,7 @@ impl Session {
                 && b.retry.is_none()
                 && b.discard.is_none()
                 && b.describing.is_empty()
+                && !b.reset_rewritten
                 && !b.copy_in;
             if plain_relay && b.conn.take_plain(self.io.out(), relayed_as_is) > 0 {
                 let b = self.backend.as_ref().expect("attached");
@@ -188,6 +189,18 @@ impl Session {
                 }
             }
             return Ok(());
+        }
+        if attached.reset_rewritten {
+            match frame.tag {
+                b'T' | b'D' => return Ok(()),
+                b'C' => {
+                    return self
+                        .relay(crate::net::backend::build::command_complete("RESET"))
+                        .await;
+                }
+                b'Z' => attached.reset_rewritten = false,
+                _ => {}
+            }
         }
         if !attached.describing.is_empty() && matches!(frame.tag, b'T' | b'n' | b'E') {
             self.note_shape(frame.tag, &frame.body);

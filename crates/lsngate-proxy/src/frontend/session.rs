@@ -290,6 +290,13 @@ pub struct Session {
     pub(super) closing: std::collections::VecDeque<String>,
     /// Some statement of the client's was marked changed (see `shapes.rs`).
     pub(super) plans_changed: bool,
+    /// Names the pending messages Parse although the client already holds them (42P05).
+    pub(super) duplicate_parses: Vec<String>,
+    /// The settings of the client's startup packet: what `RESET name` returns to.
+    startup_settings: crate::backend::Settings,
+    /// The flight about to be sent is a `RESET` rewritten to the startup value (see
+    /// `Session::reset_to_startup`).
+    pub(super) reset_rewritten: bool,
     shutdown: watch::Receiver<bool>,
 }
 
@@ -423,6 +430,7 @@ impl Session {
             .config_if_changed(&mut config_seen)
             .expect("no version is u64::MAX");
         let settings = startup_settings(&params);
+        let startup = settings.clone();
         let mut floors = ClientFloors {
             mode: config.causal.consistency,
             ..ClientFloors::default()
@@ -488,6 +496,9 @@ impl Session {
             local_portals: HashMap::new(),
             closing: std::collections::VecDeque::new(),
             plans_changed: false,
+            duplicate_parses: Vec::new(),
+            startup_settings: startup,
+            reset_rewritten: false,
             shutdown,
         })
     }
@@ -583,6 +594,10 @@ impl Session {
         let frame = match incoming {
             Incoming::Query(len) => {
                 self.refresh_config();
+                if self.pending.is_empty() {
+                    // PostgreSQL drops the unnamed statement at every simple Query.
+                    self.unnamed = None;
+                }
                 // Lent out of the buffer for the call: the pass-through sends the message
                 // straight from it, and nothing else reads the client meanwhile.
                 let buffered = std::mem::take(&mut self.io.read_buf);
@@ -615,6 +630,7 @@ impl Session {
         match message {
             FrontendMessage::Query(sql) => {
                 if !self.query_after_unsynced(&sql).await? {
+                    self.unnamed = None;
                     self.simple_query(sql).await?
                 }
             }
@@ -645,6 +661,11 @@ impl Session {
                 };
                 if statement.is_empty() {
                     self.unnamed = Some(defined);
+                } else if self.statements.contains_key(&statement) {
+                    // PostgreSQL refuses to parse a name that exists (42P05) and keeps the old
+                    // statement: so does the client's view, and the server sees the old one
+                    // first wherever the Parse lands (`flight.rs` preparation).
+                    self.duplicate_parses.push(statement.clone());
                 } else {
                     self.closing.retain(|n| n != &statement);
                     self.statements.insert(statement.clone(), defined);
@@ -880,6 +901,11 @@ impl Session {
         let class =
             self.class_memo
                 .classify(&self.proxy.classes, &sql, &self.config.write_functions);
+        let sql = self.reset_to_startup(sql);
+        if self.reset_rewritten {
+            // Its answer is told apart by being the only one due (see `reset_to_startup`).
+            self.drain().await?;
+        }
         self.dispatch(
             vec![FrontendMessage::Query(sql)],
             Some(class),
@@ -887,6 +913,28 @@ impl Session {
             floor,
         )
         .await
+    }
+
+    /// `RESET name` of a setting the client's startup packet gave: on a direct connection it
+    /// returns to that value, but on a pooled server connection the server would return to its
+    /// own login's. So the statement sent is the startup value's `set_config`, and its answer is
+    /// relayed as RESET's (`replies.rs`: row and description dropped, tag `RESET`).
+    fn reset_to_startup(&mut self, sql: String) -> String {
+        let lower = sql
+            .trim()
+            .trim_end_matches(';')
+            .trim_end()
+            .to_ascii_lowercase();
+        let Some(name) = lower.strip_prefix("reset ").map(str::trim) else {
+            return sql;
+        };
+        match self.startup_settings.get(name) {
+            Some(statement) if self.status != b'E' => {
+                self.reset_rewritten = true;
+                statement.clone()
+            }
+            _ => sql,
+        }
     }
 
     pub(super) async fn answer_error(&mut self, code: &str, message: &str) -> anyhow::Result<()> {
