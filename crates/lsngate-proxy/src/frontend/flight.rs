@@ -11,6 +11,7 @@ use std::sync::Arc;
 
 use super::Proxy;
 use super::causal::{CausalRead, Discard, Verdict};
+use super::copy::CopyGate;
 use super::router::{Class, session_set};
 use super::session::{ClientStatement, Session};
 use crate::backend::{BackendConn, NodeState, PooledConn, Role, Settings, Target};
@@ -93,10 +94,10 @@ pub struct Attached {
     pub expect: VecDeque<Owner>,
     /// The server awaits a Sync (a flight ended with Flush, or an extended COPY finished).
     pub open: bool,
-    /// COPY FROM STDIN in progress.
+    /// COPY FROM STDIN in progress (the server sent CopyInResponse, and not its end yet).
     pub copy_in: bool,
-    /// The last client flight used the extended protocol.
-    pub extended: bool,
+    /// What the proxy sent of a COPY FROM STDIN, and its own frames held behind it.
+    pub copy: CopyGate,
     /// Held-back replies of a replica read.
     pub retry: Option<RetryBuffer>,
     /// The client already got an error for the segment in progress (a FATAL before a crash).
@@ -116,9 +117,9 @@ pub struct Attached {
     /// A client ReadyForQuery held until the proxy segment trailing its flight (see
     /// [`Attached::trailing_segment_next`]) has answered.
     pub held_ready: Option<Frame>,
-    /// A trailing proxy segment sent only after the client's last ReadyForQuery (behind a
-    /// `COPY … FROM STDIN`, whose server would read it as COPY data).
-    pub deferred: Vec<Frame>,
+    /// A write ran in an extended batch a later flight's Sync ends (a flight ending in Flush, a
+    /// COPY over the extended protocol): that flight takes the position behind it.
+    pub position_owed: bool,
     /// `name, setting` rows of a [`Duty::Resync`] under way, and whether it failed.
     pub resync_rows: Vec<Vec<Option<String>>>,
     pub resync_failed: bool,
@@ -151,7 +152,7 @@ impl Attached {
             expect,
             open: false,
             copy_in: false,
-            extended: false,
+            copy: CopyGate::default(),
             retry: None,
             error_relayed: false,
             doomed: false,
@@ -161,7 +162,7 @@ impl Attached {
             probe_row: None,
             probe_cancelled: None,
             held_ready: None,
-            deferred: Vec::new(),
+            position_owed: false,
             resync_rows: Vec::new(),
             resync_failed: false,
             may_commit: false,
@@ -225,7 +226,7 @@ fn unsynced_tail(flight: &[FrontendMessage]) -> Option<usize> {
     )
 }
 
-fn segment_ends(flight: &[FrontendMessage]) -> usize {
+pub(super) fn segment_ends(flight: &[FrontendMessage]) -> usize {
     flight
         .iter()
         .filter(|m| {
@@ -559,7 +560,7 @@ impl Session {
         let conn = &mut attached.conn;
         let mut frames = Vec::new();
         let duplicates = std::mem::take(&mut self.duplicate_parses);
-        if attached.open || attached.copy_in {
+        if attached.open || attached.copy_in || attached.copy.closed {
             unnamed_preparation(conn, self.unnamed.as_ref(), flight, false);
             if closes_unnamed(flight) {
                 self.unnamed = None;
@@ -695,31 +696,6 @@ impl Session {
             self.unnamed = None;
         }
         frames
-    }
-
-    /// Whether the flight may run `COPY … FROM STDIN` (the server then reads what follows as
-    /// COPY data, so nothing of the proxy's may ride behind it).
-    fn may_copy_in(&self, flight: &[FrontendMessage]) -> bool {
-        let has = |sql: &str, word: &[u8]| {
-            sql.as_bytes()
-                .windows(word.len())
-                .any(|w| w.eq_ignore_ascii_case(word))
-        };
-        let mentions = |sql: &str| has(sql, b"copy") && has(sql, b"stdin");
-        flight.iter().any(|m| match m {
-            FrontendMessage::Query(sql) | FrontendMessage::Parse { query: sql, .. } => {
-                mentions(sql)
-            }
-            FrontendMessage::Bind { statement, .. } => {
-                let s = if statement.is_empty() {
-                    self.unnamed.as_ref()
-                } else {
-                    self.statements.get(statement)
-                };
-                s.is_some_and(|s| mentions(&s.query))
-            }
-            _ => false,
-        })
     }
 
     /// The statements a flight runs that change session state (SET, RESET, DISCARD, DEALLOCATE,
@@ -916,13 +892,23 @@ impl Session {
                 .map(|m| self.client_frame(m))
                 .collect::<Vec<_>>()
         });
-        let mut frames = self.preparation(&flight);
+        // What was held behind a COPY this flight shows is over goes first (see `copy.rs`).
+        let attached = self.backend.as_mut().expect("attached before send");
+        let mut frames = attached.copy.before_flight(&flight);
+        frames.extend(self.preparation(&flight));
         if self.note_session_effects(&flight, class) {
             self.settings_in_doubt = true;
         }
-        let copy_in = self.floors.mode.tracks_positions()
-            && class == Some(Class::Write)
-            && self.may_copy_in(&flight);
+        let (unnamed, statements) = (&self.unnamed, &self.statements);
+        let attached = self.backend.as_mut().expect("attached before send");
+        let copy_start = attached.copy.copy_start(&flight, |name| {
+            let s = if name.is_empty() {
+                unnamed.as_ref()
+            } else {
+                statements.get(name)
+            };
+            s.map(|s| s.query.as_str())
+        });
         let retry_allowed = self.config.retry_buffer_size > 0;
         let status = self.status;
         let tracks = self.floors.mode.tracks_positions();
@@ -962,10 +948,13 @@ impl Session {
             Some(rebuilt) => frames.extend(rebuilt),
             None => frames.extend(flight.iter().map(FrontendMessage::to_frame)),
         }
+        if let Some(start) = copy_start {
+            let clients_due = attached.client_segments_due();
+            attached.copy.started_by(&flight, start, clients_due);
+        }
         attached
             .expect
             .extend(std::iter::repeat_n(Owner::Client, ends));
-        attached.extended = !matches!(flight.first(), Some(FrontendMessage::Query(_)));
         match flight.last() {
             Some(FrontendMessage::Flush) => {
                 let ended = flight.iter().any(|m| {
@@ -992,30 +981,47 @@ impl Session {
             }
             _ => {}
         }
-        if tracks && synced && !attached.open {
+        // An extended COPY's batch goes on past its Execute's Sync (ignored in COPY mode) to a
+        // Sync the client sends after CopyDone.
+        let batch_goes_on = attached.open || (attached.copy.closed && attached.copy.extended);
+        if tracks && batch_goes_on {
+            // Its transaction ends, and its position can be taken, behind a later flight's Sync.
+            attached.position_owed |= status == b'I'
+                && attached.target == Target::Primary
+                && class == Some(Class::Write)
+                && (copy_start.is_some()
+                    || flight
+                        .iter()
+                        .any(|m| matches!(m, FrontendMessage::Execute { .. })));
+        } else if tracks && synced {
             let ends_block = status != b'I' && class == Some(Class::TransactionControl);
-            match attached.target {
+            // Not while a COPY may still be running: its data is still to come.
+            let owed = !attached.copy.closed && std::mem::take(&mut attached.position_owed);
+            let probe = match attached.target {
                 Target::Replica if standalone_read || ends_block || read.is_some() => {
-                    frames.extend(probe_segment(Probe::Replay, &mut attached.conn.prepared));
                     attached.expect.push_back(Owner::Proxy(Duty::Served));
+                    Some(probe_segment(Probe::Replay, &mut attached.conn.prepared))
                 }
                 Target::Primary
                     if ends_block
+                        || owed
                         || (status == b'I'
                             && matches!(class, Some(Class::Read | Class::Write))) =>
                 {
-                    let wrote = ends_block || class == Some(Class::Write);
-                    let probe = probe_segment(Probe::Position, &mut attached.conn.prepared);
-                    if copy_in {
-                        attached.deferred = probe;
-                    } else {
-                        frames.extend(probe);
-                    }
+                    let wrote = ends_block || owed || class == Some(Class::Write);
                     attached
                         .expect
                         .push_back(Owner::Proxy(Duty::Position { wrote }));
+                    Some(probe_segment(Probe::Position, &mut attached.conn.prepared))
                 }
-                _ => {}
+                _ => None,
+            };
+            match probe {
+                // Behind a COPY the server would read it as COPY data: it waits for the COPY's
+                // end, its replies queued where they will come.
+                Some(probe) if attached.copy.closed => attached.copy.deferred.extend(probe),
+                Some(probe) => frames.extend(probe),
+                None => {}
             }
         }
         attached.read = read;

@@ -6,6 +6,7 @@
 pub mod auth;
 mod causal;
 mod commands;
+mod copy;
 mod deallocate;
 mod flight;
 pub mod listener;

@@ -86,7 +86,6 @@ impl Session {
         // A simple Query drops the server's unnamed statement.
         attached.conn.unnamed = None;
         attached.expect.push_back(super::flight::Owner::Client);
-        attached.extended = false;
         attached.open = false;
         attached.read = None;
         self.proxy.queries[0].add(1);

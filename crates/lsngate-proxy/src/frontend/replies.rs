@@ -92,22 +92,6 @@ impl Session {
         }
     }
 
-    /// COPY data from the client goes straight to the attached backend, even before its
-    /// CopyInResponse arrived (asyncpg streams data right behind the COPY query); PostgreSQL
-    /// drops COPY messages outside COPY mode, and the proxy drops them when nothing is attached.
-    pub(super) async fn copy_from_client(
-        &mut self,
-        message: FrontendMessage,
-    ) -> anyhow::Result<()> {
-        let Some(attached) = self.backend.as_mut() else {
-            return Ok(());
-        };
-        if let Err(e) = attached.conn.send(&[message.to_frame()]).await {
-            return self.backend_lost(e).await;
-        }
-        Ok(())
-    }
-
     /// Handles the replies the attached backend already sent, without another turn of the
     /// session loop. Runs of ordinary replies to the client's own statements (rows, command
     /// completions, notices…) are copied to the client as they are; everything that needs a
@@ -137,7 +121,7 @@ impl Session {
             let b = self.backend.as_mut().expect("attached");
             let last_plain = plain_relay
                 && b.expect.len() == 1
-                && b.deferred.is_empty()
+                && b.copy.is_idle()
                 && b.read.is_none()
                 && !self.floors.guard_slot
                 && !self.settings_in_doubt;
@@ -239,12 +223,9 @@ impl Session {
             }
             BackendMessage::CopyInResponse | BackendMessage::CopyBothResponse => {
                 attached.copy_in = true;
-                if attached.extended {
-                    // The Sync already sent behind Execute is ignored in COPY IN mode; the
-                    // client sends another after CopyDone.
-                    attached.expect.pop_front();
-                    attached.open = true;
-                }
+                attached
+                    .copy
+                    .copy_started(&mut attached.expect, &mut attached.open);
                 if let Some(retry) = attached.retry.take() {
                     retry.frames.iter().for_each(|f| self.io.queue(f));
                 }
@@ -321,11 +302,11 @@ impl Session {
         }
         self.status = status;
         let last = attached.client_segments_due() == 0;
-        if last && !attached.deferred.is_empty() {
-            let deferred = std::mem::take(&mut attached.deferred);
-            if let Err(e) = attached.conn.send(&deferred).await {
-                return self.backend_lost(e).await;
-            }
+        let held = attached.copy.on_ready();
+        if !held.is_empty()
+            && let Err(e) = attached.conn.send(&held).await
+        {
+            return self.backend_lost(e).await;
         }
         if last {
             let attached = self.backend.as_mut().expect("attached");
@@ -339,6 +320,10 @@ impl Session {
             && status == b'I'
             && self.settings_in_doubt
             && !attached.expect.contains(&Owner::Proxy(Duty::Resync))
+            // Not into an extended batch still open or a COPY still running (the server would
+            // take the Query as COPY data): the next ReadyForQuery of an idle server reads them.
+            && !attached.open
+            && attached.copy.is_idle()
         {
             // The transaction that may have undone a SET is over: read the server's settings
             // back on this connection before it goes back to the pool (and before the client

@@ -805,7 +805,7 @@ impl Session {
     /// An extended-protocol flight up to Sync or Flush: answered by the proxy (its commands, a
     /// refused floor) or routed by the most demanding class among its statements.
     /// `also`: the class of a simple Query that will follow on the same backend.
-    async fn extended_flight(
+    pub(super) async fn extended_flight(
         &mut self,
         flight: Vec<FrontendMessage>,
         also: Option<Class>,

@@ -4,6 +4,8 @@
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
+use bytes::Bytes;
+
 use crate::statements::{Wire, execute_unnamed, parse_unnamed};
 use crate::support::*;
 use lsngate_proxy::net::FrontendMessage;
@@ -999,6 +1001,105 @@ fn pipelined_reads_get_their_own_answers(
             "waited"
         };
         assert!(outcome(&proxy, expected) > 0, "{}", proxy.status());
+    }
+}
+
+/// A COPY FROM STDIN is a write like any other: its rows are read back on the replica held
+/// 50 ms behind. Over the simple protocol its position is taken behind the client's CopyDone
+/// (never inside the COPY, where the server would take the proxy's statement for COPY data);
+/// over the extended protocol behind the Sync the client sends after CopyDone (one sent behind
+/// the Execute is ignored in COPY mode and gets no ReadyForQuery); an extended INSERT ending in
+/// Flush has its position taken behind the flight whose Sync commits it.
+#[test]
+fn copy_from_stdin_over_either_protocol_is_read_back_on_a_replica() {
+    let cluster = delayed_cluster();
+    let table = unique("copy_read_back");
+    create(cluster, &table);
+    let proxy = proxy_with(cluster, |_| {});
+    let mut wire = Wire::connect(&proxy);
+    let copy = format!("COPY {table} (id, v) FROM STDIN");
+    let rows = |first: u32| {
+        FrontendMessage::CopyData(Bytes::from(format!("{first}\t1\n{}\t2\n", first + 1)))
+    };
+    let bind = FrontendMessage::Bind {
+        portal: String::new(),
+        statement: String::new(),
+        // no parameter formats, no parameters, no result formats
+        rest: Bytes::from_static(&[0, 0, 0, 0, 0, 0]),
+    };
+    let execute = FrontendMessage::Execute {
+        portal: String::new(),
+        max_rows: 0,
+    };
+    use FrontendMessage::{CopyDone, Flush, Query, Sync};
+    // (what, flights with the ReadyForQuerys each gets)
+    let writes = [
+        (
+            "a simple COPY",
+            vec![(vec![Query(copy.clone()), rows(1), CopyDone], 1)],
+        ),
+        (
+            "an extended COPY",
+            vec![(
+                vec![
+                    parse_unnamed(&copy),
+                    bind.clone(),
+                    execute.clone(),
+                    rows(3),
+                    CopyDone,
+                    Sync,
+                ],
+                1,
+            )],
+        ),
+        (
+            "an extended COPY with a Sync before its data",
+            vec![(
+                vec![
+                    parse_unnamed(&copy),
+                    bind.clone(),
+                    execute.clone(),
+                    Sync,
+                    rows(5),
+                    CopyDone,
+                    Sync,
+                ],
+                1,
+            )],
+        ),
+        (
+            "an extended INSERT ending in Flush, then a Sync",
+            vec![
+                (
+                    vec![
+                        parse_unnamed(&format!("INSERT INTO {table} VALUES (7, 1), (8, 2)")),
+                        bind,
+                        execute,
+                        Flush,
+                    ],
+                    0,
+                ),
+                (vec![Sync], 1),
+            ],
+        ),
+    ];
+    let mut count = 0;
+    for (what, flights) in writes {
+        for (messages, readies) in flights {
+            let reply = wire.flight_with(&messages, readies);
+            assert!(reply.errors.is_empty(), "{what}: {reply:?}");
+        }
+        count += 2;
+        let read = format!("SELECT count(*), pg_is_in_recovery() FROM {table}");
+        let reply = wire.flight(&[Query(read)]);
+        assert!(reply.errors.is_empty(), "{what}: {reply:?}");
+        assert_eq!(
+            reply.rows[0][0].as_deref(),
+            Some(count.to_string().as_str()),
+            "the read after {what} missed its rows (on a replica: {:?}); {}",
+            reply.rows[0][1],
+            proxy.status()["causal"]["outcomes"]
+        );
     }
 }
 

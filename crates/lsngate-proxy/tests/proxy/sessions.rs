@@ -265,6 +265,52 @@ fn sets_the_server_undid_are_undone_for_the_client_too() {
     });
 }
 
+/// A SET the server may have undone (one of several in a string) has the server's settings read
+/// back once its transaction is over — but not onto a server connection that is reading COPY
+/// data: behind it the client already started a COPY over the extended protocol (Parse, Bind,
+/// Execute, Flush), where the read-back's Query would break the COPY (08P01 "unexpected message
+/// type 0x51 during COPY from stdin"). It waits for the batch's Sync.
+#[test]
+fn a_settings_read_back_waits_for_a_copy_running_behind_it() {
+    use lsngate_proxy::net::FrontendMessage::{
+        self, CopyData, CopyDone, Execute, Flush, Query, Sync,
+    };
+    let cluster = shared_cluster();
+    let proxy = TestProxy::start(cluster);
+    let table = unique("copy_read_back_settings");
+    cluster
+        .primary()
+        .sql(&format!("CREATE TABLE {table} (id int)"))
+        .unwrap();
+    let mut wire = crate::statements::Wire::connect(&proxy);
+    wire.send(&[
+        Query("SET work_mem = '5MB'; SET application_name = 'copy-read-back'".into()),
+        crate::statements::parse_unnamed(&format!("COPY {table} FROM STDIN")),
+        FrontendMessage::Bind {
+            portal: String::new(),
+            statement: String::new(),
+            rest: bytes::Bytes::from_static(&[0, 0, 0, 0, 0, 0]),
+        },
+        Execute {
+            portal: String::new(),
+            max_rows: 0,
+        },
+        Flush,
+    ]);
+    let started = wire.until(b'G');
+    assert!(started.errors.is_empty(), "{started:?}");
+    let copied = wire.flight(&[CopyData("1\n2\n".into()), CopyDone, Sync]);
+    assert!(copied.errors.is_empty(), "{copied:?}");
+    assert_eq!(copied.tags, b"CZ", "{copied:?}");
+    let read = format!(
+        "SELECT current_setting('application_name'), current_setting('work_mem'), count(*) FROM {table}"
+    );
+    let reply = wire.flight(&[Query(read)]);
+    assert!(reply.errors.is_empty(), "{reply:?}");
+    let row = |v: &[&str]| v.iter().map(|v| Some(v.to_string())).collect::<Vec<_>>();
+    assert_eq!(reply.rows, [row(&["copy-read-back", "5MB", "2"])]);
+}
+
 #[test]
 fn transaction_pooling_shares_backends_session_pooling_pins_them() {
     let cluster = shared_cluster();

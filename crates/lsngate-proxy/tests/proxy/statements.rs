@@ -95,7 +95,19 @@ impl Wire {
         reply
     }
 
+    /// Sends `messages` in one write without waiting for anything.
+    pub(crate) fn send(&mut self, messages: &[FrontendMessage]) {
+        let mut out = BytesMut::new();
+        messages.iter().for_each(|m| m.to_frame().encode(&mut out));
+        self.stream.write_all(&out).unwrap();
+    }
+
     fn until_ready(&mut self) -> Reply {
+        self.until(b'Z')
+    }
+
+    /// Reads replies up to the first message tagged `tag` (included).
+    pub(crate) fn until(&mut self, tag: u8) -> Reply {
         let mut reply = Reply::default();
         loop {
             let frame = match decode_frame(&mut self.buf, usize::MAX).unwrap() {
@@ -114,13 +126,17 @@ impl Wire {
             match frame.tag {
                 b'T' => reply.columns.extend(row_description(&frame.body)),
                 b'D' => reply.rows.push(data_row(&frame.body)),
-                _ => match BackendMessage::parse(&frame).unwrap() {
-                    BackendMessage::ErrorResponse(e) => reply
-                        .errors
-                        .push(e.get(b'M').unwrap_or_default().to_string()),
-                    BackendMessage::ReadyForQuery(_) => return reply,
-                    _ => {}
-                },
+                _ => {
+                    if let BackendMessage::ErrorResponse(e) = BackendMessage::parse(&frame).unwrap()
+                    {
+                        reply
+                            .errors
+                            .push(e.get(b'M').unwrap_or_default().to_string());
+                    }
+                }
+            }
+            if frame.tag == tag {
+                return reply;
             }
         }
     }

@@ -1,0 +1,338 @@
+//! COPY FROM STDIN on a server connection. Once the server reads a `COPY … FROM STDIN` (a
+//! simple Query, or the Execute of a portal bound to one) and starts it, it takes what follows
+//! as COPY traffic until the client's CopyDone or CopyFail: a Sync or Flush is ignored (no
+//! ReadyForQuery for it), anything else breaks the COPY (08P01 "unexpected message type"). So
+//! the proxy's own frames — the position behind a write, a settings read-back, statements a
+//! flight needs — wait behind the gate until the client ends the COPY, or until it turns out the
+//! COPY never ran (its ReadyForQuery came, or the client moved on to other statements). They
+//! are then sent right behind what the client sent, and the replies they are due stay where
+//! they were queued: what the proxy holds back and what it sends are one ordered stream.
+//!
+//! Over the simple protocol CopyDone ends the Query (CommandComplete, ReadyForQuery). Over the
+//! extended protocol it ends the Execute only: the batch goes on to the client's next Sync, so a
+//! position due for it is taken behind that Sync (`Attached::position_owed`), and a Sync the
+//! client sent before its COPY data got no ReadyForQuery. This is not the COPY data path itself:
+//! CopyData goes to the server as it comes (`Session::copy_from_client`).
+
+use std::collections::VecDeque;
+
+use super::flight::Owner;
+use super::session::Session;
+use crate::net::{Frame, FrontendMessage};
+
+/// The COPY FROM STDIN state of one server connection, as far as what the proxy sent goes
+/// (`Attached::copy_in` is what the server's replies said).
+#[derive(Debug, Default)]
+pub struct CopyGate {
+    /// A message that may start COPY FROM STDIN was sent, and neither the client's CopyDone or
+    /// CopyFail nor the COPY's ReadyForQuery has come since: proxy frames wait in `deferred`.
+    pub closed: bool,
+    /// That message's outcome is still to come: CopyInResponse (the COPY started) or the
+    /// ReadyForQuery of its segment (it did not, or it is over).
+    tracked: bool,
+    /// It was an Execute: the batch goes on after CopyDone, up to the client's next Sync.
+    pub extended: bool,
+    /// Client ReadyForQuerys due before the COPY's own.
+    ahead: usize,
+    /// Syncs sent behind the COPY's start and before its end: if the COPY started, the server
+    /// ignored them.
+    ignored_syncs: usize,
+    /// A Sync (or Query) was sent after the client ended the COPY.
+    synced_after_end: bool,
+    /// Proxy frames held while the gate is closed, in order; their replies are already queued.
+    pub deferred: Vec<Frame>,
+    /// Portals bound to a COPY FROM STDIN statement (an Execute of one starts a COPY).
+    portals: Vec<String>,
+}
+
+/// Whether a statement's text may be `COPY … FROM STDIN` (a false positive only delays the
+/// proxy's frames to the statement's ReadyForQuery).
+pub fn mentions_copy_from_stdin(sql: &str) -> bool {
+    let has = |word: &[u8]| {
+        sql.as_bytes()
+            .windows(word.len())
+            .any(|w| w.eq_ignore_ascii_case(word))
+    };
+    has(b"copy") && has(b"stdin")
+}
+
+fn syncs(messages: &[FrontendMessage]) -> usize {
+    messages
+        .iter()
+        .filter(|m| matches!(m, FrontendMessage::Sync))
+        .count()
+}
+
+impl CopyGate {
+    /// Nothing of a COPY is under way or held (a ReadyForQuery needs no look here).
+    pub fn is_idle(&self) -> bool {
+        !self.closed && !self.tracked
+    }
+
+    /// Before a client flight is sent: the frames held for an earlier COPY that go in front of
+    /// it. A flight of nothing but Sync and Flush leaves the gate closed (a server in COPY mode
+    /// ignores it); any other flight means the client is done with the COPY, or it never ran.
+    pub fn before_flight(&mut self, flight: &[FrontendMessage]) -> Vec<Frame> {
+        let synced = flight.iter().any(|m| {
+            matches!(
+                m,
+                FrontendMessage::Sync
+                    | FrontendMessage::Query(_)
+                    | FrontendMessage::FunctionCall(_)
+            )
+        });
+        if !self.closed {
+            self.synced_after_end |= synced;
+            return Vec::new();
+        }
+        if flight
+            .iter()
+            .all(|m| matches!(m, FrontendMessage::Sync | FrontendMessage::Flush))
+        {
+            self.ignored_syncs += syncs(flight);
+            return Vec::new();
+        }
+        self.closed = false;
+        self.synced_after_end |= synced;
+        std::mem::take(&mut self.deferred)
+    }
+
+    /// A flight whose message at `start` may start COPY FROM STDIN was sent; `clients_due` client
+    /// ReadyForQuerys were due before the flight's own.
+    pub fn started_by(&mut self, flight: &[FrontendMessage], start: usize, clients_due: usize) {
+        let (before, after) = flight.split_at(start);
+        self.closed = true;
+        self.tracked = true;
+        self.extended = matches!(after.first(), Some(FrontendMessage::Execute { .. }));
+        self.ahead = clients_due + super::flight::segment_ends(before);
+        self.ignored_syncs = syncs(&after[1..]);
+        self.synced_after_end = false;
+    }
+
+    /// The client sent CopyDone or CopyFail: the frames held go right behind it.
+    pub fn ended(&mut self) -> Vec<Frame> {
+        if !self.closed {
+            return Vec::new();
+        }
+        self.closed = false;
+        std::mem::take(&mut self.deferred)
+    }
+
+    /// A client ReadyForQuery arrived: once it is the COPY's own (or a later one), the COPY is
+    /// over without the client's end (it failed, or never started) and the frames held go now.
+    pub fn on_ready(&mut self) -> Vec<Frame> {
+        if !(self.closed || self.tracked) {
+            return Vec::new();
+        }
+        if self.ahead > 0 {
+            self.ahead -= 1;
+            return Vec::new();
+        }
+        self.closed = false;
+        self.tracked = false;
+        self.ignored_syncs = 0;
+        std::mem::take(&mut self.deferred)
+    }
+
+    /// The server sent CopyInResponse: the Syncs it ignored get no ReadyForQuery, and over the
+    /// extended protocol the batch stays open until a Sync sent after the client's CopyDone.
+    /// (A COPY the proxy did not see start, as the pass-through sends it, had no Sync behind it.)
+    pub fn copy_started(&mut self, expect: &mut VecDeque<Owner>, open: &mut bool) {
+        if !std::mem::take(&mut self.tracked) {
+            return;
+        }
+        // Over the simple protocol the first client segment due is the COPY's Query itself.
+        let mut keep = usize::from(!self.extended);
+        let mut drop = std::mem::take(&mut self.ignored_syncs);
+        expect.retain(|owner| {
+            if *owner != Owner::Client || drop == 0 {
+                return true;
+            }
+            if keep > 0 {
+                keep -= 1;
+                return true;
+            }
+            drop -= 1;
+            false
+        });
+        if self.extended && !self.synced_after_end {
+            *open = true;
+        }
+    }
+
+    /// Where the flight may start COPY FROM STDIN: a Query of one, or the Execute of a portal
+    /// bound to one (in this flight or an earlier one); `statement` gives the text of a statement
+    /// the session knows by name.
+    pub fn copy_start<'s>(
+        &mut self,
+        flight: &[FrontendMessage],
+        statement: impl Fn(&str) -> Option<&'s str>,
+    ) -> Option<usize> {
+        let mut parsed: Vec<(&str, &str)> = Vec::new();
+        let mut start = None;
+        for (i, m) in flight.iter().enumerate() {
+            match m {
+                FrontendMessage::Query(sql) if mentions_copy_from_stdin(sql) => {
+                    start = start.or(Some(i));
+                }
+                FrontendMessage::Parse {
+                    statement, query, ..
+                } => {
+                    parsed.retain(|(name, _)| name != statement);
+                    parsed.push((statement, query));
+                }
+                FrontendMessage::Bind {
+                    portal,
+                    statement: name,
+                    ..
+                } => {
+                    let sql = match parsed.iter().find(|(n, _)| n == name) {
+                        Some((_, sql)) => Some(*sql),
+                        None => statement(name),
+                    };
+                    self.portals.retain(|p| p != portal);
+                    if sql.is_some_and(mentions_copy_from_stdin) {
+                        self.portals.push(portal.clone());
+                    }
+                }
+                FrontendMessage::Close { kind: b'P', name } => self.portals.retain(|p| p != name),
+                FrontendMessage::Execute { portal, .. } if self.portals.contains(portal) => {
+                    start = start.or(Some(i));
+                }
+                _ => {}
+            }
+        }
+        start
+    }
+}
+
+impl Session {
+    /// COPY data from the client goes straight to the attached backend, even before its
+    /// CopyInResponse arrived (asyncpg streams data right behind the COPY query); PostgreSQL
+    /// drops COPY messages outside COPY mode, and the proxy drops them when nothing is attached.
+    /// Extended messages still waiting for their Sync (Parse/Bind/Execute of a COPY, its data
+    /// right behind) go first, with a Flush; the frames the proxy held while the COPY ran go
+    /// right behind the client's CopyDone or CopyFail.
+    pub(super) async fn copy_from_client(
+        &mut self,
+        message: FrontendMessage,
+    ) -> anyhow::Result<()> {
+        if !self.pending.is_empty() {
+            self.pending.push(FrontendMessage::Flush);
+            let flight = std::mem::take(&mut self.pending);
+            self.extended_flight(flight, None).await?;
+        }
+        let Some(attached) = self.backend.as_mut() else {
+            return Ok(());
+        };
+        let mut frames = vec![message.to_frame()];
+        if matches!(
+            message,
+            FrontendMessage::CopyDone | FrontendMessage::CopyFail(_)
+        ) {
+            frames.extend(attached.copy.ended());
+        }
+        if let Err(e) = attached.conn.send(&frames).await {
+            return self.backend_lost(e).await;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn execute() -> FrontendMessage {
+        FrontendMessage::Execute {
+            portal: String::new(),
+            max_rows: 0,
+        }
+    }
+
+    fn bind(statement: &str) -> FrontendMessage {
+        FrontendMessage::Bind {
+            portal: String::new(),
+            statement: statement.into(),
+            rest: bytes::Bytes::new(),
+        }
+    }
+
+    #[test]
+    fn only_a_query_or_an_execute_of_a_copy_starts_one() {
+        let parse = FrontendMessage::Parse {
+            statement: String::new(),
+            query: "COPY t FROM STDIN".into(),
+            param_types: Vec::new(),
+        };
+        let mut gate = CopyGate::default();
+        fn none(_: &str) -> Option<&'static str> {
+            None
+        }
+        assert_eq!(
+            gate.copy_start(&[parse.clone(), FrontendMessage::Sync], none),
+            None
+        );
+        let flight = [parse, bind(""), execute(), FrontendMessage::Sync];
+        assert_eq!(gate.copy_start(&flight, none), Some(2));
+        // The portal is still the COPY's in a later flight, until it is bound to another.
+        assert_eq!(
+            gate.copy_start(&[execute(), FrontendMessage::Sync], none),
+            Some(0)
+        );
+        let other = [bind("s1"), execute(), FrontendMessage::Sync];
+        assert_eq!(gate.copy_start(&other, |_| Some("SELECT 1")), None);
+        let query = [FrontendMessage::Query("copy t from stdin".into())];
+        assert_eq!(gate.copy_start(&query, none), Some(0));
+    }
+
+    #[test]
+    fn held_frames_go_at_the_copys_end_or_its_ready_for_query() {
+        let frame = || FrontendMessage::Sync.to_frame();
+        let query = [FrontendMessage::Query("COPY t FROM STDIN".into())];
+        let mut gate = CopyGate::default();
+        gate.started_by(&query, 0, 1);
+        gate.deferred.push(frame());
+        assert!(gate.before_flight(&[FrontendMessage::Sync]).is_empty());
+        assert!(
+            gate.on_ready().is_empty(),
+            "an earlier segment's ReadyForQuery"
+        );
+        assert_eq!(gate.ended().len(), 1);
+        assert!(!gate.closed);
+        gate.started_by(&query, 0, 0);
+        gate.deferred.push(frame());
+        assert_eq!(gate.on_ready().len(), 1, "the COPY's own ReadyForQuery");
+        gate.started_by(&query, 0, 0);
+        gate.deferred.push(frame());
+        let next = [FrontendMessage::Query("SELECT 1".into())];
+        assert_eq!(gate.before_flight(&next).len(), 1);
+    }
+
+    #[test]
+    fn a_started_copy_drops_the_ready_for_query_of_syncs_it_ignored() {
+        let flight = [bind(""), execute(), FrontendMessage::Sync];
+        let mut gate = CopyGate::default();
+        gate.started_by(&flight, 1, 0);
+        let mut expect = VecDeque::from([Owner::Client]);
+        let mut open = false;
+        gate.copy_started(&mut expect, &mut open);
+        assert!(expect.is_empty() && open);
+        // A Sync sent after CopyDone ends the batch: it is answered.
+        gate.started_by(&flight[..2], 1, 0);
+        gate.ended();
+        gate.before_flight(&[FrontendMessage::Sync]);
+        let mut expect = VecDeque::from([Owner::Client]);
+        let mut open = false;
+        gate.copy_started(&mut expect, &mut open);
+        assert_eq!(expect.len(), 1);
+        assert!(!open);
+        // Over the simple protocol the Query's own ReadyForQuery stays.
+        let query = [FrontendMessage::Query("COPY t FROM STDIN".into())];
+        gate.started_by(&query, 0, 0);
+        gate.before_flight(&[FrontendMessage::Sync]);
+        let mut expect = VecDeque::from([Owner::Client, Owner::Client]);
+        gate.copy_started(&mut expect, &mut open);
+        assert_eq!(expect.len(), 1);
+    }
+}
