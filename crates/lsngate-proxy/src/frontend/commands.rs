@@ -254,10 +254,10 @@ impl Session {
                     }
                 }
                 FrontendMessage::Close { kind, name } => {
+                    // A statement's Close took it out of the client's view when it arrived
+                    // (`session.rs`); removing it again here would drop one parsed after it.
                     if kind == b'P' {
                         self.local_portals.remove(&name);
-                    } else {
-                        self.statements.remove(&name);
                     }
                     self.io.queue(&empty(b'3'));
                 }

@@ -205,8 +205,30 @@ pub(crate) fn execute_unnamed(value: &str) -> Vec<FrontendMessage> {
     ]
 }
 
+/// Sets the route hint with a named statement over the extended protocol: a simple Query would
+/// drop the client's unnamed statement, as on PostgreSQL.
 fn route(wire: &mut Wire, to: &str) {
-    let reply = wire.flight(&[FrontendMessage::Query(format!("SET lsngate.route = {to}"))]);
+    let reply = wire.flight(&[
+        FrontendMessage::Close {
+            kind: b'S',
+            name: "route".into(),
+        },
+        FrontendMessage::Parse {
+            statement: "route".into(),
+            query: format!("SET lsngate.route = {to}"),
+            param_types: vec![],
+        },
+        FrontendMessage::Bind {
+            portal: String::new(),
+            statement: "route".into(),
+            rest: Bytes::from_static(&[0, 0, 0, 0, 0, 0]),
+        },
+        FrontendMessage::Execute {
+            portal: String::new(),
+            max_rows: 0,
+        },
+        FrontendMessage::Sync,
+    ]);
     assert!(reply.errors.is_empty(), "{reply:?}");
 }
 
@@ -258,13 +280,17 @@ fn the_unnamed_statement_follows_its_client_to_other_server_connections() {
         assert!(reply.errors.is_empty(), "{reply:?}");
         assert_eq!(reply.rows, row(&format!("b:{i}"), true));
     }
-    // A simple query drops the unnamed statement on its server connection; A's is re-sent.
+    // A simple query drops the client's unnamed statement, as PostgreSQL does: wherever the
+    // next Bind lands, it is gone (26000), even where a copy of it was parsed.
     route(&mut a, "primary");
     let reply = a.flight(&[FrontendMessage::Query("SELECT 1".into())]);
     assert!(reply.errors.is_empty(), "{reply:?}");
     let reply = a.flight(&execute_unnamed("6"));
-    assert!(reply.errors.is_empty(), "{reply:?}");
-    assert_eq!(reply.rows, row("a:6", false));
+    assert_eq!(
+        reply.errors,
+        vec!["unnamed prepared statement does not exist"],
+        "{reply:?}"
+    );
 }
 
 /// Flights a client sends before a write's replies are back (pipelining; tokio-postgres does it
