@@ -143,19 +143,16 @@ impl Session {
         if self.status == b'E' {
             return self.answer_error(ABORTED.0, ABORTED.1).await;
         }
-        match self.run_command(&command) {
-            Ok(Answered::Done(tag)) => self.io.queue(&build::command_complete(tag)),
+        let answer = match self.run_command(&command) {
+            Ok(Answered::Done(tag)) => vec![build::command_complete(tag)],
             Ok(Answered::Shown(name, value)) => {
-                build::single_text_row(&name, &value)
-                    .iter()
-                    .for_each(|f| self.io.queue(f));
-                self.io.queue(&build::command_complete("SHOW"));
+                let mut frames = build::single_text_row(&name, &value);
+                frames.push(build::command_complete("SHOW"));
+                frames
             }
             Err((code, message)) => return self.answer_error(code, &message).await,
-        }
-        self.io.queue_ready(self.status);
-        self.io.flush().await?;
-        Ok(())
+        };
+        self.answer_query(answer, false).await
     }
 
     /// An extended-protocol flight made only of proxy commands, answered message by message

@@ -17,7 +17,6 @@
 //!   server answers `26000` as it would directly (`flight.rs`).
 
 use super::session::Session;
-use crate::net::ErrorFields;
 use crate::net::backend::build;
 
 /// What a `DEALLOCATE` statement names.
@@ -99,10 +98,8 @@ impl Session {
         }
         if self.statements.remove(name).is_some() {
             self.close_later(name.clone());
-            self.drain().await?;
-            self.io.queue(&build::command_complete("DEALLOCATE"));
-            self.io.queue_ready(self.status);
-            self.io.flush().await?;
+            let answer = vec![build::command_complete("DEALLOCATE")];
+            self.answer_query(answer, false).await?;
             return Ok(true);
         }
         if self.pinned {
@@ -114,12 +111,8 @@ impl Session {
             self.close_later(name.clone());
             return Ok(false);
         }
-        self.drain().await?;
         let message = format!("prepared statement \"{name}\" does not exist");
-        self.io
-            .queue(&ErrorFields::new("ERROR", "26000", message).to_frame(b'E'));
-        self.io.queue_ready(self.status);
-        self.io.flush().await?;
+        self.answer_error("26000", &message).await?;
         Ok(true)
     }
 

@@ -120,6 +120,13 @@ pub struct Attached {
     /// A write ran in an extended batch a later flight's Sync ends (a flight ending in Flush, a
     /// COPY over the extended protocol): that flight takes the position behind it.
     pub position_owed: bool,
+    /// The proxy's own answer to a simple Query it took over inside an extended batch still open
+    /// (see `Session::answer_query`): the server runs a stand-in Query, whose answer this
+    /// replaces, so its transaction moves as it would for the client's Query.
+    pub substitute: Option<Vec<Frame>>,
+    /// What the Executes sent since the last Sync (while `open`) ran: `None` when there were
+    /// none, else whether one of them was a BEGIN (see `Session::answer_query`).
+    pub unsynced_executed: Option<bool>,
     /// `name, setting` rows of a [`Duty::Resync`] under way, and whether it failed.
     pub resync_rows: Vec<Vec<Option<String>>>,
     pub resync_failed: bool,
@@ -163,6 +170,8 @@ impl Attached {
             probe_cancelled: None,
             held_ready: None,
             position_owed: false,
+            substitute: None,
+            unsynced_executed: None,
             resync_rows: Vec::new(),
             resync_failed: false,
             may_commit: false,
@@ -733,6 +742,38 @@ impl Session {
         effects
     }
 
+    /// Whether the flight executes a portal after its last Sync (or Query): `None` when it does
+    /// not, else whether one of those Executes runs a BEGIN.
+    fn executed_after_last_sync(&self, flight: &[FrontendMessage]) -> Option<bool> {
+        let ends = |m: &FrontendMessage| {
+            matches!(
+                m,
+                FrontendMessage::Sync | FrontendMessage::Query(_) | FrontendMessage::FunctionCall(_)
+            )
+        };
+        let tail = flight.iter().rposition(ends).map_or(0, |i| i + 1);
+        let statements = self.statement_per_message(flight);
+        let mut portals = HashMap::new();
+        let mut executed = None;
+        for (m, statement) in flight.iter().zip(statements).skip(tail) {
+            match m {
+                FrontendMessage::Bind { portal, .. } => {
+                    portals.insert(portal.as_str(), statement);
+                }
+                FrontendMessage::Execute { portal, .. } => {
+                    let begins = portals
+                        .get(portal.as_str())
+                        .copied()
+                        .flatten()
+                        .is_some_and(|s| matches!(s.class, Class::Begin { .. }));
+                    executed = Some(begins || executed.unwrap_or(false));
+                }
+                _ => {}
+            }
+        }
+        executed
+    }
+
     /// Tracks the session-level effects of a flight (see [`Session::session_effects`]). True
     /// when a change of settings may yet be undone or was not understood: a SET inside a
     /// transaction block (a ROLLBACK undoes it), in a pipeline or a multi-statement string (a
@@ -896,6 +937,7 @@ impl Session {
         let attached = self.backend.as_mut().expect("attached before send");
         let mut frames = attached.copy.before_flight(&flight);
         frames.extend(self.preparation(&flight));
+        let executed = self.executed_after_last_sync(&flight);
         if self.note_session_effects(&flight, class) {
             self.settings_in_doubt = true;
         }
@@ -968,8 +1010,13 @@ impl Session {
                 if ended || !attached.open {
                     attached.unsynced_due = 0;
                     attached.skipping = false;
+                    attached.unsynced_executed = None;
                 }
                 attached.unsynced_due += unsynced_tail(&flight).unwrap_or(0);
+                if let Some(begun) = executed {
+                    attached.unsynced_executed =
+                        Some(begun || attached.unsynced_executed.unwrap_or(false));
+                }
                 attached.open = true;
             }
             // A simple Query also ends an unsynced extended batch (asyncpg sends Parse/Describe/
@@ -978,6 +1025,7 @@ impl Session {
                 attached.open = false;
                 attached.unsynced_due = 0;
                 attached.skipping = false;
+                attached.unsynced_executed = None;
             }
             _ => {}
         }

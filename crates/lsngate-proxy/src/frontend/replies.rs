@@ -111,6 +111,7 @@ impl Session {
                 && b.discard.is_none()
                 && b.describing.is_empty()
                 && !b.reset_rewritten
+                && b.substitute.is_none()
                 && !b.copy_in;
             if plain_relay && b.conn.take_plain(self.io.out(), relayed_as_is) > 0 {
                 let b = self.backend.as_ref().expect("attached");
@@ -173,6 +174,21 @@ impl Session {
                 }
             }
             return Ok(());
+        }
+        if attached.substitute.is_some() {
+            // The stand-in for a Query the proxy answers itself (`Session::answer_query`):
+            // its answer (EmptyQueryResponse, or the error it was made to raise) is replaced,
+            // its ReadyForQuery relayed as the server's transaction status.
+            match frame.tag {
+                b'I' | b'E' => {
+                    let answer = attached.substitute.take().unwrap_or_default();
+                    answer.iter().for_each(|f| self.io.queue(f));
+                    return Ok(());
+                }
+                b'Z' => attached.substitute = None,
+                b'N' | b'S' | b'A' => {}
+                _ => return Ok(()),
+            }
         }
         if attached.reset_rewritten {
             match frame.tag {

@@ -937,10 +937,64 @@ impl Session {
         }
     }
 
+    /// Answers a simple Query the proxy takes over (its commands, a refused hint, a DEALLOCATE
+    /// it tracks) with the error `code`, `message`.
     pub(super) async fn answer_error(&mut self, code: &str, message: &str) -> anyhow::Result<()> {
+        let error = ErrorFields::new("ERROR", code, message).to_frame(b'E');
+        self.answer_query(vec![error], true).await
+    }
+
+    /// Answers a simple Query the proxy takes over with `answer` (its replies up to, not
+    /// including, ReadyForQuery; `failed` when they end in an error). Where the Query comes
+    /// behind extended messages still unsynced on the server, the server's transaction must move
+    /// as it would for the client's Query: PostgreSQL 15 commits the batch's implicit
+    /// transaction at a Query, 19 keeps it open, and an error aborts it. So a stand-in Query
+    /// goes there in its place (empty, or one that fails), its answer is replaced by `answer`
+    /// (`replies.rs`), and the client gets the server's ReadyForQuery with the status it reports.
+    /// Elsewhere the proxy answers at once, with the status the client last saw.
+    ///
+    /// Not on PostgreSQL 19 when an Execute outside a transaction block is among the unsynced
+    /// messages and the answer is no error: 19rc1 keeps that implicit transaction open across
+    /// the Query (ReadyForQuery T) and the Sync that then ends it leaves the server connection
+    /// unable to start its next transaction (`XX000 StartTransactionCommand: unexpected state
+    /// STARTED`), which on a pooled connection would hit whichever client comes next. There the
+    /// proxy answers at once (status `I`, where a direct connection would say `T`: a documented
+    /// difference). An error stand-in ends that block cleanly, so it is always sent.
+    pub(super) async fn answer_query(
+        &mut self,
+        answer: Vec<Frame>,
+        failed: bool,
+    ) -> anyhow::Result<()> {
         self.drain().await?;
-        self.io
-            .queue(&ErrorFields::new("ERROR", code, message).to_frame(b'E'));
+        let status = self.status;
+        let stand_in_safe = |b: &Attached| {
+            failed
+                || !b.conn.facts.has_wait_for()
+                || status != b'I'
+                || b.unsynced_executed.is_none_or(|begun| begun)
+        };
+        if let Some(attached) = self
+            .backend
+            .as_mut()
+            .filter(|b| b.open && !b.skipping && stand_in_safe(b))
+        {
+            let stand_in = if failed { "SELECT 1/0" } else { "" };
+            // What a Query does to the server's state: the unnamed statement is gone, and the
+            // batch needs no Sync any more.
+            attached.conn.unnamed = None;
+            attached.open = false;
+            attached.unsynced_due = 0;
+            attached.unsynced_executed = None;
+            attached.expect.push_back(super::flight::Owner::Client);
+            attached.substitute = Some(answer);
+            attached.may_commit = true;
+            let query = FrontendMessage::Query(stand_in.to_string()).to_frame();
+            if let Err(e) = attached.conn.send(std::slice::from_ref(&query)).await {
+                return self.backend_lost(e).await;
+            }
+            return Ok(());
+        }
+        answer.iter().for_each(|f| self.io.queue(f));
         let status = self.status;
         self.io.queue_ready(status);
         self.io.flush().await?;

@@ -175,5 +175,30 @@ pub fn known() -> Vec<(&'static str, Case)> {
                 q("SHOW application_name"),
             ]),
         ),
+        (
+            // The proxy answers its own command, but the server's transaction status is the
+            // client's: the explicit block BEGIN opened in the batch (seed 20261238).
+            "a proxy command behind an unsynced BEGIN is answered with the block's status",
+            case(vec![
+                parse("", "BEGIN"),
+                bind(""),
+                execute(),
+                q("SET lsngate.route = auto"),
+                sync(),
+            ]),
+        ),
+        (
+            // A DEALLOCATE the proxy answers itself inside an open batch must abort the
+            // transaction as the server's error would: the SELECT then gets 25P02 (seed 20261358).
+            "a DEALLOCATE of an unknown name behind an unsynced BEGIN aborts the block",
+            case(vec![
+                parse("", "BEGIN"),
+                bind(""),
+                execute(),
+                q("DEALLOCATE q9"),
+                q("SELECT 1 AS one"),
+                sync(),
+            ]),
+        ),
     ]
 }
