@@ -74,6 +74,15 @@ fn a_proxy_reading_replicas_in_session_mode_answers_every_case_like_postgresql()
     );
 }
 
+/// PostgreSQL 19 before its release (`19rc1`, `19beta2`, `19devel`).
+fn is_19_prerelease(version: &str) -> bool {
+    version.strip_prefix("19").is_some_and(|rest| {
+        ["rc", "beta", "devel"]
+            .iter()
+            .any(|p| rest.starts_with(p))
+    })
+}
+
 struct Settings {
     seed: u64,
     cases: usize,
@@ -122,9 +131,17 @@ impl Settings {
 
 /// Runs the configured cases against `proxy`; panics with a report of the failing ones.
 fn check(cluster: &Cluster, proxy: SocketAddr, label: &str, replicas: bool) {
-    let settings = Settings::from_env();
+    let mut settings = Settings::from_env();
     let version = cluster.primary().server_version().expect("server version");
     let label = format!("{label}, PostgreSQL {version}");
+    if is_19_prerelease(&version) {
+        // Its own answers are wrong in this shape (see `Exclusions::query_after_unsynced_execute`);
+        // the known sequences still cover a Query behind an unsynced BEGIN (pgjdbc's autosave).
+        settings.exclusions.query_after_unsynced_execute = true;
+        eprintln!(
+            "differential ({label}): no simple Query behind an unsynced Execute outside BEGIN in random cases (PostgreSQL 19rc1 answers XX000 after such a batch)"
+        );
+    }
     let direct: SocketAddr = ([127, 0, 0, 1], cluster.primary().port()).into();
     let mut fixture = Fixture::new(cluster, direct, replicas);
     let limit = match settings.until {

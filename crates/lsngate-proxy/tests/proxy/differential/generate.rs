@@ -11,7 +11,7 @@
 //! block or an unsynced extended batch is open) only to make the sequences meaningful; a wrong
 //! guess makes a deterministic error, which is as good a test as a success.
 
-use super::case::{Case, Exclusions, Msg, Rng, Step};
+use super::case::{Batch, Case, Exclusions, Msg, Rng, Step};
 use super::statements::{
     self, PORTAL_NAMES, PROXY_HANDLED, STATEMENT_NAMES, Sql, TRANSACTION_CONTROL,
 };
@@ -27,6 +27,7 @@ pub fn generate(seed: u64, exclusions: &Exclusions) -> Case {
         portals: Vec::new(),
         sql_prepared: Vec::new(),
         unsynced: false,
+        batch: Batch::default(),
         in_block: false,
     };
     // 5-40 messages in all, with the harness's two.
@@ -53,6 +54,8 @@ struct Generator {
     sql_prepared: Vec<(String, usize)>,
     /// Extended-protocol messages sent since the last Sync.
     unsynced: bool,
+    /// What those messages did (for `Exclusions::query_after_unsynced_execute`).
+    batch: Batch,
     /// A BEGIN was sent and no COMMIT/ROLLBACK since (a guess: errors are not modelled).
     in_block: bool,
 }
@@ -73,7 +76,7 @@ impl Generator {
     fn send(&mut self, msg: Msg) {
         match &msg {
             Msg::Query(q) => {
-                if self.unsynced && self.exclusions.query_after_unsynced {
+                if self.unsynced && self.exclusions.excludes_query_after(&self.batch) {
                     self.send(Msg::Sync);
                 }
                 // A simple Query drops the unnamed statement and portal; so does PostgreSQL.
@@ -81,6 +84,7 @@ impl Generator {
             }
             Msg::Sync => {
                 self.unsynced = false;
+                self.batch = Batch::default();
                 if !self.in_block {
                     self.portals.clear();
                 }
@@ -88,8 +92,12 @@ impl Generator {
             Msg::CopyData(_) | Msg::CopyDone | Msg::CopyFail(_) => {}
             Msg::Parse { name, .. } if !name.is_empty() => {
                 self.unsynced = true;
+                self.batch.note(&msg);
             }
-            _ => self.unsynced = true,
+            _ => {
+                self.unsynced = true;
+                self.batch.note(&msg);
+            }
         }
         self.steps.push(Step::Send(msg));
     }
@@ -551,6 +559,7 @@ impl Generator {
         self.portals.clear();
         self.sql_prepared.clear();
         (self.unsynced, self.in_block) = (false, false);
+        self.batch = Batch::default();
     }
 
     /// pgjdbc's autosave: an unsynced extended BEGIN, a simple-Query SAVEPOINT, the statement
