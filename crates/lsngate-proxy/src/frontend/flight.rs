@@ -1012,12 +1012,15 @@ impl Session {
                     attached.skipping = false;
                     attached.unsynced_executed = None;
                 }
-                attached.unsynced_due += unsynced_tail(&flight).unwrap_or(0);
+                let tail = unsynced_tail(&flight).unwrap_or(0);
+                attached.unsynced_due += tail;
                 if let Some(begun) = executed {
                     attached.unsynced_executed =
                         Some(begun || attached.unsynced_executed.unwrap_or(false));
                 }
-                attached.open = true;
+                // A Flush with no extended message behind the last Sync or Query (a bare one)
+                // leaves the server with nothing to sync: no batch is open on it.
+                attached.open = tail > 0 || (attached.open && !ended);
             }
             // A simple Query also ends an unsynced extended batch (asyncpg sends Parse/Describe/
             // Flush, then a Query); the session sends none while the server skips to a Sync.

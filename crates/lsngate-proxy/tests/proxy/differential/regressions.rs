@@ -200,5 +200,21 @@ pub fn known() -> Vec<(&'static str, Case)> {
                 sync(),
             ]),
         ),
+        (
+            // A Query ends the batch the read's Parse and Bind opened on a replica, and a bare
+            // Flush after it opens nothing: the write after it goes to the primary, not to that
+            // replica (25006 before; seed 20261363 on 15).
+            "a write after a Query and a bare Flush is not held on the read's replica",
+            case(vec![
+                parse("", "SELECT id, v FROM {t} ORDER BY id"),
+                bind(""),
+                q("SET lsngate.route = auto"),
+                Step::Send(Msg::Flush),
+                parse("", "INSERT INTO {t} (id, v) VALUES (201, 1)"),
+                bind(""),
+                execute(),
+                sync(),
+            ]),
+        ),
     ]
 }
