@@ -414,6 +414,26 @@ impl Session {
                 && same_node
                 && b.retry.is_none()
                 && b.discard.is_none();
+            if !compatible
+                && want == Some(Target::Primary)
+                && self.may_leave_open_replica_batch(&flight)
+            {
+                if self.settle_unsynced().await? {
+                    // The server skips to the client's Sync: so does this flight, there.
+                    break;
+                }
+                // What the client sent on the replica were reads, answered now: its batch ends
+                // here, with the proxy's Sync, and the flight opens a new one on the primary.
+                let attached = self.backend.as_mut().expect("checked");
+                attached.expect.push_back(Owner::Proxy(Duty::Prepare));
+                attached.open = false;
+                attached.unsynced_due = 0;
+                attached.unsynced_executed = None;
+                if let Err(e) = attached.conn.send(&[FrontendMessage::Sync.to_frame()]).await {
+                    return self.backend_lost(e).await;
+                }
+                continue;
+            }
             if in_block || compatible {
                 break;
             }
@@ -431,6 +451,38 @@ impl Session {
             return self.no_backend(e, segment_ends(&flight)).await;
         }
         self.send_flight(flight, class, route.read).await
+    }
+
+    /// Whether the extended batch open on the attached replica may end before `flight`, which
+    /// needs the primary, instead of holding the flight there to fail with 25006 (psycopg's
+    /// pipeline mode reads with a Flush, then writes before its Sync). Only outside a
+    /// transaction block, where the batch's implicit transaction holds nothing but reads, and
+    /// when the flight uses no portal bound before it (those live on the replica, and end with
+    /// its batch).
+    fn may_leave_open_replica_batch(&self, flight: &[FrontendMessage]) -> bool {
+        let Some(b) = self.backend.as_ref() else {
+            return false;
+        };
+        if !(b.open && b.target == Target::Replica && self.status == b'I')
+            || b.copy_in
+            || b.doomed
+            || self.pinned
+        {
+            return false;
+        }
+        let mut bound = HashSet::new();
+        flight.iter().all(|m| match m {
+            FrontendMessage::Bind { portal, .. } => {
+                bound.insert(portal.as_str());
+                true
+            }
+            FrontendMessage::Execute { portal, .. }
+            | FrontendMessage::Describe {
+                kind: b'P',
+                name: portal,
+            } => bound.contains(portal.as_str()),
+            _ => true,
+        })
     }
 
     /// No server connection could be had: each of the flight's `segments` gets the reason.

@@ -216,5 +216,22 @@ pub fn known() -> Vec<(&'static str, Case)> {
                 sync(),
             ]),
         ),
+        (
+            // psycopg's pipeline mode: a read fetched with a Flush, then a write before the
+            // Sync. The read's batch ends on the replica, the write runs on the primary (it was
+            // held on the replica, 25006).
+            "a write behind a read flushed to a replica runs on the primary",
+            case(vec![
+                parse("s1", "SELECT id, v FROM {t} ORDER BY id"),
+                bind("s1"),
+                execute(),
+                Step::Send(Msg::Flush),
+                Step::Wait,
+                parse("s2", "INSERT INTO {t} (id, v) VALUES (201, 1)"),
+                bind("s2"),
+                execute(),
+                sync(),
+            ]),
+        ),
     ]
 }
