@@ -233,5 +233,21 @@ pub fn known() -> Vec<(&'static str, Case)> {
                 sync(),
             ]),
         ),
+        (
+            // asyncpg prepares with Parse/Describe/Flush and may send a simple Query next: a
+            // write there runs on the primary, not on the replica the Parse went to (25006).
+            "a simple Query write behind a Parse flushed to a replica runs on the primary",
+            case(vec![
+                parse("s1", "SELECT id, v FROM {t} ORDER BY id"),
+                Step::Send(Msg::Describe {
+                    kind: 'S',
+                    name: "s1".into(),
+                }),
+                Step::Send(Msg::Flush),
+                Step::Wait,
+                q("INSERT INTO {t} (id, v) VALUES (201, 1)"),
+                sync(),
+            ]),
+        ),
     ]
 }
