@@ -710,6 +710,11 @@ impl Session {
         if let [FrontendMessage::Query(sql)] = flight {
             return match class {
                 Some(c) if changes_state(c) => vec![(c, sql.clone())],
+                // Classified by its other statements, but its SET applies all the same; with a
+                // `;` in it, it is recorded as not understood (read back afterwards).
+                _ if super::router::sets_session_in_parts(sql.as_bytes()) => {
+                    vec![(Class::SessionState, sql.clone())]
+                }
                 _ => Vec::new(),
             };
         }

@@ -44,6 +44,20 @@ fn copy_done() -> Step {
     Step::Send(Msg::CopyDone)
 }
 
+fn describe(kind: char, name: &str) -> Step {
+    Step::Send(Msg::Describe {
+        kind,
+        name: name.into(),
+    })
+}
+
+fn execute_rows(max_rows: i32) -> Step {
+    Step::Send(Msg::Execute {
+        portal: String::new(),
+        max_rows,
+    })
+}
+
 const COPY_IN: &str = "COPY {t} (id, v) FROM STDIN";
 
 /// (name, case) for every known sequence.
@@ -172,6 +186,15 @@ pub fn known() -> Vec<(&'static str, Case)> {
             case(vec![
                 q("SET application_name = 'diff-changed'"),
                 q("RESET application_name"),
+                q("SHOW application_name"),
+            ]),
+        ),
+        (
+            // Seeds 20261359, 20261382: a later client saw the SET of an earlier one.
+            "a SET among other statements of a Query does not reach the next client",
+            case(vec![
+                q("SELECT 1; SET application_name = 'diff-7'"),
+                Step::Reconnect,
                 q("SHOW application_name"),
             ]),
         ),
