@@ -307,6 +307,11 @@ pub struct Session {
     /// Some statement was [`ClientStatement::reset_as_set`] (the flights' Executes are then
     /// checked for one).
     pub(super) resets_parsed: bool,
+    /// The unnamed statements the pending messages parse, in order, and the one before them:
+    /// a flight's Binds of "" each bind the latest `Parse ""` before them, not the flight's last.
+    pending_unnamed: (Option<ClientStatement>, Vec<ClientStatement>),
+    /// The same for the flight being sent (see `Session::statement_per_message`).
+    flight_unnamed: (Option<ClientStatement>, Vec<ClientStatement>),
     /// The flight about to be sent is a `RESET` rewritten to the startup value (see
     /// `Session::reset_to_startup`).
     pub(super) reset_rewritten: bool,
@@ -537,6 +542,8 @@ impl Session {
             reset_portals: Default::default(),
             restore_due: false,
             resets_parsed: false,
+            pending_unnamed: (None, Vec::new()),
+            flight_unnamed: (None, Vec::new()),
             reset_rewritten: false,
             reported,
             shutdown,
@@ -707,6 +714,10 @@ impl Session {
                     reset_as_set,
                 };
                 if statement.is_empty() {
+                    if self.pending_unnamed.1.is_empty() {
+                        self.pending_unnamed.0 = self.unnamed.clone();
+                    }
+                    self.pending_unnamed.1.push(defined.clone());
                     self.unnamed = Some(defined);
                 } else if self.statements.contains_key(&statement) {
                     // PostgreSQL refuses to parse a name that exists (42P05) and keeps the old
@@ -734,7 +745,7 @@ impl Session {
             | FrontendMessage::Close { .. }) => self.pending.push(m),
             m @ (FrontendMessage::Sync | FrontendMessage::Flush) => {
                 self.pending.push(m);
-                let flight = std::mem::take(&mut self.pending);
+                let flight = self.take_pending();
                 self.extended_flight(flight, None).await?;
             }
             m @ (FrontendMessage::CopyData(_)
@@ -780,7 +791,7 @@ impl Session {
                     .classify(&self.proxy.classes, &query, &self.config.write_functions)
             });
             self.pending.push(FrontendMessage::Flush);
-            let flight = std::mem::take(&mut self.pending);
+            let flight = self.take_pending();
             self.extended_flight(flight, class).await?;
         }
         if !self.backend.as_ref().is_some_and(|b| b.open) {
@@ -802,15 +813,37 @@ impl Session {
         }
     }
 
+    /// The pending messages, as a flight to send.
+    pub(super) fn take_pending(&mut self) -> Vec<FrontendMessage> {
+        self.flight_unnamed = std::mem::take(&mut self.pending_unnamed);
+        std::mem::take(&mut self.pending)
+    }
+
     /// Per message, the statement it prepares, binds or describes (`None` for other messages
-    /// and for names the session does not know).
+    /// and for names the session does not know). An unnamed one is the latest `Parse ""` before
+    /// the message: PostgreSQL replaces the unnamed statement at each.
     pub(super) fn statement_per_message<'a>(
         &'a self,
         flight: &[FrontendMessage],
     ) -> Vec<Option<&'a ClientStatement>> {
+        let parses = flight
+            .iter()
+            .filter(|m| matches!(m, FrontendMessage::Parse { statement, .. } if statement.is_empty()))
+            .count();
+        let (prior, parsed) = &self.flight_unnamed;
+        // Known per message when the flight is the one the pending messages made.
+        let per_parse = parses > 0 && parsed.len() == parses;
+        let mut current = if per_parse { prior.as_ref() } else { self.unnamed.as_ref() };
+        let mut next = parsed.iter();
         flight
             .iter()
             .map(|m| match m {
+                FrontendMessage::Parse { statement, .. } if statement.is_empty() => {
+                    if per_parse {
+                        current = next.next();
+                    }
+                    current
+                }
                 FrontendMessage::Parse { statement, .. }
                 | FrontendMessage::Bind { statement, .. }
                 | FrontendMessage::Describe {
@@ -818,7 +851,7 @@ impl Session {
                     name: statement,
                 } => {
                     if statement.is_empty() {
-                        self.unnamed.as_ref()
+                        current
                     } else {
                         self.statements.get(statement)
                     }

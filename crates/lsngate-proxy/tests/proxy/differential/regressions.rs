@@ -262,5 +262,35 @@ pub fn known() -> Vec<(&'static str, Case)> {
                 sync(),
             ]),
         ),
+        (
+            // Seed 20261356: each Bind of "" binds the latest Parse "" before it; the SET was
+            // taken for the flight's last unnamed statement, and went back to the pool unseen.
+            "a SET parsed unnamed before another unnamed statement does not reach the next client",
+            case(vec![
+                parse("", "SET application_name = 'diff-7'"),
+                bind(""),
+                execute(),
+                parse("", "SELECT 1 AS one"),
+                bind(""),
+                execute(),
+                sync(),
+                Step::Reconnect,
+                q("SHOW application_name"),
+            ]),
+        ),
+        (
+            // Seed 20261261.
+            "only the Execute of a RESET portal is answered RESET, not an unnamed one before it",
+            case(vec![
+                parse("", "SELECT 1 AS one"),
+                bind(""),
+                execute(),
+                parse("", "RESET application_name"),
+                bind(""),
+                execute_rows(1),
+                execute(),
+                sync(),
+            ]),
+        ),
     ]
 }
