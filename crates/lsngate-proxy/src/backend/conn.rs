@@ -172,6 +172,12 @@ pub struct BackendConn {
     pub unnamed: Option<String>,
     /// Settings applied on behalf of a client: name → the statement that set it.
     pub applied: Settings,
+    /// The values the server last reported on this connection (ParameterStatus, at login and
+    /// since): PostgreSQL reports a `GUC_REPORT` setting only when its value differs from the one
+    /// it last reported on the connection, so this is what the server takes the other end to know.
+    pub reported: HashMap<String, String>,
+    /// Bumped at every change of `reported`.
+    pub reported_version: u64,
     /// When the connection was opened, for `server_lifetime`.
     pub opened: super::clock::Coarse,
     /// Which server this is and its WAL layout, learned right after login.
@@ -291,6 +297,8 @@ impl Target<'_> {
             prepared: HashMap::new(),
             unnamed: None,
             applied: Settings::new(),
+            reported: HashMap::new(),
+            reported_version: 0,
             facts: ServerFacts::default(),
             opened: super::clock::Coarse::now(),
             severable: None,
@@ -603,6 +611,16 @@ impl BackendConn {
             return Some(Ok(crate::net::backend::build::ready_for_query(status)));
         }
         Some(match decode_frame(&mut self.read_buf, usize::MAX) {
+            Ok(Some(frame)) if frame.tag == b'S' => {
+                if let Ok(BackendMessage::ParameterStatus { name, value }) =
+                    BackendMessage::parse(&frame)
+                    && self.reported.get(&name) != Some(&value)
+                {
+                    self.reported.insert(name, value);
+                    self.reported_version += 1;
+                }
+                Ok(frame)
+            }
             Ok(frame) => Ok(frame.expect("a whole frame is buffered")),
             Err(source) => Err(BackendError::Protocol {
                 node: self.address.clone(),

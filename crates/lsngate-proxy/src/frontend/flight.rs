@@ -36,6 +36,9 @@ pub enum Duty {
     /// The server's session settings, read back when a transaction ends while the client's SETs
     /// are in doubt (see [`Session::note_session_effects`]).
     Resync,
+    /// The client's startup settings applied again behind its `RESET ALL` or `DISCARD ALL`
+    /// (see [`Session::note_session_effect`]).
+    Restore,
 }
 
 /// The session-level settings of a server connection: after the client's transaction is over,
@@ -147,6 +150,13 @@ pub struct Attached {
     /// The client segment in flight is a RESET sent as `set_config` (see
     /// `Session::reset_to_startup`): its row is dropped and its tag relayed as `RESET`.
     pub reset_rewritten: bool,
+    /// Per Execute of the client's still to be answered, whether its portal runs a RESET sent
+    /// as SET (its CommandComplete is relayed as `RESET`); `None` marks the end of a segment
+    /// (Sync or Query). Empty unless a flight ran such a portal.
+    pub reset_tags: VecDeque<Option<bool>>,
+    /// The `conn.reported_version` the client's reported values were last compared with (see
+    /// `Session::report_changes`); none yet on a fresh attachment.
+    pub reported_seen: Option<u64>,
 }
 
 impl Attached {
@@ -180,6 +190,8 @@ impl Attached {
             describing: VecDeque::new(),
             plan_changed_sent: false,
             reset_rewritten: false,
+            reported_seen: None,
+            reset_tags: VecDeque::new(),
         }
     }
 
@@ -193,12 +205,18 @@ impl Attached {
     /// transaction's end). The client's ReadyForQuery just before it is held until it answers:
     /// the client then never sees a floor-raising reply before the floor is raised, nor a
     /// backend still busy after its ReadyForQuery (transaction pooling hands it on at once).
+    /// The read-back of the client's settings ([`Duty::Resync`]) and the startup settings applied
+    /// again behind a `RESET ALL` ([`Duty::Restore`]) trail it the same way: a client that heard
+    /// its transaction is over before the read-back answered could send its next SET ahead of
+    /// the answer, which would then undo it in the proxy's books.
     /// Read off the queue, not kept as a flag: a client that pipelines its next flight before
     /// this one's replies arrive has its own segments queued behind the trailing one.
     pub fn trailing_segment_next(&self) -> bool {
         matches!(
             self.expect.front(),
-            Some(Owner::Proxy(Duty::Served | Duty::Position { .. }))
+            Some(Owner::Proxy(
+                Duty::Served | Duty::Position { .. } | Duty::Restore | Duty::Resync
+            ))
         )
     }
 
@@ -327,6 +345,36 @@ fn unnamed_preparation(
         }
     }
     parse
+}
+
+/// [`Attached::reset_tags`] entries for a flight: per Execute whether its portal (bound in this
+/// flight or before, as `portals` records) runs a RESET sent as SET; `None` per Sync or Query.
+fn reset_tags(
+    flight: &[FrontendMessage],
+    statements: &[Option<&ClientStatement>],
+    portals: &mut HashSet<String>,
+) -> Vec<Option<bool>> {
+    let mut tags = Vec::new();
+    for (m, s) in flight.iter().zip(statements) {
+        match m {
+            FrontendMessage::Bind { portal, .. } => {
+                if s.is_some_and(|s| s.reset_as_set) {
+                    portals.insert(portal.clone());
+                } else if !portals.is_empty() {
+                    portals.remove(portal);
+                }
+            }
+            FrontendMessage::Close { kind: b'P', name } => {
+                portals.remove(name);
+            }
+            FrontendMessage::Execute { portal, .. } => tags.push(Some(portals.contains(portal))),
+            FrontendMessage::Sync | FrontendMessage::Query(_) | FrontendMessage::FunctionCall(_) => {
+                tags.push(None)
+            }
+            _ => {}
+        }
+    }
+    tags
 }
 
 /// Named statements a server connection may hold before those not in use are closed.
@@ -771,6 +819,11 @@ impl Session {
         if let [FrontendMessage::Query(sql)] = flight {
             return match class {
                 Some(c) if changes_state(c) => vec![(c, sql.clone())],
+                // Classified by its other statements, but its SET applies all the same; with a
+                // `;` in it, it is recorded as not understood (read back afterwards).
+                _ if super::router::sets_session_in_parts(sql.as_bytes()) => {
+                    vec![(Class::SessionState, sql.clone())]
+                }
                 _ => Vec::new(),
             };
         }
@@ -870,8 +923,13 @@ impl Session {
                     conn.applied.insert(name.clone(), statement.clone());
                     self.settings.insert(name, statement);
                 } else if lower == "reset all" || lower == "discard all" {
-                    self.settings.clear();
+                    // A direct connection returns to the values the client logged in with; the
+                    // server connection returns to its own login's, so the startup settings are
+                    // applied again right behind (`restore_due`, before the client hears the
+                    // statement is done, so it is told of no value it never had).
+                    self.settings = self.startup_settings.clone();
                     conn.applied.clear();
+                    self.restore_due = !self.settings.is_empty();
                     if lower == "discard all" {
                         self.statements.clear();
                         conn.prepared.clear();
@@ -1008,8 +1066,22 @@ impl Session {
         let tracks = self.floors.mode.tracks_positions();
         let fast = self.floors.mode.fast;
         let budget = self.config.causal.wait_timeout;
-        let attached = self.backend.as_mut().expect("attached before send");
         let ends = segment_ends(&flight);
+        if self.resets_parsed {
+            let mut portals = std::mem::take(&mut self.reset_portals);
+            let tags = reset_tags(&flight, &self.statement_per_message(&flight), &mut portals);
+            self.reset_portals = portals;
+            let attached = self.backend.as_mut().expect("attached before send");
+            if attached.reset_tags.is_empty() && tags.contains(&Some(true)) {
+                // The answers of the client's segments already under way come first.
+                let due = attached.client_segments_due();
+                attached.reset_tags.extend(std::iter::repeat_n(None, due));
+                attached.reset_tags.extend(tags);
+            } else if !attached.reset_tags.is_empty() {
+                attached.reset_tags.extend(tags);
+            }
+        }
+        let attached = self.backend.as_mut().expect("attached before send");
         self.proxy.queries[usize::from(attached.target == Target::Replica)].add(ends.max(1) as u64);
         let standalone_read = matches!(class, Some(Class::Read)) && ends == 1 && status == b'I';
         if retry_allowed
@@ -1083,6 +1155,18 @@ impl Session {
                 attached.unsynced_executed = None;
             }
             _ => {}
+        }
+        if std::mem::take(&mut self.restore_due)
+            && !attached.open
+            && !attached.copy_in
+            && !attached.copy.closed
+            && copy_start.is_none()
+            && let Some(sql) = settings_sql(&self.settings, &attached.conn.applied)
+        {
+            frames.push(FrontendMessage::Query(sql).to_frame());
+            attached.conn.applied = self.settings.clone();
+            attached.conn.unnamed = None;
+            attached.expect.push_back(Owner::Proxy(Duty::Restore));
         }
         // An extended COPY's batch goes on past its Execute's Sync (ignored in COPY mode) to a
         // Sync the client sends after CopyDone.

@@ -56,6 +56,10 @@ impl Session {
         else {
             return Ok(false);
         };
+        if super::router::sets_session_in_parts(text) {
+            // A SET among other statements: the general path reads the settings back after it.
+            return Ok(false);
+        }
         // The primary, or for a read the node it would get: the primary when no replica serves
         // (picked once here).
         let node = match class {

@@ -35,11 +35,22 @@ pub(super) async fn recv_attached(attached: &mut Attached) -> Result<Frame, Back
     attached.conn.next_frame().expect("filled")
 }
 
+/// Parameters a server reports about itself, not about the session: a replica's `in_hot_standby`
+/// is not the client's to hear of (directly it talks to the primary), nor are differences
+/// between the servers behind the proxy.
+const SERVER_FACTS: &[&str] = &[
+    "in_hot_standby",
+    "server_version",
+    "server_encoding",
+    "integer_datetimes",
+];
+
 /// Replies to the client's statements that need no decision by the proxy: relayed byte for byte.
+/// (Not ParameterStatus: see `Session::report_changes`.)
 fn relayed_as_is(tag: u8) -> bool {
     // RowDescription, DataRow, CommandComplete, EmptyQuery, NoData, ParameterDescription,
-    // Parse/Bind/CloseComplete, PortalSuspended, Notice, Notification, ParameterStatus,
-    // CopyOutResponse, CopyData, CopyDone, FunctionCallResponse.
+    // Parse/Bind/CloseComplete, PortalSuspended, Notice, Notification, CopyOutResponse,
+    // CopyData, CopyDone, FunctionCallResponse.
     matches!(
         tag,
         b'T' | b'D'
@@ -53,7 +64,6 @@ fn relayed_as_is(tag: u8) -> bool {
             | b's'
             | b'N'
             | b'A'
-            | b'S'
             | b'H'
             | b'd'
             | b'c'
@@ -62,6 +72,32 @@ fn relayed_as_is(tag: u8) -> bool {
 }
 
 impl Session {
+    /// Tells the client, in front of a ReadyForQuery of its own, of every reported value of its
+    /// server connection that differs from what the client was told. PostgreSQL (14 and later)
+    /// reports changed `GUC_REPORT` settings right before ReadyForQuery, only where the value
+    /// differs from the one it last reported on that connection; a pooled connection last
+    /// reported to whichever client or proxy segment ran there before, so its own reports are
+    /// neither all nor only the client's changes. Its values at the client's ReadyForQuery are
+    /// the client's session's (the proxy makes it carry exactly the client's settings), so the
+    /// client hears of exactly the changes a direct connection would report.
+    pub(super) fn report_changes(&mut self) {
+        let Some(b) = self.backend.as_mut() else {
+            return;
+        };
+        if b.reported_seen == Some(b.conn.reported_version) {
+            return;
+        }
+        b.reported_seen = Some(b.conn.reported_version);
+        for (name, value) in &b.conn.reported {
+            if SERVER_FACTS.contains(&name.as_str()) || self.reported.get(name) == Some(value) {
+                continue;
+            }
+            self.io
+                .queue(&crate::net::backend::build::parameter_status(name, value));
+            self.reported.insert(name.clone(), value.clone());
+        }
+    }
+
     /// Relays replies until none are due.
     pub(super) async fn drain(&mut self) -> anyhow::Result<()> {
         while let Some(b) = self.backend.as_mut() {
@@ -112,6 +148,7 @@ impl Session {
                 && b.describing.is_empty()
                 && !b.reset_rewritten
                 && b.substitute.is_none()
+                && b.reset_tags.is_empty()
                 && !b.copy_in;
             if plain_relay && b.conn.take_plain(self.io.out(), relayed_as_is) > 0 {
                 let b = self.backend.as_ref().expect("attached");
@@ -132,6 +169,7 @@ impl Session {
                 b.expect.pop_front();
                 b.error_relayed = false;
                 self.status = status;
+                self.report_changes();
                 self.io.queue_ready(status);
                 self.maybe_release();
                 self.io.flush().await?;
@@ -188,6 +226,33 @@ impl Session {
                 b'Z' => attached.substitute = None,
                 b'N' | b'S' | b'A' => {}
                 _ => return Ok(()),
+            }
+        }
+        if let BackendMessage::ParameterStatus { .. } = message {
+            // Recorded by the connection; the client hears of it at its ReadyForQuery, if it
+            // is news to the client (`report_changes`).
+            return Ok(());
+        }
+        let mut frame = frame;
+        if !attached.reset_tags.is_empty() {
+            // Which Execute this answers (see `Attached::reset_tags`).
+            let tags = &mut attached.reset_tags;
+            match frame.tag {
+                b'C' | b's' | b'I' if matches!(tags.front(), Some(Some(_))) => {
+                    if tags.pop_front() == Some(Some(true)) && frame.tag == b'C' {
+                        frame = crate::net::backend::build::command_complete("RESET");
+                    }
+                }
+                // The server skips the rest of the segment's messages: they get no answer.
+                b'E' => {
+                    while matches!(tags.front(), Some(Some(_))) {
+                        tags.pop_front();
+                    }
+                }
+                b'Z' => {
+                    while let Some(Some(_)) = tags.pop_front() {}
+                }
+                _ => {}
             }
         }
         if attached.reset_rewritten {
@@ -362,6 +427,7 @@ impl Session {
             attached.held_ready = Some(frame);
             return Ok(());
         }
+        self.report_changes();
         self.io.queue(&frame);
         self.maybe_release();
         self.io.flush().await?;
@@ -410,11 +476,14 @@ impl Session {
                 return Ok(());
             }
             BackendMessage::ReadyForQuery(status) => status,
-            BackendMessage::ParameterStatus { .. } | BackendMessage::NoticeResponse(_) => {
+            BackendMessage::NoticeResponse(_) => {
                 // Asynchronous server messages belong to the client whoever's segment it is.
                 self.io.queue(frame);
                 return Ok(());
             }
+            // Recorded by the connection: the client hears of a change at its own
+            // ReadyForQuery (`report_changes`).
+            BackendMessage::ParameterStatus { .. } => return Ok(()),
             _ => return Ok(()),
         };
         attached.expect.pop_front();
@@ -424,7 +493,7 @@ impl Session {
         let (node, server) = (attached.conn.node, attached.conn.facts.server.clone());
         let causal = &self.proxy.causal;
         match duty {
-            Duty::Prepare => {}
+            Duty::Prepare | Duty::Restore => {}
             Duty::Resync => self.on_resync(status),
             Duty::Verdict => return self.on_verdict(row).await,
             Duty::Served => {
@@ -465,7 +534,13 @@ impl Session {
         {
             return self.after_discarded().await;
         }
-        if let Some(held) = self.backend.as_mut().and_then(|b| b.held_ready.take()) {
+        let held = self
+            .backend
+            .as_mut()
+            .filter(|b| !b.trailing_segment_next())
+            .and_then(|b| b.held_ready.take());
+        if let Some(held) = held {
+            self.report_changes();
             self.io.queue(&held);
         }
         self.maybe_release();

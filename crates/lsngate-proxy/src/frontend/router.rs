@@ -294,6 +294,30 @@ pub fn session_set(sql: &str) -> Option<(String, String)> {
     Some((name, value.to_string()))
 }
 
+/// Whether a multi-statement string has a statement among its parts that changes session
+/// settings (`UPDATE t ...; SET application_name = 'x'`). Such a string is classified by its
+/// other statements (a write stays a write, for its commit position), but PostgreSQL applies the
+/// SET for the session all the same: the proxy must then read the server's settings back, or the
+/// server connection goes back to the pool with a setting the next client's `settings_sql` does
+/// not undo. Split naively on `;` (a `;` inside a literal only costs a needless read-back).
+pub fn sets_session_in_parts(sql: &[u8]) -> bool {
+    if !sql.contains(&b';') {
+        return false;
+    }
+    sql.split(|&b| b == b';').any(|part| {
+        let start = part
+            .iter()
+            .position(|b| !b.is_ascii_whitespace())
+            .unwrap_or(part.len());
+        let word: Vec<u8> = part[start..]
+            .iter()
+            .take_while(|b| b.is_ascii_alphabetic())
+            .map(u8::to_ascii_lowercase)
+            .collect();
+        matches!(word.as_slice(), b"set" | b"reset" | b"discard")
+    })
+}
+
 /// Classifies SQL text conservatively.
 pub fn classify(sql: &str, write_functions: &[String]) -> Class {
     let lower = sql.to_ascii_lowercase();
@@ -805,6 +829,16 @@ mod tests {
 
     fn c(sql: &str) -> Class {
         classify(sql, &["audit".to_string()])
+    }
+
+    #[test]
+    fn a_set_among_the_parts_of_a_string_is_noticed() {
+        let s = |sql: &str| sets_session_in_parts(sql.as_bytes());
+        assert!(s("UPDATE t SET v = 1; SET application_name = 'x'"));
+        assert!(s("SELECT 1;\n  reset work_mem;"));
+        assert!(s("discard all; select 1"));
+        assert!(!s("UPDATE t SET v = 1 WHERE id = 2"), "one statement");
+        assert!(!s("UPDATE t SET v = 1; SELECT settings FROM t"));
     }
 
     #[test]

@@ -220,6 +220,9 @@ pub struct ClientStatement {
     pub shape: Option<super::shapes::Shape>,
     /// The columns changed since: its Binds fail as PostgreSQL's would (`0A000`).
     pub plan_changed: bool,
+    /// The client's text was `RESET name` of a startup setting, and `query` is the `SET` of its
+    /// startup value (see `Session::reset_sent_as_set`): its CommandComplete says `RESET`.
+    pub reset_as_set: bool,
     /// [`ClientStatement::identity`], computed once.
     identity: String,
 }
@@ -293,10 +296,28 @@ pub struct Session {
     /// Names the pending messages Parse although the client already holds them (42P05).
     pub(super) duplicate_parses: Vec<String>,
     /// The settings of the client's startup packet: what `RESET name` returns to.
-    startup_settings: crate::backend::Settings,
+    pub(super) startup_settings: crate::backend::Settings,
+    /// Their values as the client gave them.
+    startup_values: HashMap<String, String>,
+    /// Portals bound to a statement that is [`ClientStatement::reset_as_set`], by name.
+    pub(super) reset_portals: std::collections::HashSet<String>,
+    /// The flight about to be sent runs `RESET ALL` or `DISCARD ALL`: the startup settings are
+    /// applied again right behind it (see `Session::note_session_effect`).
+    pub(super) restore_due: bool,
+    /// Some statement was [`ClientStatement::reset_as_set`] (the flights' Executes are then
+    /// checked for one).
+    pub(super) resets_parsed: bool,
+    /// The unnamed statements the pending messages parse, in order, and the one before them:
+    /// a flight's Binds of "" each bind the latest `Parse ""` before them, not the flight's last.
+    pending_unnamed: (Option<ClientStatement>, Vec<ClientStatement>),
+    /// The same for the flight being sent (see `Session::statement_per_message`).
+    flight_unnamed: (Option<ClientStatement>, Vec<ClientStatement>),
     /// The flight about to be sent is a `RESET` rewritten to the startup value (see
     /// `Session::reset_to_startup`).
     pub(super) reset_rewritten: bool,
+    /// The ParameterStatus values the client was told, at login and since (see
+    /// `Session::report_changes`).
+    pub(super) reported: HashMap<String, String>,
     shutdown: watch::Receiver<bool>,
 }
 
@@ -387,16 +408,15 @@ fn startup_lsngate(params: &[(String, String)]) -> Vec<(String, String)> {
     found
 }
 
-/// Settings from the startup packet, including `-c name=value` in `options`.
-fn startup_settings(params: &[(String, String)]) -> crate::backend::Settings {
-    let mut settings = crate::backend::Settings::new();
+/// Settings from the startup packet, including `-c name=value` in `options`: (name, value),
+/// a later one of a name winning.
+fn startup_values(params: &[(String, String)]) -> HashMap<String, String> {
+    let mut values = HashMap::new();
     for (name, value) in params {
         if name == "options" {
             for (k, v) in option_pairs(value) {
                 if is_setting_name(&k) && !k.to_ascii_lowercase().starts_with("lsngate.") {
-                    let name = k.to_ascii_lowercase().replace('-', "_");
-                    let statement = set_config_statement(&name, &v);
-                    settings.insert(name, statement);
+                    values.insert(k.to_ascii_lowercase().replace('-', "_"), v);
                 }
             }
         } else if !NOT_SETTINGS.contains(&name.as_str())
@@ -404,13 +424,32 @@ fn startup_settings(params: &[(String, String)]) -> crate::backend::Settings {
             && !name.starts_with("_pq_.")
             && !name.to_ascii_lowercase().starts_with("lsngate.")
         {
-            let name = name.to_ascii_lowercase();
-            let statement = set_config_statement(&name, value);
-            settings.insert(name, statement);
+            values.insert(name.to_ascii_lowercase(), value.clone());
         }
     }
-    settings
+    values
 }
+
+/// Settings from the startup packet, applied with `set_config`.
+fn startup_settings(params: &[(String, String)]) -> crate::backend::Settings {
+    startup_values(params)
+        .into_iter()
+        .map(|(name, value)| {
+            let statement = set_config_statement(&name, &value);
+            (name, statement)
+        })
+        .collect()
+}
+
+/// Settings whose `SET name = 'text'` does not mean what the same text means at startup: for
+/// these list settings (`GUC_LIST_QUOTE`) SET quotes a string as one element, where the server
+/// splits a startup value into a list.
+const LIST_QUOTED: &[&str] = &[
+    "search_path",
+    "temp_tablespaces",
+    "session_preload_libraries",
+    "local_preload_libraries",
+];
 
 impl Session {
     /// Finishes login: reports server parameters and the cancel key, then ReadyForQuery.
@@ -431,6 +470,7 @@ impl Session {
             .expect("no version is u64::MAX");
         let settings = startup_settings(&params);
         let startup = settings.clone();
+        let startup_values = startup_values(&params);
         let mut floors = ClientFloors {
             mode: config.causal.consistency,
             ..ClientFloors::default()
@@ -457,15 +497,15 @@ impl Session {
                 return Err(e);
             }
         };
+        let mut reported = HashMap::new();
         for (name, value) in &server_params {
             let client_value = params
                 .iter()
                 .find(|(k, _)| k.eq_ignore_ascii_case(name))
                 .map(|(_, v)| v.as_str());
-            io.queue(&build::parameter_status(
-                name,
-                client_value.unwrap_or(value),
-            ));
+            let value = client_value.unwrap_or(value);
+            io.queue(&build::parameter_status(name, value));
+            reported.insert(name.clone(), value.to_string());
         }
         io.queue(&build::backend_key_data(cancel_key.0, cancel_key.1));
         io.queue_ready(b'I');
@@ -498,7 +538,14 @@ impl Session {
             plans_changed: false,
             duplicate_parses: Vec::new(),
             startup_settings: startup,
+            startup_values,
+            reset_portals: Default::default(),
+            restore_due: false,
+            resets_parsed: false,
+            pending_unnamed: (None, Vec::new()),
+            flight_unnamed: (None, Vec::new()),
             reset_rewritten: false,
+            reported,
             shutdown,
         })
     }
@@ -647,6 +694,12 @@ impl Session {
                     &query,
                     &self.config.write_functions,
                 );
+                let reset_as_set = self.reset_sent_as_set(&query).filter(|_| local.is_none());
+                let (query, reset_as_set) = match reset_as_set {
+                    Some(set) => (set, true),
+                    None => (query, false),
+                };
+                self.resets_parsed |= reset_as_set;
                 let defined = ClientStatement {
                     identity: statement_identity(&param_types, &query),
                     query: query.clone(),
@@ -658,8 +711,13 @@ impl Session {
                     local,
                     shape: None,
                     plan_changed: false,
+                    reset_as_set,
                 };
                 if statement.is_empty() {
+                    if self.pending_unnamed.1.is_empty() {
+                        self.pending_unnamed.0 = self.unnamed.clone();
+                    }
+                    self.pending_unnamed.1.push(defined.clone());
                     self.unnamed = Some(defined);
                 } else if self.statements.contains_key(&statement) {
                     // PostgreSQL refuses to parse a name that exists (42P05) and keeps the old
@@ -687,7 +745,7 @@ impl Session {
             | FrontendMessage::Close { .. }) => self.pending.push(m),
             m @ (FrontendMessage::Sync | FrontendMessage::Flush) => {
                 self.pending.push(m);
-                let flight = std::mem::take(&mut self.pending);
+                let flight = self.take_pending();
                 self.extended_flight(flight, None).await?;
             }
             m @ (FrontendMessage::CopyData(_)
@@ -733,7 +791,7 @@ impl Session {
                     .classify(&self.proxy.classes, &query, &self.config.write_functions)
             });
             self.pending.push(FrontendMessage::Flush);
-            let flight = std::mem::take(&mut self.pending);
+            let flight = self.take_pending();
             self.extended_flight(flight, class).await?;
         }
         if !self.backend.as_ref().is_some_and(|b| b.open) {
@@ -755,15 +813,37 @@ impl Session {
         }
     }
 
+    /// The pending messages, as a flight to send.
+    pub(super) fn take_pending(&mut self) -> Vec<FrontendMessage> {
+        self.flight_unnamed = std::mem::take(&mut self.pending_unnamed);
+        std::mem::take(&mut self.pending)
+    }
+
     /// Per message, the statement it prepares, binds or describes (`None` for other messages
-    /// and for names the session does not know).
+    /// and for names the session does not know). An unnamed one is the latest `Parse ""` before
+    /// the message: PostgreSQL replaces the unnamed statement at each.
     pub(super) fn statement_per_message<'a>(
         &'a self,
         flight: &[FrontendMessage],
     ) -> Vec<Option<&'a ClientStatement>> {
+        let parses = flight
+            .iter()
+            .filter(|m| matches!(m, FrontendMessage::Parse { statement, .. } if statement.is_empty()))
+            .count();
+        let (prior, parsed) = &self.flight_unnamed;
+        // Known per message when the flight is the one the pending messages made.
+        let per_parse = parses > 0 && parsed.len() == parses;
+        let mut current = if per_parse { prior.as_ref() } else { self.unnamed.as_ref() };
+        let mut next = parsed.iter();
         flight
             .iter()
             .map(|m| match m {
+                FrontendMessage::Parse { statement, .. } if statement.is_empty() => {
+                    if per_parse {
+                        current = next.next();
+                    }
+                    current
+                }
                 FrontendMessage::Parse { statement, .. }
                 | FrontendMessage::Bind { statement, .. }
                 | FrontendMessage::Describe {
@@ -771,7 +851,7 @@ impl Session {
                     name: statement,
                 } => {
                     if statement.is_empty() {
-                        self.unnamed.as_ref()
+                        current
                     } else {
                         self.statements.get(statement)
                     }
@@ -935,6 +1015,28 @@ impl Session {
             }
             _ => sql,
         }
+    }
+
+    /// `RESET name` of a startup setting, parsed over the extended protocol: the statement the
+    /// server gets is `SET name = 'startup value'`. A direct connection's RESET returns to the
+    /// value the client logged in with; a pooled one's would return to its own login's (and
+    /// report that). SET is a utility statement like RESET, so the server answers Describe
+    /// (NoData), a row limit and a second Execute of the portal (55000) as it would for RESET;
+    /// only the CommandComplete tag differs, and is relayed as `RESET` (`replies.rs`). A single
+    /// quoted string means the same to SET as the startup text, except for list settings that
+    /// quote their elements ([`LIST_QUOTED`]), which are sent as they are.
+    fn reset_sent_as_set(&self, query: &str) -> Option<String> {
+        let lower = query
+            .trim()
+            .trim_end_matches(';')
+            .trim_end()
+            .to_ascii_lowercase();
+        let name = lower.strip_prefix("reset ")?.trim();
+        if LIST_QUOTED.contains(&name) || !is_setting_name(name) {
+            return None;
+        }
+        let value = self.startup_values.get(name)?;
+        Some(format!("SET {name} = {}", quote_literal(value)))
     }
 
     /// Answers a simple Query the proxy takes over (its commands, a refused hint, a DEALLOCATE

@@ -182,6 +182,36 @@ fn sets_sent_with_the_extended_protocol_follow_their_client_and_never_leak() {
 }
 
 #[test]
+fn a_set_among_other_statements_of_a_query_follows_its_client_and_never_leaks() {
+    // PostgreSQL runs every statement of a multi-statement Query: a SET behind a write is as
+    // much the session's as one sent alone.
+    let cluster = shared_cluster();
+    let proxy = one_connection_per_node(cluster);
+    rt().block_on(async {
+        let a = connect(&proxy.conninfo()).await;
+        let b = connect(&proxy.conninfo()).await;
+        a.batch_execute("SELECT 1; SET application_name = 'lsngate_multi_a'")
+            .await
+            .unwrap();
+        a.batch_execute("SELECT 2; SET statement_timeout = '4321ms'; SELECT 3")
+            .await
+            .unwrap();
+        for _ in 0..3 {
+            assert_ne!(show(&b, "SHOW application_name").await, "lsngate_multi_a");
+            assert_eq!(show(&b, "SHOW statement_timeout").await, "0", "b never set it");
+            assert_eq!(show(&a, "SHOW application_name").await, "lsngate_multi_a");
+            assert_eq!(show(&a, "SHOW statement_timeout").await, "4321ms");
+        }
+        a.batch_execute("SELECT 1; RESET statement_timeout")
+            .await
+            .unwrap();
+        assert_eq!(show(&a, "SHOW statement_timeout").await, "0");
+        b.batch_execute("SET statement_timeout = '1234ms'").await.unwrap();
+        assert_eq!(show(&a, "SHOW statement_timeout").await, "0", "a reset it");
+    });
+}
+
+#[test]
 fn sets_the_server_undid_are_undone_for_the_client_too() {
     let cluster = shared_cluster();
     let proxy = one_connection_per_node(cluster);

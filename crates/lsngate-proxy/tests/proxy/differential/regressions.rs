@@ -44,6 +44,20 @@ fn copy_done() -> Step {
     Step::Send(Msg::CopyDone)
 }
 
+fn describe(kind: char, name: &str) -> Step {
+    Step::Send(Msg::Describe {
+        kind,
+        name: name.into(),
+    })
+}
+
+fn execute_rows(max_rows: i32) -> Step {
+    Step::Send(Msg::Execute {
+        portal: String::new(),
+        max_rows,
+    })
+}
+
 const COPY_IN: &str = "COPY {t} (id, v) FROM STDIN";
 
 /// (name, case) for every known sequence.
@@ -173,6 +187,109 @@ pub fn known() -> Vec<(&'static str, Case)> {
                 q("SET application_name = 'diff-changed'"),
                 q("RESET application_name"),
                 q("SHOW application_name"),
+            ]),
+        ),
+        (
+            // Seeds 20261204, 20261260, 20261279: the pooled server connection's RESET returns to
+            // its own login's value, and reports it.
+            "RESET over the extended protocol goes back to the value the client logged in with",
+            case(vec![
+                parse("", "RESET application_name"),
+                bind(""),
+                describe('P', ""),
+                execute(),
+                sync(),
+                q("SHOW application_name"),
+            ]),
+        ),
+        (
+            "a RESET portal is described and run again as RESET, not as what it is sent as",
+            case(vec![
+                q("SET application_name = 'diff-changed'"),
+                parse("s1", "RESET application_name"),
+                describe('S', "s1"),
+                bind("s1"),
+                execute_rows(1),
+                sync(),
+                q("SHOW application_name"),
+                // The second Execute fails (55000) and undoes the first with its transaction.
+                bind("s1"),
+                execute_rows(1),
+                execute(),
+                sync(),
+            ]),
+        ),
+        (
+            "RESET ALL goes back to the values the client logged in with",
+            case(vec![
+                q("SET application_name = 'diff-changed'"),
+                q("RESET ALL"),
+                q("SHOW application_name"),
+                parse("", "RESET ALL"),
+                bind(""),
+                execute(),
+                sync(),
+                q("SHOW application_name"),
+            ]),
+        ),
+        (
+            "DISCARD ALL goes back to the values the client logged in with",
+            case(vec![
+                q("SET application_name = 'diff-changed'"),
+                q("DISCARD ALL"),
+                q("SHOW application_name"),
+            ]),
+        ),
+        (
+            // Seeds 20261359, 20261382: a later client saw the SET of an earlier one.
+            "a SET among other statements of a Query does not reach the next client",
+            case(vec![
+                q("SELECT 1; SET application_name = 'diff-7'"),
+                Step::Reconnect,
+                q("SHOW application_name"),
+            ]),
+        ),
+        (
+            // Seed 20261244: the server connection already had the value, so the server reported
+            // no change; the client still has to hear of it.
+            "a SET reports its value to the client even where the server connection had it",
+            case(vec![
+                q("SELECT 1; SET application_name = 'diff-1'"),
+                Step::Reconnect,
+                parse("s3", "SET application_name = 'diff-1'"),
+                bind("s3"),
+                execute(),
+                sync(),
+            ]),
+        ),
+        (
+            // Seed 20261356: each Bind of "" binds the latest Parse "" before it; the SET was
+            // taken for the flight's last unnamed statement, and went back to the pool unseen.
+            "a SET parsed unnamed before another unnamed statement does not reach the next client",
+            case(vec![
+                parse("", "SET application_name = 'diff-7'"),
+                bind(""),
+                execute(),
+                parse("", "SELECT 1 AS one"),
+                bind(""),
+                execute(),
+                sync(),
+                Step::Reconnect,
+                q("SHOW application_name"),
+            ]),
+        ),
+        (
+            // Seed 20261261.
+            "only the Execute of a RESET portal is answered RESET, not an unnamed one before it",
+            case(vec![
+                parse("", "SELECT 1 AS one"),
+                bind(""),
+                execute(),
+                parse("", "RESET application_name"),
+                bind(""),
+                execute_rows(1),
+                execute(),
+                sync(),
             ]),
         ),
         (
