@@ -1,5 +1,5 @@
 """Scripted psycopg 3 session through the lsngate proxy: DDL, insert, prepared statements,
-a transaction, COPY in/out, pipeline mode, an error and recovery, LISTEN/NOTIFY.
+a transaction, COPY in/out, pipeline mode (a write after a fetched read in one pipeline), an error and recovery, LISTEN/NOTIFY.
 Usage: psycopg_session.py CONNINFO TABLE. Prints OK and exits 0 on success."""
 import sys
 
@@ -43,6 +43,17 @@ with psycopg.connect(url, autocommit=True, application_name="psycopg-session") a
     assert count == 31, count
     for _ in range(8):
         assert conn.execute("SELECT %s::int + 1", (41,), prepare=True).fetchone()[0] == 42
+    # Pipeline mode fetches a read's rows with a Flush, so the write after it comes in the same
+    # batch: the proxy ends the read's batch on the replica and writes on the primary (it held
+    # the write on the replica before, 25006), with unnamed and with prepared statements.
+    for i, prepare in ((300, False), (301, True)):
+        with conn.pipeline():
+            cur = conn.cursor()
+            cur.execute(f"SELECT count(*) FROM {t} WHERE id < 300", prepare=prepare)
+            assert cur.fetchone()[0] == 31
+            cur.execute(f"INSERT INTO {t} VALUES (%s, 'after a read')", (i,), prepare=prepare)
+            cur.execute(f"SELECT note FROM {t} WHERE id = %s", (i,), prepare=prepare)
+            assert cur.fetchone()[0] == "after a read"
     conn.execute("LISTEN lsngate_psycopg")
     conn.execute("NOTIFY lsngate_psycopg, 'hello'")
     notes = list(conn.notifies(timeout=5, stop_after=1))

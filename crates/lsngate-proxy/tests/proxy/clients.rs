@@ -34,7 +34,7 @@ fn psycopg3_scripted_session() {
             .primary()
             .sql(&format!("SELECT count(*) FROM {t}"))
             .unwrap(),
-        "31"
+        "33"
     );
 }
 
