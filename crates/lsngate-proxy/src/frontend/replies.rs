@@ -98,10 +98,12 @@ impl Session {
         }
     }
 
-    /// Relays replies until none are due.
+    /// Relays replies until none are due. Not into a COPY FROM STDIN the client has not ended
+    /// (the server answers nothing until it does); one it ended (CopyDone, CopyFail) is waited
+    /// for, so what the session does next never takes the COPY's answer for its own.
     pub(super) async fn drain(&mut self) -> anyhow::Result<()> {
         while let Some(b) = self.backend.as_mut() {
-            if b.expect.is_empty() || b.copy_in {
+            if b.expect.is_empty() || (b.copy_in && b.copy.closed) {
                 break;
             }
             let frame = recv_attached(b).await;

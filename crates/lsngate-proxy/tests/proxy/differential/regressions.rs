@@ -366,5 +366,17 @@ pub fn known() -> Vec<(&'static str, Case)> {
                 sync(),
             ]),
         ),
+        (
+            // The RESET sent as its startup value's set_config has its answer relayed as RESET's:
+            // it must wait for the COPY's answer, not relabel it (seed 20261370).
+            "a RESET right behind a finished COPY FROM STDIN leaves the COPY's tag alone",
+            case(vec![
+                q(COPY_IN),
+                Step::Wait,
+                copy_data("201\t1\n"),
+                copy_done(),
+                q("RESET application_name"),
+            ]),
+        ),
     ]
 }
