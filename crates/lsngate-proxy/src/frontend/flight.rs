@@ -12,6 +12,7 @@ use std::sync::Arc;
 use super::Proxy;
 use super::causal::{CausalRead, Discard, Verdict};
 use super::copy::CopyGate;
+use super::pipeline::At;
 use super::router::{Class, session_set};
 use super::session::{ClientStatement, Session};
 use crate::backend::{BackendConn, NodeState, PooledConn, Role, Settings, Target};
@@ -559,122 +560,144 @@ impl Session {
         let attached = self.backend.as_mut().expect("attached before send");
         let conn = &mut attached.conn;
         let mut frames = Vec::new();
-        let duplicates = std::mem::take(&mut self.duplicate_parses);
-        if attached.open || attached.copy_in || attached.copy.closed {
-            unnamed_preparation(conn, self.unnamed.as_ref(), flight, false);
-            if closes_unnamed(flight) {
-                self.unnamed = None;
+        // The server is in the middle of an extended batch or a COPY: nothing can go in front.
+        let may_inject = !(attached.open || attached.copy_in || attached.copy.closed);
+        if may_inject {
+            let differs = self.settings != conn.applied;
+            if let Some(sql) = settings_sql(&self.settings, &conn.applied).filter(|_| differs) {
+                frames.push(FrontendMessage::Query(sql).to_frame());
+                conn.applied = self.settings.clone();
+                // A simple Query drops the unnamed statement.
+                conn.unnamed = None;
+                attached.expect.push_back(Owner::Proxy(Duty::Prepare));
             }
-            return frames;
-        }
-        let differs = self.settings != conn.applied;
-        if let Some(sql) = settings_sql(&self.settings, &conn.applied).filter(|_| differs) {
-            frames.push(FrontendMessage::Query(sql).to_frame());
-            conn.applied = self.settings.clone();
-            // A simple Query drops the unnamed statement.
-            conn.unnamed = None;
-            attached.expect.push_back(Owner::Proxy(Duty::Prepare));
         }
         let mut statements = Vec::new();
         statements.extend(unnamed_preparation(
             conn,
             self.unnamed.as_ref(),
             flight,
-            true,
+            may_inject,
         ));
+        // Names whose state on the server the flight itself decides from some message on (it
+        // parses, closes or uses them there): nothing goes in front for them after that.
         let mut defined_here = HashSet::new();
-        for name in &self.closing {
-            // Names the client deallocated, as this connection may still hold them.
-            if conn.prepared.remove(name).is_some() {
-                statements.push(close_statement(name));
+        if may_inject {
+            for name in &self.closing {
+                // Names the client deallocated, as this connection may still hold them.
+                if conn.prepared.remove(name).is_some() {
+                    statements.push(close_statement(name));
+                }
             }
         }
-        for m in flight {
-            match m {
-                FrontendMessage::Parse { statement, .. }
-                    if duplicates.contains(statement) && !defined_here.contains(statement) =>
+        let (at, after_deallocate) = super::pipeline::statements_at(
+            &self.statements,
+            self.unnamed.as_ref(),
+            &self.log,
+            flight,
+        );
+        // The client's statement `s` must be on the server under `name` when the flight starts.
+        let ensure = |conn: &mut BackendConn,
+                      statements: &mut Vec<Frame>,
+                      name: &String,
+                      s: &ClientStatement| {
+            if conn.prepared.get(name).map(String::as_str) != Some(s.identity()) {
+                statements.push(close_statement(name));
+                let parse = FrontendMessage::Parse {
+                    statement: name.clone(),
+                    query: s.query.clone(),
+                    param_types: s.param_types.clone(),
+                };
+                statements.push(parse.to_frame());
+                conn.prepared.insert(name.clone(), s.identity().to_string());
+            }
+        };
+        for (m, here) in flight.iter().zip(&at) {
+            match (m, *here) {
+                (FrontendMessage::Parse { statement, .. }, At::Duplicate(s))
+                    if !statement.is_empty() =>
                 {
-                    // The client's statement of that name must be here, for the server to
-                    // refuse the Parse as it would directly.
-                    defined_here.insert(statement.clone());
-                    let Some(s) = self.statements.get(statement) else {
-                        continue;
-                    };
-                    if conn.prepared.get(statement).map(String::as_str) != Some(s.identity()) {
-                        statements.push(close_statement(statement));
-                        let parse = FrontendMessage::Parse {
-                            statement: statement.clone(),
-                            query: s.query.clone(),
-                            param_types: s.param_types.clone(),
-                        };
-                        statements.push(parse.to_frame());
-                        conn.prepared
-                            .insert(statement.clone(), s.identity().to_string());
+                    // The client already holds the name here: the server must too, to refuse
+                    // the Parse (42P05) as it would directly. It keeps what it held.
+                    let first = defined_here.insert(statement.clone());
+                    if may_inject && first {
+                        ensure(conn, &mut statements, statement, s);
                     }
                 }
-                FrontendMessage::Parse {
-                    statement,
-                    query,
-                    param_types,
-                } if !statement.is_empty() => {
-                    if conn.prepared.contains_key(statement) && !defined_here.contains(statement) {
-                        statements.push(
-                            FrontendMessage::Close {
-                                kind: b'S',
-                                name: statement.clone(),
-                            }
-                            .to_frame(),
-                        );
+                (
+                    FrontendMessage::Parse {
+                        statement,
+                        query,
+                        param_types,
+                    },
+                    _,
+                ) if !statement.is_empty() => {
+                    // The client does not hold the name here: a copy the server has (another
+                    // client's, or one the client closed elsewhere) is closed in front. One
+                    // the flight itself closed or deallocated earlier is gone by then.
+                    if defined_here.insert(statement.clone())
+                        && may_inject
+                        && conn.prepared.contains_key(statement)
+                    {
+                        statements.push(close_statement(statement));
                     }
-                    defined_here.insert(statement.clone());
                     conn.prepared.insert(
                         statement.clone(),
                         super::session::statement_identity(param_types, query),
                     );
                 }
-                FrontendMessage::Bind { statement, .. }
-                | FrontendMessage::Describe {
-                    kind: b'S',
-                    name: statement,
-                } if !statement.is_empty() && !defined_here.contains(statement) => {
-                    defined_here.insert(statement.clone());
-                    let Some(s) = self.statements.get(statement) else {
-                        // Not the client's (any more): a copy left here by another client or
-                        // before a DEALLOCATE is closed, so the server answers 26000 as it
-                        // would directly.
-                        if !crate::causal::sql::is_proxy_statement(statement)
-                            && conn.prepared.remove(statement).is_some()
-                        {
-                            statements.push(close_statement(statement));
-                        }
+                (
+                    FrontendMessage::Bind { statement, .. }
+                    | FrontendMessage::Describe {
+                        kind: b'S',
+                        name: statement,
+                    },
+                    here,
+                ) if !statement.is_empty() && defined_here.insert(statement.clone()) => {
+                    if !may_inject {
                         continue;
-                    };
-                    if conn.prepared.get(statement).map(String::as_str) != Some(s.identity()) {
-                        statements.push(
-                            FrontendMessage::Close {
-                                kind: b'S',
-                                name: statement.clone(),
+                    }
+                    match here.statement() {
+                        Some(s) => ensure(conn, &mut statements, statement, s),
+                        // Not the client's here: a copy left by another client or before a
+                        // DEALLOCATE is closed, so the server answers 26000 as it would
+                        // directly.
+                        None => {
+                            if !crate::causal::sql::is_proxy_statement(statement)
+                                && conn.prepared.remove(statement).is_some()
+                            {
+                                statements.push(close_statement(statement));
                             }
-                            .to_frame(),
-                        );
-                        let parse = FrontendMessage::Parse {
-                            statement: statement.clone(),
-                            query: s.query.clone(),
-                            param_types: s.param_types.clone(),
-                        };
-                        statements.push(parse.to_frame());
-                        conn.prepared
-                            .insert(statement.clone(), s.identity().to_string());
+                        }
                     }
                 }
-                FrontendMessage::Close { kind: b'S', name } => {
+                (FrontendMessage::Close { kind: b'S', name }, _) if !name.is_empty() => {
                     conn.prepared.remove(name);
-                    defined_here.remove(name);
+                    defined_here.insert(name.clone());
+                }
+                (FrontendMessage::Execute { .. }, At::DeallocateAll) => {
+                    // The server drops every named statement here, the proxy's own included,
+                    // and nothing in front of the flight can outlive it.
+                    conn.prepared.clear();
+                    if !may_inject {
+                        continue;
+                    }
+                    let names: Vec<String> = self.statements.keys().cloned().collect();
+                    defined_here.extend(names);
                 }
                 _ => {}
             }
         }
-        if conn.prepared.len() > MAX_PREPARED_PER_CONNECTION {
+        if let Some(after) = after_deallocate {
+            // What the client holds after a DEALLOCATE ALL that ran in the flight: the names
+            // parsed after it, nothing else.
+            let kept: HashMap<String, ClientStatement> = after
+                .into_iter()
+                .map(|(name, s)| (name, s.clone()))
+                .collect();
+            self.statements = kept;
+        }
+        if may_inject && conn.prepared.len() > MAX_PREPARED_PER_CONNECTION {
             // Statements of many clients and many evictions pile up on a pooled connection:
             // beyond the cap every one this flight does not use is closed (each is parsed
             // again where a client needs it).
@@ -748,8 +771,9 @@ impl Session {
             .count();
         let alone = self.status == b'I' && effects.len() == 1 && executes <= 1;
         let mut doubt = false;
+        let simple = matches!(flight, [FrontendMessage::Query(_)]);
         for (class, sql) in effects {
-            if let Some(understood) = self.note_session_effect(class, &sql) {
+            if let Some(understood) = self.note_session_effect(class, &sql, simple) {
                 doubt |= class == Class::SessionState && !(understood && alone);
             }
         }
@@ -758,7 +782,9 @@ impl Session {
 
     /// Records one statement's effect: `Some(false)` when it is not understood (the server's
     /// settings are then read back), `None` when nothing outlives the transaction.
-    fn note_session_effect(&mut self, class: Class, sql: &str) -> Option<bool> {
+    /// `simple`: the statement is a simple Query's (an extended flight's are in `preparation`,
+    /// which knows their place in the flight).
+    fn note_session_effect(&mut self, class: Class, sql: &str, simple: bool) -> Option<bool> {
         let lower = sql.trim().trim_end_matches(';').trim().to_ascii_lowercase();
         let conn = &mut self.backend.as_mut().expect("attached").conn;
         match class {
@@ -787,8 +813,10 @@ impl Session {
                     self.settings.remove(name.trim());
                     conn.applied.remove(name.trim());
                 } else if lower == "deallocate all" || lower == "deallocate prepare all" {
-                    self.statements.clear();
-                    conn.prepared.clear();
+                    if simple {
+                        self.statements.clear();
+                        conn.prepared.clear();
+                    }
                 } else {
                     return Some(lower.starts_with("deallocate") || lower.starts_with("discard"));
                 }

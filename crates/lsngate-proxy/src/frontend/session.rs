@@ -290,8 +290,8 @@ pub struct Session {
     pub(super) closing: std::collections::VecDeque<String>,
     /// Some statement of the client's was marked changed (see `shapes.rs`).
     pub(super) plans_changed: bool,
-    /// Names the pending messages Parse although the client already holds them (42P05).
-    pub(super) duplicate_parses: Vec<String>,
+    /// How the pending messages changed `statements` and `unnamed` (see `pipeline.rs`).
+    pub(super) log: super::pipeline::FlightLog,
     /// The settings of the client's startup packet: what `RESET name` returns to.
     startup_settings: crate::backend::Settings,
     /// The flight about to be sent is a `RESET` rewritten to the startup value (see
@@ -496,7 +496,7 @@ impl Session {
             local_portals: HashMap::new(),
             closing: std::collections::VecDeque::new(),
             plans_changed: false,
-            duplicate_parses: Vec::new(),
+            log: Default::default(),
             startup_settings: startup,
             reset_rewritten: false,
             shutdown,
@@ -659,14 +659,19 @@ impl Session {
                     shape: None,
                     plan_changed: false,
                 };
+                let held = if statement.is_empty() {
+                    self.unnamed.as_ref()
+                } else {
+                    self.statements.get(&statement)
+                };
+                self.log.touch(&statement, held);
+                self.log.parsed.push((statement.clone(), defined.clone()));
                 if statement.is_empty() {
                     self.unnamed = Some(defined);
-                } else if self.statements.contains_key(&statement) {
+                } else if !self.statements.contains_key(&statement) {
                     // PostgreSQL refuses to parse a name that exists (42P05) and keeps the old
-                    // statement: so does the client's view, and the server sees the old one
-                    // first wherever the Parse lands (`flight.rs` preparation).
-                    self.duplicate_parses.push(statement.clone());
-                } else {
+                    // statement: so does the client's view. Whether the name exists at this
+                    // Parse's position in the pipeline is `pipeline.rs`'s to say.
                     self.closing.retain(|n| n != &statement);
                     self.statements.insert(statement.clone(), defined);
                 }
@@ -677,7 +682,10 @@ impl Session {
                 });
             }
             FrontendMessage::Close { kind: b'S', name } => {
-                self.statements.remove(&name);
+                if !name.is_empty() {
+                    self.log.touch(&name, self.statements.get(&name));
+                    self.statements.remove(&name);
+                }
                 self.pending
                     .push(FrontendMessage::Close { kind: b'S', name });
             }
@@ -755,30 +763,19 @@ impl Session {
         }
     }
 
-    /// Per message, the statement it prepares, binds or describes (`None` for other messages
-    /// and for names the session does not know).
+    /// Per message, the statement it prepares, binds or describes as of its position in the
+    /// flight (`None` for other messages and for names the client does not hold there).
     pub(super) fn statement_per_message<'a>(
         &'a self,
         flight: &[FrontendMessage],
     ) -> Vec<Option<&'a ClientStatement>> {
-        flight
-            .iter()
-            .map(|m| match m {
-                FrontendMessage::Parse { statement, .. }
-                | FrontendMessage::Bind { statement, .. }
-                | FrontendMessage::Describe {
-                    kind: b'S',
-                    name: statement,
-                } => {
-                    if statement.is_empty() {
-                        self.unnamed.as_ref()
-                    } else {
-                        self.statements.get(statement)
-                    }
-                }
-                _ => None,
-            })
-            .collect()
+        let (at, _) = super::pipeline::statements_at(
+            &self.statements,
+            self.unnamed.as_ref(),
+            &self.log,
+            flight,
+        );
+        at.into_iter().map(super::pipeline::At::statement).collect()
     }
 
     /// The statements an extended-protocol flight prepares, binds or describes; `None` for a
@@ -806,6 +803,17 @@ impl Session {
     /// refused floor) or routed by the most demanding class among its statements.
     /// `also`: the class of a simple Query that will follow on the same backend.
     pub(super) async fn extended_flight(
+        &mut self,
+        flight: Vec<FrontendMessage>,
+        also: Option<Class>,
+    ) -> anyhow::Result<()> {
+        let result = self.extended_flight_sent(flight, also).await;
+        // The pending messages are a flight of their own now: the next ones start afresh.
+        self.log = Default::default();
+        result
+    }
+
+    async fn extended_flight_sent(
         &mut self,
         flight: Vec<FrontendMessage>,
         also: Option<Class>,

@@ -44,6 +44,13 @@ fn copy_done() -> Step {
     Step::Send(Msg::CopyDone)
 }
 
+fn close(name: &str) -> Step {
+    Step::Send(Msg::Close {
+        kind: 'S',
+        name: name.into(),
+    })
+}
+
 const COPY_IN: &str = "COPY {t} (id, v) FROM STDIN";
 
 /// (name, case) for every known sequence.
@@ -140,6 +147,57 @@ pub fn known() -> Vec<(&'static str, Case)> {
                 parse("s1", "SELECT 1"),
                 sync(),
                 parse("s1", "SELECT 2"),
+                sync(),
+            ]),
+        ),
+        (
+            // Seeds 20261221, 20261231: the proxy answered 42P05 to the first Parse.
+            "a name parsed twice in one pipeline: the first Parse defines it, the second fails with 42P05",
+            case(vec![
+                parse("s1", "SELECT 1 AS one"),
+                bind("s1"),
+                execute(),
+                parse("s1", "SELECT 2 AS two"),
+                sync(),
+            ]),
+        ),
+        (
+            "a DEALLOCATE ALL run in a pipeline drops the statements parsed before it, not those parsed after",
+            case(vec![
+                parse("s1", "SELECT 1 AS one"),
+                parse("", "DEALLOCATE ALL"),
+                bind(""),
+                execute(),
+                parse("s1", "SELECT 2 AS two"),
+                bind("s1"),
+                execute(),
+                sync(),
+                bind("s1"),
+                execute(),
+                sync(),
+            ]),
+        ),
+        (
+            // Seeds 20261358, 20261363: the proxy parsed it in front (or failed the Bind 08P01).
+            "a Bind of a statement parsed later in the same pipeline fails with 26000",
+            case(vec![
+                bind("s1"),
+                execute(),
+                parse("s1", "SELECT 1 AS one"),
+                sync(),
+            ]),
+        ),
+        (
+            "a Close in a pipeline drops the name for the messages after it, not before",
+            case(vec![
+                parse("s1", "SELECT 1 AS one"),
+                sync(),
+                bind("s1"),
+                execute(),
+                close("s1"),
+                parse("s1", "SELECT 2 AS two"),
+                bind("s1"),
+                execute(),
                 sync(),
             ]),
         ),

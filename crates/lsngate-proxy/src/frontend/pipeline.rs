@@ -1,0 +1,178 @@
+//! The client's prepared statements as each message of a flight finds them.
+//!
+//! PostgreSQL applies the messages of a pipeline in order: a Parse defines its name for the
+//! messages after it (and fails with `42P05` only if the name already exists *there*), a Close
+//! or an executed `DEALLOCATE ALL` drops names for the messages after it, and a Bind of a name
+//! that is parsed only later in the pipeline fails with `26000`. The session records each
+//! message's effect on its view of the client's statements as the message arrives
+//! (`Session::statements` is the view after the pending messages), and keeps, for the flight
+//! being assembled, what the names it touches were before it ([`FlightLog::before`]) and what
+//! each of its Parses defines ([`FlightLog::parsed`]). [`statements_at`] replays the flight on
+//! that starting point, so routing and `flight.rs` preparation look at the statement a message
+//! really names at its own position.
+
+use std::collections::HashMap;
+
+use super::session::ClientStatement;
+use crate::net::FrontendMessage;
+
+/// What the messages of the flight being assembled changed in the client's view.
+#[derive(Debug, Default, Clone)]
+pub struct FlightLog {
+    /// Each name the flight parsed or closed, with the statement the client held under it
+    /// before the flight's first message that touched it (`""` is the unnamed statement).
+    pub before: Vec<(String, Option<ClientStatement>)>,
+    /// What each Parse of the flight defines, in order.
+    pub parsed: Vec<(String, ClientStatement)>,
+}
+
+impl FlightLog {
+    /// Records the value of `name` before the flight first touches it.
+    pub fn touch(&mut self, name: &str, current: Option<&ClientStatement>) {
+        if !self.before.iter().any(|(n, _)| n == name) {
+            self.before.push((name.to_string(), current.cloned()));
+        }
+    }
+}
+
+/// One message's statement, as of its position in the flight.
+#[derive(Debug, Clone, Copy)]
+pub enum At<'a> {
+    /// Not a message that names a statement, or a name the client does not hold there.
+    Nothing,
+    /// The statement a Bind or Describe names, or the one a Parse defines.
+    Statement(&'a ClientStatement),
+    /// A Parse of a name the client already holds there: the server refuses it with `42P05` and
+    /// keeps this one.
+    Duplicate(&'a ClientStatement),
+    /// An Execute of a portal bound to `DEALLOCATE ALL`: every named statement is gone after it.
+    DeallocateAll,
+}
+
+impl<'a> At<'a> {
+    pub fn statement(self) -> Option<&'a ClientStatement> {
+        match self {
+            At::Statement(s) | At::Duplicate(s) => Some(s),
+            At::Nothing | At::DeallocateAll => None,
+        }
+    }
+}
+
+/// Whether a statement is `DEALLOCATE [PREPARE] ALL`.
+fn deallocates_all(s: &ClientStatement) -> bool {
+    s.local.is_none()
+        && super::deallocate::parse(&s.query) == Some(super::deallocate::Deallocate::All)
+}
+
+/// The named statements the client holds after a flight, with their definitions.
+pub type Kept<'a> = Vec<(String, &'a ClientStatement)>;
+
+/// The client's view replayed over `flight`: per message its [`At`], and, when a
+/// `DEALLOCATE ALL` runs in it, the named statements the client holds after the flight.
+/// `statements` and `unnamed` are the view after the flight's messages, `log` how the flight
+/// got there (empty for a flight re-run later: its Parses then count as defining).
+pub fn statements_at<'a>(
+    statements: &'a HashMap<String, ClientStatement>,
+    unnamed: Option<&'a ClientStatement>,
+    log: &'a FlightLog,
+    flight: &[FrontendMessage],
+) -> (Vec<At<'a>>, Option<Kept<'a>>) {
+    // The flight's own changes so far, by name; untouched names are what they were before it.
+    let mut now: HashMap<&str, Option<&'a ClientStatement>> = HashMap::new();
+    let mut all_gone = false;
+    let mut parsed = log.parsed.iter();
+    // Portals bound in this flight to DEALLOCATE ALL (kept only for those).
+    let mut deallocating: Vec<&str> = Vec::new();
+    let before = |name: &str| -> Option<&'a ClientStatement> {
+        match log.before.iter().find(|(n, _)| n == name) {
+            Some((_, s)) => s.as_ref(),
+            None if name.is_empty() => unnamed,
+            None => statements.get(name),
+        }
+    };
+    let lookup =
+        |now: &HashMap<&str, Option<&'a ClientStatement>>, all_gone: bool, name: &str| match now
+            .get(name)
+        {
+            Some(s) => *s,
+            None if all_gone && !name.is_empty() => None,
+            None => before(name),
+        };
+    let mut at = Vec::with_capacity(flight.len());
+    for m in flight {
+        let here = match m {
+            FrontendMessage::Parse {
+                statement,
+                query,
+                param_types,
+            } => {
+                let identity = super::session::statement_identity(param_types, query);
+                let own = match parsed.next() {
+                    Some((name, s)) if name == statement && s.identity() == identity => Some(s),
+                    _ => None,
+                };
+                let held = lookup(&now, all_gone, statement);
+                match (own, held) {
+                    // The unnamed statement is replaced, never a duplicate.
+                    (_, Some(held)) if !statement.is_empty() && own.is_some() => {
+                        At::Duplicate(held)
+                    }
+                    // No record of this Parse (a flight re-run later): the view already has
+                    // what it defined.
+                    (None, Some(held)) if !statement.is_empty() && held.identity() != identity => {
+                        At::Duplicate(held)
+                    }
+                    (None, held) => {
+                        now.insert(statement.as_str(), held);
+                        held.map_or(At::Nothing, At::Statement)
+                    }
+                    (Some(own), _) => {
+                        now.insert(statement.as_str(), Some(own));
+                        At::Statement(own)
+                    }
+                }
+            }
+            FrontendMessage::Bind {
+                portal, statement, ..
+            } => {
+                let s = lookup(&now, all_gone, statement);
+                deallocating.retain(|p| p != portal);
+                if s.is_some_and(deallocates_all) {
+                    deallocating.push(portal.as_str());
+                }
+                s.map_or(At::Nothing, At::Statement)
+            }
+            FrontendMessage::Describe {
+                kind: b'S',
+                name: statement,
+            } => lookup(&now, all_gone, statement).map_or(At::Nothing, At::Statement),
+            FrontendMessage::Close { kind: b'S', name } => {
+                now.insert(name.as_str(), None);
+                At::Nothing
+            }
+            FrontendMessage::Close { kind: b'P', name } => {
+                deallocating.retain(|p| p != name);
+                At::Nothing
+            }
+            FrontendMessage::Execute { portal, .. } if deallocating.contains(&portal.as_str()) => {
+                now.retain(|name, _| name.is_empty());
+                all_gone = true;
+                At::DeallocateAll
+            }
+            FrontendMessage::Query(_) => {
+                // A simple Query drops the unnamed statement.
+                now.insert("", None);
+                At::Nothing
+            }
+            _ => At::Nothing,
+        };
+        at.push(here);
+    }
+    let after = all_gone.then(|| {
+        now.iter()
+            .filter(|(name, _)| !name.is_empty())
+            .filter_map(|(name, s)| s.map(|s| (name.to_string(), s)))
+            .collect()
+    });
+    (at, after)
+}
