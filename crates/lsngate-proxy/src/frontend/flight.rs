@@ -12,7 +12,7 @@ use std::sync::Arc;
 use super::Proxy;
 use super::causal::{CausalRead, Discard, Verdict};
 use super::copy::CopyGate;
-use super::pipeline::At;
+use super::pipeline::{At, Effect, Unconfirmed};
 use super::router::{Class, session_set};
 use super::session::{ClientStatement, Session};
 use crate::backend::{BackendConn, NodeState, PooledConn, Role, Settings, Target};
@@ -138,6 +138,11 @@ pub struct Attached {
     pub describing: VecDeque<Option<String>>,
     /// A Bind of a changed statement was sent (see `shapes.rs`).
     pub plan_changed_sent: bool,
+    /// Client segments (ending in Sync or a Query) sent here since the connection was attached;
+    /// those not due any more (see [`Attached::segments_done`]) are answered.
+    pub segments_sent: u64,
+    /// The client's Parses and Closes not answered yet, oldest first (see `pipeline.rs`).
+    pub unconfirmed: VecDeque<super::pipeline::Unconfirmed>,
     /// The client segment in flight is a RESET sent as `set_config` (see
     /// `Session::reset_to_startup`): its row is dropped and its tag relayed as `RESET`.
     pub reset_rewritten: bool,
@@ -171,6 +176,8 @@ impl Attached {
             skipping: false,
             describing: VecDeque::new(),
             plan_changed_sent: false,
+            segments_sent: 0,
+            unconfirmed: VecDeque::new(),
             reset_rewritten: false,
         }
     }
@@ -197,6 +204,12 @@ impl Attached {
     /// Client segments still due.
     pub fn client_segments_due(&self) -> usize {
         self.expect.iter().filter(|o| **o == Owner::Client).count()
+    }
+
+    /// Client segments answered (or dropped, as the Syncs a COPY ignores): the number of the one
+    /// being answered now.
+    pub fn segments_done(&self) -> u64 {
+        self.segments_sent - self.client_segments_due() as u64
     }
 }
 
@@ -612,11 +625,29 @@ impl Session {
                 conn.prepared.insert(name.clone(), s.identity().to_string());
             }
         };
+        let mut segment = attached.segments_sent;
+        let unconfirmed = &mut attached.unconfirmed;
+        let mut note = |segment: u64, effect: Option<Effect>| {
+            unconfirmed.push_back(Unconfirmed { segment, effect });
+        };
         for (m, here) in flight.iter().zip(&at) {
+            match m {
+                FrontendMessage::Sync
+                | FrontendMessage::Query(_)
+                | FrontendMessage::FunctionCall(_) => segment += 1,
+                FrontendMessage::Parse { statement, .. } if statement.is_empty() => {
+                    note(segment, None)
+                }
+                FrontendMessage::Close { kind, name } if *kind != b'S' || name.is_empty() => {
+                    note(segment, None)
+                }
+                _ => {}
+            }
             match (m, *here) {
                 (FrontendMessage::Parse { statement, .. }, At::Duplicate(s))
                     if !statement.is_empty() =>
                 {
+                    note(segment, None);
                     // The client already holds the name here: the server must too, to refuse
                     // the Parse (42P05) as it would directly. It keeps what it held.
                     let first = defined_here.insert(statement.clone());
@@ -635,15 +666,23 @@ impl Session {
                     // The client does not hold the name here: a copy the server has (another
                     // client's, or one the client closed elsewhere) is closed in front. One
                     // the flight itself closed or deallocated earlier is gone by then.
-                    if defined_here.insert(statement.clone())
-                        && may_inject
-                        && conn.prepared.contains_key(statement)
+                    let mut held_before = conn.prepared.get(statement).cloned();
+                    if defined_here.insert(statement.clone()) && may_inject && held_before.is_some()
                     {
                         statements.push(close_statement(statement));
+                        held_before = None;
                     }
-                    conn.prepared.insert(
-                        statement.clone(),
-                        super::session::statement_identity(param_types, query),
+                    let identity = super::session::statement_identity(param_types, query);
+                    conn.prepared.insert(statement.clone(), identity.clone());
+                    note(
+                        segment,
+                        Some(Effect {
+                            name: statement.clone(),
+                            view_before: None,
+                            view_after: Some(identity.clone()),
+                            held_before,
+                            held_after: Some(identity),
+                        }),
                     );
                 }
                 (
@@ -671,9 +710,19 @@ impl Session {
                         }
                     }
                 }
-                (FrontendMessage::Close { kind: b'S', name }, _) if !name.is_empty() => {
-                    conn.prepared.remove(name);
+                (FrontendMessage::Close { kind: b'S', name }, here) if !name.is_empty() => {
+                    let held_before = conn.prepared.remove(name);
                     defined_here.insert(name.clone());
+                    note(
+                        segment,
+                        Some(Effect {
+                            name: name.clone(),
+                            view_before: here.statement().cloned(),
+                            view_after: None,
+                            held_before,
+                            held_after: None,
+                        }),
+                    );
                 }
                 (FrontendMessage::Execute { .. }, At::DeallocateAll) => {
                     // The server drops every named statement here, the proxy's own included,
@@ -983,6 +1032,7 @@ impl Session {
         attached
             .expect
             .extend(std::iter::repeat_n(Owner::Client, ends));
+        attached.segments_sent += ends as u64;
         match flight.last() {
             Some(FrontendMessage::Flush) => {
                 let ended = flight.iter().any(|m| {

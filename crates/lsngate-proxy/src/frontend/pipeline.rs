@@ -147,8 +147,10 @@ pub fn statements_at<'a>(
                 name: statement,
             } => lookup(&now, all_gone, statement).map_or(At::Nothing, At::Statement),
             FrontendMessage::Close { kind: b'S', name } => {
+                // The statement it closes, if the client holds one there.
+                let s = lookup(&now, all_gone, name);
                 now.insert(name.as_str(), None);
-                At::Nothing
+                s.map_or(At::Nothing, At::Statement)
             }
             FrontendMessage::Close { kind: b'P', name } => {
                 deallocating.retain(|p| p != name);
@@ -175,4 +177,57 @@ pub fn statements_at<'a>(
             .collect()
     });
     (at, after)
+}
+
+/// The client's statement under `name` after the pending messages `pending`, from what it was
+/// before them (`log`): Parses of a name it holds change nothing, Closes drop it.
+pub fn replay(log: &FlightLog, pending: &[FrontendMessage], name: &str) -> Option<ClientStatement> {
+    let mut held = log
+        .before
+        .iter()
+        .find(|(n, _)| n == name)
+        .and_then(|(_, s)| s.clone());
+    let mut defs = log.parsed.iter().filter(|(n, _)| n == name);
+    for m in pending {
+        match m {
+            FrontendMessage::Parse { statement, .. } if statement == name => {
+                let def = defs.next();
+                if held.is_none() {
+                    held = def.map(|(_, s)| s.clone());
+                }
+            }
+            FrontendMessage::Close {
+                kind: b'S',
+                name: n,
+            } if n == name => held = None,
+            _ => {}
+        }
+    }
+    held
+}
+
+/// A Parse or Close the client sent, until the server has answered it: one whose segment ends
+/// (ReadyForQuery) without its ParseComplete or CloseComplete did not happen — it failed, or
+/// the server skipped it after an earlier error in the segment, as PostgreSQL skips everything
+/// up to the Sync. Its effect on the client's view (recorded when it arrived) and on the
+/// connection's record of what it holds (recorded when it was sent) is then undone.
+#[derive(Debug, Clone)]
+pub struct Unconfirmed {
+    /// The client segment it belongs to (see `Attached::segments_sent`).
+    pub segment: u64,
+    /// Its effect, `None` for one that changes nothing the proxy tracks (a Parse of the unnamed
+    /// statement or of a name the client holds, a Close of a portal).
+    pub effect: Option<Effect>,
+}
+
+/// What a Parse or Close of a named statement changed.
+#[derive(Debug, Clone)]
+pub struct Effect {
+    pub name: String,
+    /// The client's statement under the name before it, and the identity after it.
+    pub view_before: Option<ClientStatement>,
+    pub view_after: Option<String>,
+    /// What the connection held under the name before it, and after it.
+    pub held_before: Option<String>,
+    pub held_after: Option<String>,
 }

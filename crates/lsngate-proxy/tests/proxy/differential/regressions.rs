@@ -202,6 +202,33 @@ pub fn known() -> Vec<(&'static str, Case)> {
             ]),
         ),
         (
+            // Seed 20261274 (replicas): the read went to a replica, where the proxy parsed it.
+            "a Parse the server skips after an error in its pipeline defines nothing",
+            case(vec![
+                bind("s9"),
+                parse("s1", "VALUES (1, 'one')"),
+                sync(),
+                bind("s1"),
+                execute(),
+                sync(),
+            ]),
+        ),
+        (
+            // Seed 20261356 (replicas): the proxy closed the statement on the replica it read on.
+            "a Close the server skips after an error in its pipeline keeps the statement",
+            case(vec![
+                parse("s1", "SELECT 1 AS one"),
+                sync(),
+                bind("s9"),
+                close("s1"),
+                sync(),
+                parse("s1", "SELECT 2 AS two"),
+                bind("s1"),
+                execute(),
+                sync(),
+            ]),
+        ),
+        (
             "a simple Query drops the unnamed statement: Describe S \"\" fails with 26000",
             case(vec![
                 parse("", "SELECT 1 AS one"),
