@@ -334,6 +334,10 @@ fn unnamed_preparation(
     parse
 }
 
+/// The identity recorded for a statement a connection may or may not hold: no statement's
+/// (`statement_identity` always has a `|`).
+const IN_DOUBT: &str = "";
+
 /// Named statements a server connection may hold before those not in use are closed.
 const MAX_PREPARED_PER_CONNECTION: usize = 256;
 
@@ -625,21 +629,34 @@ impl Session {
                 conn.prepared.insert(name.clone(), s.identity().to_string());
             }
         };
+        // Parses, Closes and DEALLOCATE ALLs of earlier flights not answered yet run on this same
+        // connection first (a flight goes elsewhere only once every answer is in): for their
+        // names, or every name behind a DEALLOCATE ALL, the server's own state decides, and
+        // nothing goes in front.
+        let mut server_decides = false;
+        for u in &attached.unconfirmed {
+            server_decides |= u.answer == b'C';
+            defined_here.extend(u.effects.iter().map(|e| e.name.clone()));
+        }
         let mut segment = attached.segments_sent;
         let unconfirmed = &mut attached.unconfirmed;
-        let mut note = |segment: u64, effect: Option<Effect>| {
-            unconfirmed.push_back(Unconfirmed { segment, effect });
+        let mut note = |segment: u64, answer: u8, effects: Vec<Effect>| {
+            unconfirmed.push_back(Unconfirmed {
+                segment,
+                answer,
+                effects,
+            });
         };
-        for (m, here) in flight.iter().zip(&at) {
+        for (position, (m, here)) in flight.iter().zip(&at).enumerate() {
             match m {
                 FrontendMessage::Sync
                 | FrontendMessage::Query(_)
                 | FrontendMessage::FunctionCall(_) => segment += 1,
                 FrontendMessage::Parse { statement, .. } if statement.is_empty() => {
-                    note(segment, None)
+                    note(segment, b'1', Vec::new())
                 }
                 FrontendMessage::Close { kind, name } if *kind != b'S' || name.is_empty() => {
-                    note(segment, None)
+                    note(segment, b'3', Vec::new())
                 }
                 _ => {}
             }
@@ -647,10 +664,10 @@ impl Session {
                 (FrontendMessage::Parse { statement, .. }, At::Duplicate(s))
                     if !statement.is_empty() =>
                 {
-                    note(segment, None);
+                    note(segment, b'1', Vec::new());
                     // The client already holds the name here: the server must too, to refuse
                     // the Parse (42P05) as it would directly. It keeps what it held.
-                    let first = defined_here.insert(statement.clone());
+                    let first = defined_here.insert(statement.clone()) && !server_decides;
                     if may_inject && first {
                         ensure(conn, &mut statements, statement, s);
                     }
@@ -667,7 +684,10 @@ impl Session {
                     // client's, or one the client closed elsewhere) is closed in front. One
                     // the flight itself closed or deallocated earlier is gone by then.
                     let mut held_before = conn.prepared.get(statement).cloned();
-                    if defined_here.insert(statement.clone()) && may_inject && held_before.is_some()
+                    if defined_here.insert(statement.clone())
+                        && !server_decides
+                        && may_inject
+                        && held_before.is_some()
                     {
                         statements.push(close_statement(statement));
                         held_before = None;
@@ -676,13 +696,14 @@ impl Session {
                     conn.prepared.insert(statement.clone(), identity.clone());
                     note(
                         segment,
-                        Some(Effect {
+                        b'1',
+                        vec![Effect {
                             name: statement.clone(),
                             view_before: None,
                             view_after: Some(identity.clone()),
                             held_before,
                             held_after: Some(identity),
-                        }),
+                        }],
                     );
                 }
                 (
@@ -693,7 +714,7 @@ impl Session {
                     },
                     here,
                 ) if !statement.is_empty() && defined_here.insert(statement.clone()) => {
-                    if !may_inject {
+                    if !may_inject || server_decides {
                         continue;
                     }
                     match here.statement() {
@@ -715,19 +736,41 @@ impl Session {
                     defined_here.insert(name.clone());
                     note(
                         segment,
-                        Some(Effect {
+                        b'3',
+                        vec![Effect {
                             name: name.clone(),
                             view_before: here.statement().cloned(),
                             view_after: None,
                             held_before,
                             held_after: None,
-                        }),
+                        }],
                     );
                 }
                 (FrontendMessage::Execute { .. }, At::DeallocateAll) => {
+                    // What the client held just before it, restored if the server skips it.
+                    let held = super::pipeline::held_after(
+                        &self.statements,
+                        &self.log,
+                        &flight[..position],
+                    );
+                    let effects = held
+                        .into_iter()
+                        .map(|(name, s)| Effect {
+                            name,
+                            view_before: Some(s),
+                            view_after: None,
+                            held_before: None,
+                            held_after: None,
+                        })
+                        .collect();
+                    note(segment, b'C', effects);
                     // The server drops every named statement here, the proxy's own included,
-                    // and nothing in front of the flight can outlive it.
-                    conn.prepared.clear();
+                    // unless it skips the Execute after an error (nothing confirms which): each
+                    // is kept with an identity no statement has, so whatever needs one there
+                    // next closes and parses it again, and a Parse of its name closes it first.
+                    conn.prepared
+                        .values_mut()
+                        .for_each(|identity| *identity = IN_DOUBT.to_string());
                     if !may_inject {
                         continue;
                     }

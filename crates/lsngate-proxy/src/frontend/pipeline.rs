@@ -179,6 +179,39 @@ pub fn statements_at<'a>(
     (at, after)
 }
 
+/// The named statements the client holds after `flight` (a flight's first messages, say).
+pub fn held_after(
+    statements: &HashMap<String, ClientStatement>,
+    log: &FlightLog,
+    flight: &[FrontendMessage],
+) -> Vec<(String, ClientStatement)> {
+    let (_, after) = statements_at(statements, None, log, flight);
+    if let Some(after) = after {
+        return after.into_iter().map(|(n, s)| (n, s.clone())).collect();
+    }
+    let mut names: Vec<&str> = statements.keys().map(String::as_str).collect();
+    names.extend(log.before.iter().map(|(n, _)| n.as_str()));
+    names.sort_unstable();
+    names.dedup();
+    names
+        .into_iter()
+        .filter(|n| !n.is_empty())
+        .filter_map(|name| {
+            // A Describe of the name at the end shows what the client holds there.
+            let probe = FrontendMessage::Describe {
+                kind: b'S',
+                name: name.to_string(),
+            };
+            let mut with_probe = flight.to_vec();
+            with_probe.push(probe);
+            let (at, _) = statements_at(statements, None, log, &with_probe);
+            at.last()
+                .and_then(|a| a.statement())
+                .map(|s| (name.to_string(), s.clone()))
+        })
+        .collect()
+}
+
 /// The client's statement under `name` after the pending messages `pending`, from what it was
 /// before them (`log`): Parses of a name it holds change nothing, Closes drop it.
 pub fn replay(log: &FlightLog, pending: &[FrontendMessage], name: &str) -> Option<ClientStatement> {
@@ -206,7 +239,8 @@ pub fn replay(log: &FlightLog, pending: &[FrontendMessage], name: &str) -> Optio
     held
 }
 
-/// A Parse or Close the client sent, until the server has answered it: one whose segment ends
+/// A Parse, a Close or an Execute of `DEALLOCATE ALL` the client sent, until the server has
+/// answered it: one whose segment ends
 /// (ReadyForQuery) without its ParseComplete or CloseComplete did not happen — it failed, or
 /// the server skipped it after an earlier error in the segment, as PostgreSQL skips everything
 /// up to the Sync. Its effect on the client's view (recorded when it arrived) and on the
@@ -215,9 +249,13 @@ pub fn replay(log: &FlightLog, pending: &[FrontendMessage], name: &str) -> Optio
 pub struct Unconfirmed {
     /// The client segment it belongs to (see `Attached::segments_sent`).
     pub segment: u64,
-    /// Its effect, `None` for one that changes nothing the proxy tracks (a Parse of the unnamed
-    /// statement or of a name the client holds, a Close of a portal).
-    pub effect: Option<Effect>,
+    /// The tag of the answer that confirms it: ParseComplete, CloseComplete, or the
+    /// CommandComplete of an Execute of `DEALLOCATE ALL`.
+    pub answer: u8,
+    /// Its effects: none for one that changes nothing the proxy tracks (a Parse of the unnamed
+    /// statement or of a name the client holds, a Close of a portal), one per name dropped
+    /// for a `DEALLOCATE ALL`.
+    pub effects: Vec<Effect>,
 }
 
 /// What a Parse or Close of a named statement changed.

@@ -214,13 +214,15 @@ impl Session {
                 _ => {}
             }
         }
-        if matches!(frame.tag, b'1' | b'3')
-            && attached
-                .unconfirmed
-                .front()
-                .is_some_and(|u| u.segment == attached.segments_done())
+        if matches!(frame.tag, b'1' | b'3' | b'C')
+            && attached.unconfirmed.front().is_some_and(|u| {
+                u.segment == attached.segments_done()
+                    && u.answer == frame.tag
+                    && (frame.tag != b'C' || frame.body.starts_with(b"DEALLOCATE"))
+            })
         {
-            // ParseComplete and CloseComplete answer the client's Parses and Closes in order.
+            // ParseComplete and CloseComplete answer the client's Parses and Closes in order,
+            // `DEALLOCATE ALL`'s CommandComplete its Execute.
             attached.unconfirmed.pop_front();
         }
         if attached.copy_in
@@ -300,15 +302,15 @@ impl Session {
             .front()
             .is_some_and(|u| u.segment < done)
         {
-            if let Some(effect) = attached.unconfirmed.pop_front().and_then(|u| u.effect) {
-                undone.push(effect);
+            if let Some(u) = attached.unconfirmed.pop_front() {
+                undone.extend(u.effects);
             }
         }
         for effect in undone.into_iter().rev() {
             let later = attached
                 .unconfirmed
                 .iter_mut()
-                .filter_map(|u| u.effect.as_mut())
+                .flat_map(|u| u.effects.iter_mut())
                 .find(|e| e.name == effect.name);
             if let Some(later) = later {
                 later.view_before = effect.view_before;

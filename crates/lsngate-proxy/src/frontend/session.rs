@@ -818,6 +818,16 @@ impl Session {
         flight: Vec<FrontendMessage>,
         also: Option<Class>,
     ) -> anyhow::Result<()> {
+        if self
+            .backend
+            .as_ref()
+            .is_some_and(|b| b.unconfirmed.iter().any(|u| u.answer == b'C'))
+        {
+            // A DEALLOCATE ALL sent before is not answered yet: whether the client still holds
+            // its statements (the server skips it after an error) decides where this flight
+            // goes and what it needs in front, so its answers come first.
+            self.drain().await?;
+        }
         let used = self.flight_statements(&flight);
         // Portals bound in this flight are what their statement is; others what they were.
         let mut bound: HashMap<&str, bool> = HashMap::new();

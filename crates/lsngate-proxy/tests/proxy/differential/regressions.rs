@@ -178,6 +178,28 @@ pub fn known() -> Vec<(&'static str, Case)> {
             ]),
         ),
         (
+            // Seeds 20261231 then 20261232: the statements a skipped DEALLOCATE ALL kept stayed
+            // on the pooled connection, unknown to the proxy (42P05 for the next client).
+            "a DEALLOCATE ALL the server skips after an error keeps the statements",
+            case(vec![
+                parse("s1", "SELECT 1 AS one"),
+                sync(),
+                bind("s9"),
+                parse("", "DEALLOCATE ALL"),
+                bind(""),
+                execute(),
+                sync(),
+                bind("s1"),
+                execute(),
+                sync(),
+                Step::Reconnect,
+                parse("s1", "SELECT 2 AS two"),
+                bind("s1"),
+                execute(),
+                sync(),
+            ]),
+        ),
+        (
             // Seeds 20261358, 20261363: the proxy parsed it in front (or failed the Bind 08P01).
             "a Bind of a statement parsed later in the same pipeline fails with 26000",
             case(vec![
