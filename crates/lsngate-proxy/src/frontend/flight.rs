@@ -282,10 +282,9 @@ fn unnamed_preparation(
     flight: &[FrontendMessage],
     may_inject: bool,
 ) -> Option<Frame> {
-    let parses_unnamed = flight
-        .iter()
-        .any(|m| matches!(m, FrontendMessage::Parse { statement, .. } if statement.is_empty()));
-    let mut checked = !may_inject || parses_unnamed;
+    // Only a Bind or Describe before the flight's first `Parse ""` needs the client's (after it,
+    // the flight's own is there).
+    let mut checked = !may_inject;
     let mut parse = None;
     for m in flight {
         match m {
@@ -294,6 +293,7 @@ fn unnamed_preparation(
                 query,
                 param_types,
             } if statement.is_empty() => {
+                checked = true;
                 conn.unnamed = Some(super::session::statement_identity(param_types, query))
             }
             FrontendMessage::Bind { statement, .. }
@@ -590,9 +590,14 @@ impl Session {
             }
         }
         let mut statements = Vec::new();
+        // The client's unnamed statement before the flight (a Parse in it replaced it since).
+        let unnamed_before = match self.log.before.iter().find(|(n, _)| n.is_empty()) {
+            Some((_, s)) => s.as_ref(),
+            None => self.unnamed.as_ref(),
+        };
         statements.extend(unnamed_preparation(
             conn,
-            self.unnamed.as_ref(),
+            unnamed_before,
             flight,
             may_inject,
         ));

@@ -264,6 +264,22 @@ pub fn known() -> Vec<(&'static str, Case)> {
             ]),
         ),
         (
+            // Seed 20261352 (PostgreSQL 15): the server still had the unnamed statement, the
+            // Query being the proxy's own, and the Parse behind the Describe hid it.
+            "a Describe S \"\" before a Parse \"\" fails with 26000 after a proxy command dropped it",
+            case(vec![
+                parse("", "SELECT 1 AS one"),
+                sync(),
+                q("SET lsngate.route = auto"),
+                Step::Send(Msg::Describe {
+                    kind: 'S',
+                    name: String::new(),
+                }),
+                parse("", "SELECT 2 AS two"),
+                sync(),
+            ]),
+        ),
+        (
             "a client cannot bind another client's prepared statement",
             case(vec![
                 parse("s_leak", "SELECT 'the first client''s statement' AS owner"),
