@@ -12,6 +12,7 @@ use std::sync::Arc;
 use super::Proxy;
 use super::causal::{CausalRead, Discard, Verdict};
 use super::copy::CopyGate;
+use super::pipeline::{At, Effect, Unconfirmed};
 use super::router::{Class, session_set};
 use super::session::{ClientStatement, Session};
 use crate::backend::{BackendConn, NodeState, PooledConn, Role, Settings, Target};
@@ -147,6 +148,11 @@ pub struct Attached {
     pub describing: VecDeque<Option<String>>,
     /// A Bind of a changed statement was sent (see `shapes.rs`).
     pub plan_changed_sent: bool,
+    /// Client segments (ending in Sync or a Query) sent here since the connection was attached;
+    /// those not due any more (see [`Attached::segments_done`]) are answered.
+    pub segments_sent: u64,
+    /// The client's Parses and Closes not answered yet, oldest first (see `pipeline.rs`).
+    pub unconfirmed: VecDeque<super::pipeline::Unconfirmed>,
     /// The client segment in flight is a RESET sent as `set_config` (see
     /// `Session::reset_to_startup`): its row is dropped and its tag relayed as `RESET`.
     pub reset_rewritten: bool,
@@ -189,6 +195,8 @@ impl Attached {
             skipping: false,
             describing: VecDeque::new(),
             plan_changed_sent: false,
+            segments_sent: 0,
+            unconfirmed: VecDeque::new(),
             reset_rewritten: false,
             reported_seen: None,
             reset_tags: VecDeque::new(),
@@ -223,6 +231,12 @@ impl Attached {
     /// Client segments still due.
     pub fn client_segments_due(&self) -> usize {
         self.expect.iter().filter(|o| **o == Owner::Client).count()
+    }
+
+    /// Client segments answered (or dropped, as the Syncs a COPY ignores): the number of the one
+    /// being answered now.
+    pub fn segments_done(&self) -> u64 {
+        self.segments_sent - self.client_segments_due() as u64
     }
 }
 
@@ -295,10 +309,9 @@ fn unnamed_preparation(
     flight: &[FrontendMessage],
     may_inject: bool,
 ) -> Option<Frame> {
-    let parses_unnamed = flight
-        .iter()
-        .any(|m| matches!(m, FrontendMessage::Parse { statement, .. } if statement.is_empty()));
-    let mut checked = !may_inject || parses_unnamed;
+    // Only a Bind or Describe before the flight's first `Parse ""` needs the client's (after it,
+    // the flight's own is there).
+    let mut checked = !may_inject;
     let mut parse = None;
     for m in flight {
         match m {
@@ -307,6 +320,7 @@ fn unnamed_preparation(
                 query,
                 param_types,
             } if statement.is_empty() => {
+                checked = true;
                 conn.unnamed = Some(super::session::statement_identity(param_types, query))
             }
             FrontendMessage::Bind { statement, .. }
@@ -376,6 +390,10 @@ fn reset_tags(
     }
     tags
 }
+
+/// The identity recorded for a statement a connection may or may not hold: no statement's
+/// (`statement_identity` always has a `|`).
+const IN_DOUBT: &str = "";
 
 /// Named statements a server connection may hold before those not in use are closed.
 const MAX_PREPARED_PER_CONNECTION: usize = 256;
@@ -668,122 +686,224 @@ impl Session {
         let attached = self.backend.as_mut().expect("attached before send");
         let conn = &mut attached.conn;
         let mut frames = Vec::new();
-        let duplicates = std::mem::take(&mut self.duplicate_parses);
-        if attached.open || attached.copy_in || attached.copy.closed {
-            unnamed_preparation(conn, self.unnamed.as_ref(), flight, false);
-            if closes_unnamed(flight) {
-                self.unnamed = None;
+        // The server is in the middle of an extended batch or a COPY: nothing can go in front.
+        let may_inject = !(attached.open || attached.copy_in || attached.copy.closed);
+        if may_inject {
+            let differs = self.settings != conn.applied;
+            if let Some(sql) = settings_sql(&self.settings, &conn.applied).filter(|_| differs) {
+                frames.push(FrontendMessage::Query(sql).to_frame());
+                conn.applied = self.settings.clone();
+                // A simple Query drops the unnamed statement.
+                conn.unnamed = None;
+                attached.expect.push_back(Owner::Proxy(Duty::Prepare));
             }
-            return frames;
-        }
-        let differs = self.settings != conn.applied;
-        if let Some(sql) = settings_sql(&self.settings, &conn.applied).filter(|_| differs) {
-            frames.push(FrontendMessage::Query(sql).to_frame());
-            conn.applied = self.settings.clone();
-            // A simple Query drops the unnamed statement.
-            conn.unnamed = None;
-            attached.expect.push_back(Owner::Proxy(Duty::Prepare));
         }
         let mut statements = Vec::new();
+        // The client's unnamed statement before the flight (a Parse in it replaced it since).
+        let unnamed_before = match self.log.before.iter().find(|(n, _)| n.is_empty()) {
+            Some((_, s)) => s.as_ref(),
+            None => self.unnamed.as_ref(),
+        };
         statements.extend(unnamed_preparation(
             conn,
-            self.unnamed.as_ref(),
+            unnamed_before,
             flight,
-            true,
+            may_inject,
         ));
+        // Names whose state on the server the flight itself decides from some message on (it
+        // parses, closes or uses them there): nothing goes in front for them after that.
         let mut defined_here = HashSet::new();
-        for name in &self.closing {
-            // Names the client deallocated, as this connection may still hold them.
-            if conn.prepared.remove(name).is_some() {
-                statements.push(close_statement(name));
+        if may_inject {
+            for name in &self.closing {
+                // Names the client deallocated, as this connection may still hold them.
+                if conn.prepared.remove(name).is_some() {
+                    statements.push(close_statement(name));
+                }
             }
         }
-        for m in flight {
+        let (at, after_deallocate) = super::pipeline::statements_at(
+            &self.statements,
+            self.unnamed.as_ref(),
+            &self.log,
+            flight,
+        );
+        // The client's statement `s` must be on the server under `name` when the flight starts.
+        let ensure = |conn: &mut BackendConn,
+                      statements: &mut Vec<Frame>,
+                      name: &String,
+                      s: &ClientStatement| {
+            if conn.prepared.get(name).map(String::as_str) != Some(s.identity()) {
+                statements.push(close_statement(name));
+                let parse = FrontendMessage::Parse {
+                    statement: name.clone(),
+                    query: s.query.clone(),
+                    param_types: s.param_types.clone(),
+                };
+                statements.push(parse.to_frame());
+                conn.prepared.insert(name.clone(), s.identity().to_string());
+            }
+        };
+        // Parses, Closes and DEALLOCATE ALLs of earlier flights not answered yet run on this same
+        // connection first (a flight goes elsewhere only once every answer is in): for their
+        // names, or every name behind a DEALLOCATE ALL, the server's own state decides, and
+        // nothing goes in front.
+        let mut server_decides = false;
+        for u in &attached.unconfirmed {
+            server_decides |= u.answer == b'C';
+            defined_here.extend(u.effects.iter().map(|e| e.name.clone()));
+        }
+        let mut segment = attached.segments_sent;
+        let unconfirmed = &mut attached.unconfirmed;
+        let mut note = |segment: u64, answer: u8, effects: Vec<Effect>| {
+            unconfirmed.push_back(Unconfirmed {
+                segment,
+                answer,
+                effects,
+            });
+        };
+        for (position, (m, here)) in flight.iter().zip(&at).enumerate() {
             match m {
-                FrontendMessage::Parse { statement, .. }
-                    if duplicates.contains(statement) && !defined_here.contains(statement) =>
+                FrontendMessage::Sync
+                | FrontendMessage::Query(_)
+                | FrontendMessage::FunctionCall(_) => segment += 1,
+                FrontendMessage::Parse { statement, .. } if statement.is_empty() => {
+                    note(segment, b'1', Vec::new())
+                }
+                FrontendMessage::Close { kind, name } if *kind != b'S' || name.is_empty() => {
+                    note(segment, b'3', Vec::new())
+                }
+                _ => {}
+            }
+            match (m, *here) {
+                (FrontendMessage::Parse { statement, .. }, At::Duplicate(s))
+                    if !statement.is_empty() =>
                 {
-                    // The client's statement of that name must be here, for the server to
-                    // refuse the Parse as it would directly.
-                    defined_here.insert(statement.clone());
-                    let Some(s) = self.statements.get(statement) else {
-                        continue;
-                    };
-                    if conn.prepared.get(statement).map(String::as_str) != Some(s.identity()) {
-                        statements.push(close_statement(statement));
-                        let parse = FrontendMessage::Parse {
-                            statement: statement.clone(),
-                            query: s.query.clone(),
-                            param_types: s.param_types.clone(),
-                        };
-                        statements.push(parse.to_frame());
-                        conn.prepared
-                            .insert(statement.clone(), s.identity().to_string());
+                    note(segment, b'1', Vec::new());
+                    // The client already holds the name here: the server must too, to refuse
+                    // the Parse (42P05) as it would directly. It keeps what it held.
+                    let first = defined_here.insert(statement.clone()) && !server_decides;
+                    if may_inject && first {
+                        ensure(conn, &mut statements, statement, s);
                     }
                 }
-                FrontendMessage::Parse {
-                    statement,
-                    query,
-                    param_types,
-                } if !statement.is_empty() => {
-                    if conn.prepared.contains_key(statement) && !defined_here.contains(statement) {
-                        statements.push(
-                            FrontendMessage::Close {
-                                kind: b'S',
-                                name: statement.clone(),
-                            }
-                            .to_frame(),
-                        );
+                (
+                    FrontendMessage::Parse {
+                        statement,
+                        query,
+                        param_types,
+                    },
+                    _,
+                ) if !statement.is_empty() => {
+                    // The client does not hold the name here: a copy the server has (another
+                    // client's, or one the client closed elsewhere) is closed in front. One
+                    // the flight itself closed or deallocated earlier is gone by then.
+                    let mut held_before = conn.prepared.get(statement).cloned();
+                    if defined_here.insert(statement.clone())
+                        && !server_decides
+                        && may_inject
+                        && held_before.is_some()
+                    {
+                        statements.push(close_statement(statement));
+                        held_before = None;
                     }
-                    defined_here.insert(statement.clone());
-                    conn.prepared.insert(
-                        statement.clone(),
-                        super::session::statement_identity(param_types, query),
+                    let identity = super::session::statement_identity(param_types, query);
+                    conn.prepared.insert(statement.clone(), identity.clone());
+                    note(
+                        segment,
+                        b'1',
+                        vec![Effect {
+                            name: statement.clone(),
+                            view_before: None,
+                            view_after: Some(identity.clone()),
+                            held_before,
+                            held_after: Some(identity),
+                        }],
                     );
                 }
-                FrontendMessage::Bind { statement, .. }
-                | FrontendMessage::Describe {
-                    kind: b'S',
-                    name: statement,
-                } if !statement.is_empty() && !defined_here.contains(statement) => {
-                    defined_here.insert(statement.clone());
-                    let Some(s) = self.statements.get(statement) else {
-                        // Not the client's (any more): a copy left here by another client or
-                        // before a DEALLOCATE is closed, so the server answers 26000 as it
-                        // would directly.
-                        if !crate::causal::sql::is_proxy_statement(statement)
-                            && conn.prepared.remove(statement).is_some()
-                        {
-                            statements.push(close_statement(statement));
-                        }
+                (
+                    FrontendMessage::Bind { statement, .. }
+                    | FrontendMessage::Describe {
+                        kind: b'S',
+                        name: statement,
+                    },
+                    here,
+                ) if !statement.is_empty() && defined_here.insert(statement.clone()) => {
+                    if !may_inject || server_decides {
                         continue;
-                    };
-                    if conn.prepared.get(statement).map(String::as_str) != Some(s.identity()) {
-                        statements.push(
-                            FrontendMessage::Close {
-                                kind: b'S',
-                                name: statement.clone(),
+                    }
+                    match here.statement() {
+                        Some(s) => ensure(conn, &mut statements, statement, s),
+                        // Not the client's here: a copy left by another client or before a
+                        // DEALLOCATE is closed, so the server answers 26000 as it would
+                        // directly.
+                        None => {
+                            if !crate::causal::sql::is_proxy_statement(statement)
+                                && conn.prepared.remove(statement).is_some()
+                            {
+                                statements.push(close_statement(statement));
                             }
-                            .to_frame(),
-                        );
-                        let parse = FrontendMessage::Parse {
-                            statement: statement.clone(),
-                            query: s.query.clone(),
-                            param_types: s.param_types.clone(),
-                        };
-                        statements.push(parse.to_frame());
-                        conn.prepared
-                            .insert(statement.clone(), s.identity().to_string());
+                        }
                     }
                 }
-                FrontendMessage::Close { kind: b'S', name } => {
-                    conn.prepared.remove(name);
-                    defined_here.remove(name);
+                (FrontendMessage::Close { kind: b'S', name }, here) if !name.is_empty() => {
+                    let held_before = conn.prepared.remove(name);
+                    defined_here.insert(name.clone());
+                    note(
+                        segment,
+                        b'3',
+                        vec![Effect {
+                            name: name.clone(),
+                            view_before: here.statement().cloned(),
+                            view_after: None,
+                            held_before,
+                            held_after: None,
+                        }],
+                    );
+                }
+                (FrontendMessage::Execute { .. }, At::DeallocateAll) => {
+                    // What the client held just before it, restored if the server skips it.
+                    let held = super::pipeline::held_after(
+                        &self.statements,
+                        &self.log,
+                        &flight[..position],
+                    );
+                    let effects = held
+                        .into_iter()
+                        .map(|(name, s)| Effect {
+                            name,
+                            view_before: Some(s),
+                            view_after: None,
+                            held_before: None,
+                            held_after: None,
+                        })
+                        .collect();
+                    note(segment, b'C', effects);
+                    // The server drops every named statement here, the proxy's own included,
+                    // unless it skips the Execute after an error (nothing confirms which): each
+                    // is kept with an identity no statement has, so whatever needs one there
+                    // next closes and parses it again, and a Parse of its name closes it first.
+                    conn.prepared
+                        .values_mut()
+                        .for_each(|identity| *identity = IN_DOUBT.to_string());
+                    if !may_inject {
+                        continue;
+                    }
+                    let names: Vec<String> = self.statements.keys().cloned().collect();
+                    defined_here.extend(names);
                 }
                 _ => {}
             }
         }
-        if conn.prepared.len() > MAX_PREPARED_PER_CONNECTION {
+        if let Some(after) = after_deallocate {
+            // What the client holds after a DEALLOCATE ALL that ran in the flight: the names
+            // parsed after it, nothing else.
+            let kept: HashMap<String, ClientStatement> = after
+                .into_iter()
+                .map(|(name, s)| (name, s.clone()))
+                .collect();
+            self.statements = kept;
+        }
+        if may_inject && conn.prepared.len() > MAX_PREPARED_PER_CONNECTION {
             // Statements of many clients and many evictions pile up on a pooled connection:
             // beyond the cap every one this flight does not use is closed (each is parsed
             // again where a client needs it).
@@ -894,8 +1014,9 @@ impl Session {
             .count();
         let alone = self.status == b'I' && effects.len() == 1 && executes <= 1;
         let mut doubt = false;
+        let simple = matches!(flight, [FrontendMessage::Query(_)]);
         for (class, sql) in effects {
-            if let Some(understood) = self.note_session_effect(class, &sql) {
+            if let Some(understood) = self.note_session_effect(class, &sql, simple) {
                 doubt |= class == Class::SessionState && !(understood && alone);
             }
         }
@@ -904,7 +1025,9 @@ impl Session {
 
     /// Records one statement's effect: `Some(false)` when it is not understood (the server's
     /// settings are then read back), `None` when nothing outlives the transaction.
-    fn note_session_effect(&mut self, class: Class, sql: &str) -> Option<bool> {
+    /// `simple`: the statement is a simple Query's (an extended flight's are in `preparation`,
+    /// which knows their place in the flight).
+    fn note_session_effect(&mut self, class: Class, sql: &str, simple: bool) -> Option<bool> {
         let lower = sql.trim().trim_end_matches(';').trim().to_ascii_lowercase();
         let conn = &mut self.backend.as_mut().expect("attached").conn;
         match class {
@@ -938,8 +1061,10 @@ impl Session {
                     self.settings.remove(name.trim());
                     conn.applied.remove(name.trim());
                 } else if lower == "deallocate all" || lower == "deallocate prepare all" {
-                    self.statements.clear();
-                    conn.prepared.clear();
+                    if simple {
+                        self.statements.clear();
+                        conn.prepared.clear();
+                    }
                 } else {
                     return Some(lower.starts_with("deallocate") || lower.starts_with("discard"));
                 }
@@ -1121,6 +1246,7 @@ impl Session {
         attached
             .expect
             .extend(std::iter::repeat_n(Owner::Client, ends));
+        attached.segments_sent += ends as u64;
         match flight.last() {
             Some(FrontendMessage::Flush) => {
                 let ended = flight.iter().any(|m| {

@@ -11,6 +11,7 @@ mod deallocate;
 mod flight;
 pub mod listener;
 mod passthrough;
+mod pipeline;
 mod replies;
 pub mod router;
 pub mod session;

@@ -151,7 +151,8 @@ impl Session {
                 && !b.reset_rewritten
                 && b.substitute.is_none()
                 && b.reset_tags.is_empty()
-                && !b.copy_in;
+                && !b.copy_in
+                && b.unconfirmed.is_empty();
             if plain_relay && b.conn.take_plain(self.io.out(), relayed_as_is) > 0 {
                 let b = self.backend.as_ref().expect("attached");
                 if !b.conn.has_frame() || self.io.queued() > 64 * 1024 {
@@ -209,6 +210,15 @@ impl Session {
             if let BackendMessage::ReadyForQuery(_) = message {
                 attached.expect.pop_front();
                 attached.error_relayed = false;
+                // Run again elsewhere: what it did here stays as recorded.
+                let done = attached.segments_done();
+                while attached
+                    .unconfirmed
+                    .front()
+                    .is_some_and(|u| u.segment < done)
+                {
+                    attached.unconfirmed.pop_front();
+                }
                 if attached.expect.is_empty() {
                     return self.after_discarded().await;
                 }
@@ -287,6 +297,17 @@ impl Session {
                 _ => {}
             }
         }
+        if matches!(frame.tag, b'1' | b'3' | b'C')
+            && attached.unconfirmed.front().is_some_and(|u| {
+                u.segment == attached.segments_done()
+                    && u.answer == frame.tag
+                    && (frame.tag != b'C' || frame.body.starts_with(b"DEALLOCATE"))
+            })
+        {
+            // ParseComplete and CloseComplete answer the client's Parses and Closes in order,
+            // `DEALLOCATE ALL`'s CommandComplete its Execute.
+            attached.unconfirmed.pop_front();
+        }
         if attached.copy_in
             && matches!(
                 message,
@@ -302,6 +323,9 @@ impl Session {
             BackendMessage::ReadyForQuery(status) => {
                 attached.expect.pop_front();
                 attached.error_relayed = false;
+                if !attached.unconfirmed.is_empty() {
+                    self.undo_unconfirmed();
+                }
                 return self.client_ready(frame, status).await;
             }
             BackendMessage::CopyInResponse | BackendMessage::CopyBothResponse => {
@@ -340,6 +364,71 @@ impl Session {
             _ => {}
         }
         self.relay(frame).await
+    }
+
+    /// A client segment ended: its Parses and Closes still unanswered did not happen (they
+    /// failed, or the server skipped them after an error, as PostgreSQL skips everything up to
+    /// the Sync). Their effects are undone, latest first: what the name was before one becomes
+    /// what it was before the next change of the name still unanswered (or still pending in the
+    /// session), else the client's view (unless the flight is about to run again on the
+    /// primary, which keeps it) and the connection's record of what it holds.
+    fn undo_unconfirmed(&mut self) {
+        let attached = self.backend.as_mut().expect("attached");
+        let done = attached.segments_done();
+        let rerun = attached
+            .retry
+            .as_ref()
+            .is_some_and(|r| r.read_only_violation);
+        let mut undone = Vec::new();
+        while attached
+            .unconfirmed
+            .front()
+            .is_some_and(|u| u.segment < done)
+        {
+            if let Some(u) = attached.unconfirmed.pop_front() {
+                undone.extend(u.effects);
+            }
+        }
+        for effect in undone.into_iter().rev() {
+            let later = attached
+                .unconfirmed
+                .iter_mut()
+                .flat_map(|u| u.effects.iter_mut())
+                .find(|e| e.name == effect.name);
+            if let Some(later) = later {
+                later.view_before = effect.view_before;
+                later.held_before = effect.held_before;
+                continue;
+            }
+            let prepared = &mut attached.conn.prepared;
+            if prepared.get(&effect.name) == effect.held_after.as_ref() {
+                match effect.held_before {
+                    Some(identity) => prepared.insert(effect.name.clone(), identity),
+                    None => prepared.remove(&effect.name),
+                };
+            }
+            if rerun {
+                continue;
+            }
+            if let Some(before) = self.log.before.iter_mut().find(|(n, _)| *n == effect.name) {
+                // Messages still pending touched the name: they start from what it really is,
+                // and the view after them is replayed from there.
+                before.1 = effect.view_before;
+                let after = super::pipeline::replay(&self.log, &self.pending, &effect.name);
+                match after {
+                    Some(s) => self.statements.insert(effect.name, s),
+                    None => self.statements.remove(&effect.name),
+                };
+                continue;
+            }
+            let now = self.statements.get(&effect.name).map(|s| s.identity());
+            if now == effect.view_after.as_deref() {
+                match effect.view_before {
+                    Some(s) => self.statements.insert(effect.name, s),
+                    None => self.statements.remove(&effect.name),
+                };
+            }
+        }
     }
 
     async fn relay(&mut self, frame: Frame) -> anyhow::Result<()> {

@@ -293,8 +293,8 @@ pub struct Session {
     pub(super) closing: std::collections::VecDeque<String>,
     /// Some statement of the client's was marked changed (see `shapes.rs`).
     pub(super) plans_changed: bool,
-    /// Names the pending messages Parse although the client already holds them (42P05).
-    pub(super) duplicate_parses: Vec<String>,
+    /// How the pending messages changed `statements` and `unnamed` (see `pipeline.rs`).
+    pub(super) log: super::pipeline::FlightLog,
     /// The settings of the client's startup packet: what `RESET name` returns to.
     pub(super) startup_settings: crate::backend::Settings,
     /// Their values as the client gave them.
@@ -307,11 +307,6 @@ pub struct Session {
     /// Some statement was [`ClientStatement::reset_as_set`] (the flights' Executes are then
     /// checked for one).
     pub(super) resets_parsed: bool,
-    /// The unnamed statements the pending messages parse, in order, and the one before them:
-    /// a flight's Binds of "" each bind the latest `Parse ""` before them, not the flight's last.
-    pending_unnamed: (Option<ClientStatement>, Vec<ClientStatement>),
-    /// The same for the flight being sent (see `Session::statement_per_message`).
-    flight_unnamed: (Option<ClientStatement>, Vec<ClientStatement>),
     /// The flight about to be sent is a `RESET` rewritten to the startup value (see
     /// `Session::reset_to_startup`).
     pub(super) reset_rewritten: bool,
@@ -536,14 +531,12 @@ impl Session {
             local_portals: HashMap::new(),
             closing: std::collections::VecDeque::new(),
             plans_changed: false,
-            duplicate_parses: Vec::new(),
+            log: Default::default(),
             startup_settings: startup,
             startup_values,
             reset_portals: Default::default(),
             restore_due: false,
             resets_parsed: false,
-            pending_unnamed: (None, Vec::new()),
-            flight_unnamed: (None, Vec::new()),
             reset_rewritten: false,
             reported,
             shutdown,
@@ -713,18 +706,19 @@ impl Session {
                     plan_changed: false,
                     reset_as_set,
                 };
-                if statement.is_empty() {
-                    if self.pending_unnamed.1.is_empty() {
-                        self.pending_unnamed.0 = self.unnamed.clone();
-                    }
-                    self.pending_unnamed.1.push(defined.clone());
-                    self.unnamed = Some(defined);
-                } else if self.statements.contains_key(&statement) {
-                    // PostgreSQL refuses to parse a name that exists (42P05) and keeps the old
-                    // statement: so does the client's view, and the server sees the old one
-                    // first wherever the Parse lands (`flight.rs` preparation).
-                    self.duplicate_parses.push(statement.clone());
+                let held = if statement.is_empty() {
+                    self.unnamed.as_ref()
                 } else {
+                    self.statements.get(&statement)
+                };
+                self.log.touch(&statement, held);
+                self.log.parsed.push((statement.clone(), defined.clone()));
+                if statement.is_empty() {
+                    self.unnamed = Some(defined);
+                } else if !self.statements.contains_key(&statement) {
+                    // PostgreSQL refuses to parse a name that exists (42P05) and keeps the old
+                    // statement: so does the client's view. Whether the name exists at this
+                    // Parse's position in the pipeline is `pipeline.rs`'s to say.
                     self.closing.retain(|n| n != &statement);
                     self.statements.insert(statement.clone(), defined);
                 }
@@ -735,7 +729,10 @@ impl Session {
                 });
             }
             FrontendMessage::Close { kind: b'S', name } => {
-                self.statements.remove(&name);
+                if !name.is_empty() {
+                    self.log.touch(&name, self.statements.get(&name));
+                    self.statements.remove(&name);
+                }
                 self.pending
                     .push(FrontendMessage::Close { kind: b'S', name });
             }
@@ -815,50 +812,22 @@ impl Session {
 
     /// The pending messages, as a flight to send.
     pub(super) fn take_pending(&mut self) -> Vec<FrontendMessage> {
-        self.flight_unnamed = std::mem::take(&mut self.pending_unnamed);
         std::mem::take(&mut self.pending)
     }
 
-    /// Per message, the statement it prepares, binds or describes (`None` for other messages
-    /// and for names the session does not know). An unnamed one is the latest `Parse ""` before
-    /// the message: PostgreSQL replaces the unnamed statement at each.
+    /// Per message, the statement it prepares, binds or describes as of its position in the
+    /// flight (`None` for other messages and for names the client does not hold there).
     pub(super) fn statement_per_message<'a>(
         &'a self,
         flight: &[FrontendMessage],
     ) -> Vec<Option<&'a ClientStatement>> {
-        let parses = flight
-            .iter()
-            .filter(|m| matches!(m, FrontendMessage::Parse { statement, .. } if statement.is_empty()))
-            .count();
-        let (prior, parsed) = &self.flight_unnamed;
-        // Known per message when the flight is the one the pending messages made.
-        let per_parse = parses > 0 && parsed.len() == parses;
-        let mut current = if per_parse { prior.as_ref() } else { self.unnamed.as_ref() };
-        let mut next = parsed.iter();
-        flight
-            .iter()
-            .map(|m| match m {
-                FrontendMessage::Parse { statement, .. } if statement.is_empty() => {
-                    if per_parse {
-                        current = next.next();
-                    }
-                    current
-                }
-                FrontendMessage::Parse { statement, .. }
-                | FrontendMessage::Bind { statement, .. }
-                | FrontendMessage::Describe {
-                    kind: b'S',
-                    name: statement,
-                } => {
-                    if statement.is_empty() {
-                        current
-                    } else {
-                        self.statements.get(statement)
-                    }
-                }
-                _ => None,
-            })
-            .collect()
+        let (at, _) = super::pipeline::statements_at(
+            &self.statements,
+            self.unnamed.as_ref(),
+            &self.log,
+            flight,
+        );
+        at.into_iter().map(super::pipeline::At::statement).collect()
     }
 
     /// The statements an extended-protocol flight prepares, binds or describes; `None` for a
@@ -890,6 +859,27 @@ impl Session {
         flight: Vec<FrontendMessage>,
         also: Option<Class>,
     ) -> anyhow::Result<()> {
+        let result = self.extended_flight_sent(flight, also).await;
+        // The pending messages are a flight of their own now: the next ones start afresh.
+        self.log = Default::default();
+        result
+    }
+
+    async fn extended_flight_sent(
+        &mut self,
+        flight: Vec<FrontendMessage>,
+        also: Option<Class>,
+    ) -> anyhow::Result<()> {
+        if self
+            .backend
+            .as_ref()
+            .is_some_and(|b| b.unconfirmed.iter().any(|u| u.answer == b'C'))
+        {
+            // A DEALLOCATE ALL sent before is not answered yet: whether the client still holds
+            // its statements (the server skips it after an error) decides where this flight
+            // goes and what it needs in front, so its answers come first.
+            self.drain().await?;
+        }
         let used = self.flight_statements(&flight);
         // Portals bound in this flight are what their statement is; others what they were.
         let mut bound: HashMap<&str, bool> = HashMap::new();

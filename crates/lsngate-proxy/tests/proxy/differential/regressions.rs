@@ -51,6 +51,13 @@ fn describe(kind: char, name: &str) -> Step {
     })
 }
 
+fn close(name: &str) -> Step {
+    Step::Send(Msg::Close {
+        kind: 'S',
+        name: name.into(),
+    })
+}
+
 fn execute_rows(max_rows: i32) -> Step {
     Step::Send(Msg::Execute {
         portal: String::new(),
@@ -158,6 +165,106 @@ pub fn known() -> Vec<(&'static str, Case)> {
             ]),
         ),
         (
+            // Seeds 20261221, 20261231: the proxy answered 42P05 to the first Parse.
+            "a name parsed twice in one pipeline: the first Parse defines it, the second fails with 42P05",
+            case(vec![
+                parse("s1", "SELECT 1 AS one"),
+                bind("s1"),
+                execute(),
+                parse("s1", "SELECT 2 AS two"),
+                sync(),
+            ]),
+        ),
+        (
+            "a DEALLOCATE ALL run in a pipeline drops the statements parsed before it, not those parsed after",
+            case(vec![
+                parse("s1", "SELECT 1 AS one"),
+                parse("", "DEALLOCATE ALL"),
+                bind(""),
+                execute(),
+                parse("s1", "SELECT 2 AS two"),
+                bind("s1"),
+                execute(),
+                sync(),
+                bind("s1"),
+                execute(),
+                sync(),
+            ]),
+        ),
+        (
+            // Seeds 20261231 then 20261232: the statements a skipped DEALLOCATE ALL kept stayed
+            // on the pooled connection, unknown to the proxy (42P05 for the next client).
+            "a DEALLOCATE ALL the server skips after an error keeps the statements",
+            case(vec![
+                parse("s1", "SELECT 1 AS one"),
+                sync(),
+                bind("s9"),
+                parse("", "DEALLOCATE ALL"),
+                bind(""),
+                execute(),
+                sync(),
+                bind("s1"),
+                execute(),
+                sync(),
+                Step::Reconnect,
+                parse("s1", "SELECT 2 AS two"),
+                bind("s1"),
+                execute(),
+                sync(),
+            ]),
+        ),
+        (
+            // Seeds 20261358, 20261363: the proxy parsed it in front (or failed the Bind 08P01).
+            "a Bind of a statement parsed later in the same pipeline fails with 26000",
+            case(vec![
+                bind("s1"),
+                execute(),
+                parse("s1", "SELECT 1 AS one"),
+                sync(),
+            ]),
+        ),
+        (
+            "a Close in a pipeline drops the name for the messages after it, not before",
+            case(vec![
+                parse("s1", "SELECT 1 AS one"),
+                sync(),
+                bind("s1"),
+                execute(),
+                close("s1"),
+                parse("s1", "SELECT 2 AS two"),
+                bind("s1"),
+                execute(),
+                sync(),
+            ]),
+        ),
+        (
+            // Seed 20261274 (replicas): the read went to a replica, where the proxy parsed it.
+            "a Parse the server skips after an error in its pipeline defines nothing",
+            case(vec![
+                bind("s9"),
+                parse("s1", "VALUES (1, 'one')"),
+                sync(),
+                bind("s1"),
+                execute(),
+                sync(),
+            ]),
+        ),
+        (
+            // Seed 20261356 (replicas): the proxy closed the statement on the replica it read on.
+            "a Close the server skips after an error in its pipeline keeps the statement",
+            case(vec![
+                parse("s1", "SELECT 1 AS one"),
+                sync(),
+                bind("s9"),
+                close("s1"),
+                sync(),
+                parse("s1", "SELECT 2 AS two"),
+                bind("s1"),
+                execute(),
+                sync(),
+            ]),
+        ),
+        (
             "a simple Query drops the unnamed statement: Describe S \"\" fails with 26000",
             case(vec![
                 parse("", "SELECT 1 AS one"),
@@ -167,6 +274,22 @@ pub fn known() -> Vec<(&'static str, Case)> {
                     kind: 'S',
                     name: String::new(),
                 }),
+                sync(),
+            ]),
+        ),
+        (
+            // Seed 20261352 (PostgreSQL 15): the server still had the unnamed statement, the
+            // Query being the proxy's own, and the Parse behind the Describe hid it.
+            "a Describe S \"\" before a Parse \"\" fails with 26000 after a proxy command dropped it",
+            case(vec![
+                parse("", "SELECT 1 AS one"),
+                sync(),
+                q("SET lsngate.route = auto"),
+                Step::Send(Msg::Describe {
+                    kind: 'S',
+                    name: String::new(),
+                }),
+                parse("", "SELECT 2 AS two"),
                 sync(),
             ]),
         ),

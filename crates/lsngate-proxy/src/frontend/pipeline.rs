@@ -1,0 +1,271 @@
+//! The client's prepared statements as each message of a flight finds them.
+//!
+//! PostgreSQL applies the messages of a pipeline in order: a Parse defines its name for the
+//! messages after it (and fails with `42P05` only if the name already exists *there*), a Close
+//! or an executed `DEALLOCATE ALL` drops names for the messages after it, and a Bind of a name
+//! that is parsed only later in the pipeline fails with `26000`. The session records each
+//! message's effect on its view of the client's statements as the message arrives
+//! (`Session::statements` is the view after the pending messages), and keeps, for the flight
+//! being assembled, what the names it touches were before it ([`FlightLog::before`]) and what
+//! each of its Parses defines ([`FlightLog::parsed`]). [`statements_at`] replays the flight on
+//! that starting point, so routing and `flight.rs` preparation look at the statement a message
+//! really names at its own position.
+
+use std::collections::HashMap;
+
+use super::session::ClientStatement;
+use crate::net::FrontendMessage;
+
+/// What the messages of the flight being assembled changed in the client's view.
+#[derive(Debug, Default, Clone)]
+pub struct FlightLog {
+    /// Each name the flight parsed or closed, with the statement the client held under it
+    /// before the flight's first message that touched it (`""` is the unnamed statement).
+    pub before: Vec<(String, Option<ClientStatement>)>,
+    /// What each Parse of the flight defines, in order.
+    pub parsed: Vec<(String, ClientStatement)>,
+}
+
+impl FlightLog {
+    /// Records the value of `name` before the flight first touches it.
+    pub fn touch(&mut self, name: &str, current: Option<&ClientStatement>) {
+        if !self.before.iter().any(|(n, _)| n == name) {
+            self.before.push((name.to_string(), current.cloned()));
+        }
+    }
+}
+
+/// One message's statement, as of its position in the flight.
+#[derive(Debug, Clone, Copy)]
+pub enum At<'a> {
+    /// Not a message that names a statement, or a name the client does not hold there.
+    Nothing,
+    /// The statement a Bind or Describe names, or the one a Parse defines.
+    Statement(&'a ClientStatement),
+    /// A Parse of a name the client already holds there: the server refuses it with `42P05` and
+    /// keeps this one.
+    Duplicate(&'a ClientStatement),
+    /// An Execute of a portal bound to `DEALLOCATE ALL`: every named statement is gone after it.
+    DeallocateAll,
+}
+
+impl<'a> At<'a> {
+    pub fn statement(self) -> Option<&'a ClientStatement> {
+        match self {
+            At::Statement(s) | At::Duplicate(s) => Some(s),
+            At::Nothing | At::DeallocateAll => None,
+        }
+    }
+}
+
+/// Whether a statement is `DEALLOCATE [PREPARE] ALL`.
+fn deallocates_all(s: &ClientStatement) -> bool {
+    s.local.is_none()
+        && super::deallocate::parse(&s.query) == Some(super::deallocate::Deallocate::All)
+}
+
+/// The named statements the client holds after a flight, with their definitions.
+pub type Kept<'a> = Vec<(String, &'a ClientStatement)>;
+
+/// The client's view replayed over `flight`: per message its [`At`], and, when a
+/// `DEALLOCATE ALL` runs in it, the named statements the client holds after the flight.
+/// `statements` and `unnamed` are the view after the flight's messages, `log` how the flight
+/// got there (empty for a flight re-run later: its Parses then count as defining).
+pub fn statements_at<'a>(
+    statements: &'a HashMap<String, ClientStatement>,
+    unnamed: Option<&'a ClientStatement>,
+    log: &'a FlightLog,
+    flight: &[FrontendMessage],
+) -> (Vec<At<'a>>, Option<Kept<'a>>) {
+    // The flight's own changes so far, by name; untouched names are what they were before it.
+    let mut now: HashMap<&str, Option<&'a ClientStatement>> = HashMap::new();
+    let mut all_gone = false;
+    let mut parsed = log.parsed.iter();
+    // Portals bound in this flight to DEALLOCATE ALL (kept only for those).
+    let mut deallocating: Vec<&str> = Vec::new();
+    let before = |name: &str| -> Option<&'a ClientStatement> {
+        match log.before.iter().find(|(n, _)| n == name) {
+            Some((_, s)) => s.as_ref(),
+            None if name.is_empty() => unnamed,
+            None => statements.get(name),
+        }
+    };
+    let lookup =
+        |now: &HashMap<&str, Option<&'a ClientStatement>>, all_gone: bool, name: &str| match now
+            .get(name)
+        {
+            Some(s) => *s,
+            None if all_gone && !name.is_empty() => None,
+            None => before(name),
+        };
+    let mut at = Vec::with_capacity(flight.len());
+    for m in flight {
+        let here = match m {
+            FrontendMessage::Parse {
+                statement,
+                query,
+                param_types,
+            } => {
+                let identity = super::session::statement_identity(param_types, query);
+                let own = match parsed.next() {
+                    Some((name, s)) if name == statement && s.identity() == identity => Some(s),
+                    _ => None,
+                };
+                let held = lookup(&now, all_gone, statement);
+                match (own, held) {
+                    // The unnamed statement is replaced, never a duplicate.
+                    (_, Some(held)) if !statement.is_empty() && own.is_some() => {
+                        At::Duplicate(held)
+                    }
+                    // No record of this Parse (a flight re-run later): the view already has
+                    // what it defined.
+                    (None, Some(held)) if !statement.is_empty() && held.identity() != identity => {
+                        At::Duplicate(held)
+                    }
+                    (None, held) => {
+                        now.insert(statement.as_str(), held);
+                        held.map_or(At::Nothing, At::Statement)
+                    }
+                    (Some(own), _) => {
+                        now.insert(statement.as_str(), Some(own));
+                        At::Statement(own)
+                    }
+                }
+            }
+            FrontendMessage::Bind {
+                portal, statement, ..
+            } => {
+                let s = lookup(&now, all_gone, statement);
+                deallocating.retain(|p| p != portal);
+                if s.is_some_and(deallocates_all) {
+                    deallocating.push(portal.as_str());
+                }
+                s.map_or(At::Nothing, At::Statement)
+            }
+            FrontendMessage::Describe {
+                kind: b'S',
+                name: statement,
+            } => lookup(&now, all_gone, statement).map_or(At::Nothing, At::Statement),
+            FrontendMessage::Close { kind: b'S', name } => {
+                // The statement it closes, if the client holds one there.
+                let s = lookup(&now, all_gone, name);
+                now.insert(name.as_str(), None);
+                s.map_or(At::Nothing, At::Statement)
+            }
+            FrontendMessage::Close { kind: b'P', name } => {
+                deallocating.retain(|p| p != name);
+                At::Nothing
+            }
+            FrontendMessage::Execute { portal, .. } if deallocating.contains(&portal.as_str()) => {
+                now.retain(|name, _| name.is_empty());
+                all_gone = true;
+                At::DeallocateAll
+            }
+            FrontendMessage::Query(_) => {
+                // A simple Query drops the unnamed statement.
+                now.insert("", None);
+                At::Nothing
+            }
+            _ => At::Nothing,
+        };
+        at.push(here);
+    }
+    let after = all_gone.then(|| {
+        now.iter()
+            .filter(|(name, _)| !name.is_empty())
+            .filter_map(|(name, s)| s.map(|s| (name.to_string(), s)))
+            .collect()
+    });
+    (at, after)
+}
+
+/// The named statements the client holds after `flight` (a flight's first messages, say).
+pub fn held_after(
+    statements: &HashMap<String, ClientStatement>,
+    log: &FlightLog,
+    flight: &[FrontendMessage],
+) -> Vec<(String, ClientStatement)> {
+    let (_, after) = statements_at(statements, None, log, flight);
+    if let Some(after) = after {
+        return after.into_iter().map(|(n, s)| (n, s.clone())).collect();
+    }
+    let mut names: Vec<&str> = statements.keys().map(String::as_str).collect();
+    names.extend(log.before.iter().map(|(n, _)| n.as_str()));
+    names.sort_unstable();
+    names.dedup();
+    names
+        .into_iter()
+        .filter(|n| !n.is_empty())
+        .filter_map(|name| {
+            // A Describe of the name at the end shows what the client holds there.
+            let probe = FrontendMessage::Describe {
+                kind: b'S',
+                name: name.to_string(),
+            };
+            let mut with_probe = flight.to_vec();
+            with_probe.push(probe);
+            let (at, _) = statements_at(statements, None, log, &with_probe);
+            at.last()
+                .and_then(|a| a.statement())
+                .map(|s| (name.to_string(), s.clone()))
+        })
+        .collect()
+}
+
+/// The client's statement under `name` after the pending messages `pending`, from what it was
+/// before them (`log`): Parses of a name it holds change nothing, Closes drop it.
+pub fn replay(log: &FlightLog, pending: &[FrontendMessage], name: &str) -> Option<ClientStatement> {
+    let mut held = log
+        .before
+        .iter()
+        .find(|(n, _)| n == name)
+        .and_then(|(_, s)| s.clone());
+    let mut defs = log.parsed.iter().filter(|(n, _)| n == name);
+    for m in pending {
+        match m {
+            FrontendMessage::Parse { statement, .. } if statement == name => {
+                let def = defs.next();
+                if held.is_none() {
+                    held = def.map(|(_, s)| s.clone());
+                }
+            }
+            FrontendMessage::Close {
+                kind: b'S',
+                name: n,
+            } if n == name => held = None,
+            _ => {}
+        }
+    }
+    held
+}
+
+/// A Parse, a Close or an Execute of `DEALLOCATE ALL` the client sent, until the server has
+/// answered it: one whose segment ends
+/// (ReadyForQuery) without its ParseComplete or CloseComplete did not happen — it failed, or
+/// the server skipped it after an earlier error in the segment, as PostgreSQL skips everything
+/// up to the Sync. Its effect on the client's view (recorded when it arrived) and on the
+/// connection's record of what it holds (recorded when it was sent) is then undone.
+#[derive(Debug, Clone)]
+pub struct Unconfirmed {
+    /// The client segment it belongs to (see `Attached::segments_sent`).
+    pub segment: u64,
+    /// The tag of the answer that confirms it: ParseComplete, CloseComplete, or the
+    /// CommandComplete of an Execute of `DEALLOCATE ALL`.
+    pub answer: u8,
+    /// Its effects: none for one that changes nothing the proxy tracks (a Parse of the unnamed
+    /// statement or of a name the client holds, a Close of a portal), one per name dropped
+    /// for a `DEALLOCATE ALL`.
+    pub effects: Vec<Effect>,
+}
+
+/// What a Parse or Close of a named statement changed.
+#[derive(Debug, Clone)]
+pub struct Effect {
+    pub name: String,
+    /// The client's statement under the name before it, and the identity after it.
+    pub view_before: Option<ClientStatement>,
+    pub view_after: Option<String>,
+    /// What the connection held under the name before it, and after it.
+    pub held_before: Option<String>,
+    pub held_after: Option<String>,
+}
