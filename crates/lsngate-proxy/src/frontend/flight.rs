@@ -382,9 +382,9 @@ fn reset_tags(
                 portals.remove(name);
             }
             FrontendMessage::Execute { portal, .. } => tags.push(Some(portals.contains(portal))),
-            FrontendMessage::Sync | FrontendMessage::Query(_) | FrontendMessage::FunctionCall(_) => {
-                tags.push(None)
-            }
+            FrontendMessage::Sync
+            | FrontendMessage::Query(_)
+            | FrontendMessage::FunctionCall(_) => tags.push(None),
             _ => {}
         }
     }
@@ -495,7 +495,11 @@ impl Session {
                 attached.open = false;
                 attached.unsynced_due = 0;
                 attached.unsynced_executed = None;
-                if let Err(e) = attached.conn.send(&[FrontendMessage::Sync.to_frame()]).await {
+                if let Err(e) = attached
+                    .conn
+                    .send(&[FrontendMessage::Sync.to_frame()])
+                    .await
+                {
                     return self.backend_lost(e).await;
                 }
                 continue;
@@ -973,7 +977,9 @@ impl Session {
         let ends = |m: &FrontendMessage| {
             matches!(
                 m,
-                FrontendMessage::Sync | FrontendMessage::Query(_) | FrontendMessage::FunctionCall(_)
+                FrontendMessage::Sync
+                    | FrontendMessage::Query(_)
+                    | FrontendMessage::FunctionCall(_)
             )
         };
         let tail = flight.iter().rposition(ends).map_or(0, |i| i + 1);

@@ -261,9 +261,7 @@ impl Session {
                         tags.pop_front();
                     }
                 }
-                b'Z' => {
-                    while let Some(Some(_)) = tags.pop_front() {}
-                }
+                b'Z' => while let Some(Some(_)) = tags.pop_front() {},
                 _ => {}
             }
         }

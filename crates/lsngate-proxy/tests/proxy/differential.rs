@@ -76,11 +76,9 @@ fn a_proxy_reading_replicas_in_session_mode_answers_every_case_like_postgresql()
 
 /// PostgreSQL 19 before its release (`19rc1`, `19beta2`, `19devel`).
 fn is_19_prerelease(version: &str) -> bool {
-    version.strip_prefix("19").is_some_and(|rest| {
-        ["rc", "beta", "devel"]
-            .iter()
-            .any(|p| rest.starts_with(p))
-    })
+    version
+        .strip_prefix("19")
+        .is_some_and(|rest| ["rc", "beta", "devel"].iter().any(|p| rest.starts_with(p)))
 }
 
 struct Settings {
@@ -645,4 +643,3 @@ impl<'a> Fixture<'a> {
         let _ = self.sql(&format!("DROP SCHEMA IF EXISTS {s}_d, {s}_p"));
     }
 }
-

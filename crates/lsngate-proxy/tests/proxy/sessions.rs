@@ -198,7 +198,11 @@ fn a_set_among_other_statements_of_a_query_follows_its_client_and_never_leaks() 
             .unwrap();
         for _ in 0..3 {
             assert_ne!(show(&b, "SHOW application_name").await, "lsngate_multi_a");
-            assert_eq!(show(&b, "SHOW statement_timeout").await, "0", "b never set it");
+            assert_eq!(
+                show(&b, "SHOW statement_timeout").await,
+                "0",
+                "b never set it"
+            );
             assert_eq!(show(&a, "SHOW application_name").await, "lsngate_multi_a");
             assert_eq!(show(&a, "SHOW statement_timeout").await, "4321ms");
         }
@@ -206,7 +210,9 @@ fn a_set_among_other_statements_of_a_query_follows_its_client_and_never_leaks() 
             .await
             .unwrap();
         assert_eq!(show(&a, "SHOW statement_timeout").await, "0");
-        b.batch_execute("SET statement_timeout = '1234ms'").await.unwrap();
+        b.batch_execute("SET statement_timeout = '1234ms'")
+            .await
+            .unwrap();
         assert_eq!(show(&a, "SHOW statement_timeout").await, "0", "a reset it");
     });
 }
