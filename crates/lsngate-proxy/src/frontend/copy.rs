@@ -219,7 +219,7 @@ impl Session {
     ) -> anyhow::Result<()> {
         if !self.pending.is_empty() {
             self.pending.push(FrontendMessage::Flush);
-            let flight = self.take_pending();
+            let flight = std::mem::take(&mut self.pending);
             self.extended_flight(flight, None).await?;
         }
         let Some(attached) = self.backend.as_mut() else {

@@ -742,7 +742,7 @@ impl Session {
             | FrontendMessage::Close { .. }) => self.pending.push(m),
             m @ (FrontendMessage::Sync | FrontendMessage::Flush) => {
                 self.pending.push(m);
-                let flight = self.take_pending();
+                let flight = std::mem::take(&mut self.pending);
                 self.extended_flight(flight, None).await?;
             }
             m @ (FrontendMessage::CopyData(_)
@@ -788,7 +788,7 @@ impl Session {
                     .classify(&self.proxy.classes, &query, &self.config.write_functions)
             });
             self.pending.push(FrontendMessage::Flush);
-            let flight = self.take_pending();
+            let flight = std::mem::take(&mut self.pending);
             self.extended_flight(flight, class).await?;
         }
         if !self.backend.as_ref().is_some_and(|b| b.open) {
@@ -808,11 +808,6 @@ impl Session {
             Some(Err(e)) => (None, Some(format!("{e} (in the lsngate_min_lsn comment)"))),
             None => (None, None),
         }
-    }
-
-    /// The pending messages, as a flight to send.
-    pub(super) fn take_pending(&mut self) -> Vec<FrontendMessage> {
-        std::mem::take(&mut self.pending)
     }
 
     /// Per message, the statement it prepares, binds or describes as of its position in the
