@@ -39,6 +39,9 @@ pub struct CopyGate {
     ignored_syncs: usize,
     /// A Sync (or Query) was sent after the client ended the COPY.
     synced_after_end: bool,
+    /// The client sent CopyDone or CopyFail since the COPY's start was sent (or, for a COPY the
+    /// proxy did not see start, since the last client ReadyForQuery).
+    client_ended: bool,
     /// Proxy frames held while the gate is closed, in order; their replies are already queued.
     pub deferred: Vec<Frame>,
     /// Portals bound to a COPY FROM STDIN statement (an Execute of one starts a COPY).
@@ -64,6 +67,12 @@ fn syncs(messages: &[FrontendMessage]) -> usize {
 }
 
 impl CopyGate {
+    /// Whether frames sent now could land inside a COPY: the gate is closed, or the server said
+    /// it is in COPY mode (`copy_in`) and the client has not ended it since.
+    pub fn inside(&self, copy_in: bool) -> bool {
+        self.closed || (copy_in && !self.client_ended)
+    }
+
     /// Nothing of a COPY is under way or held (a ReadyForQuery needs no look here).
     pub fn is_idle(&self) -> bool {
         !self.closed && !self.tracked
@@ -107,10 +116,12 @@ impl CopyGate {
         self.ahead = clients_due + super::flight::segment_ends(before);
         self.ignored_syncs = syncs(&after[1..]);
         self.synced_after_end = false;
+        self.client_ended = false;
     }
 
     /// The client sent CopyDone or CopyFail: the frames held go right behind it.
     pub fn ended(&mut self) -> Vec<Frame> {
+        self.client_ended = true;
         if !self.closed {
             return Vec::new();
         }
@@ -122,12 +133,14 @@ impl CopyGate {
     /// over without the client's end (it failed, or never started) and the frames held go now.
     pub fn on_ready(&mut self) -> Vec<Frame> {
         if !(self.closed || self.tracked) {
+            self.client_ended = false;
             return Vec::new();
         }
         if self.ahead > 0 {
             self.ahead -= 1;
             return Vec::new();
         }
+        self.client_ended = false;
         self.closed = false;
         self.tracked = false;
         self.ignored_syncs = 0;

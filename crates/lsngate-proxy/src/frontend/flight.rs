@@ -233,6 +233,14 @@ impl Attached {
         self.expect.iter().filter(|o| **o == Owner::Client).count()
     }
 
+    /// Whether the proxy may send frames of its own in front of the client's next flight: the
+    /// server is neither in the middle of the client's extended batch nor in a COPY the client
+    /// has not ended (behind the client's CopyDone or CopyFail, frames reach the server after
+    /// the COPY, even before its CommandComplete came back).
+    pub fn may_add_frames(&self) -> bool {
+        !(self.open || self.copy.inside(self.copy_in))
+    }
+
     /// Client segments answered (or dropped, as the Syncs a COPY ignores): the number of the one
     /// being answered now.
     pub fn segments_done(&self) -> u64 {
@@ -688,10 +696,10 @@ impl Session {
     /// and the prepared statements the flight uses.
     fn preparation(&mut self, flight: &[FrontendMessage]) -> Vec<Frame> {
         let attached = self.backend.as_mut().expect("attached before send");
+        // The server is in the middle of an extended batch or a COPY: nothing can go in front.
+        let may_inject = attached.may_add_frames();
         let conn = &mut attached.conn;
         let mut frames = Vec::new();
-        // The server is in the middle of an extended batch or a COPY: nothing can go in front.
-        let may_inject = !(attached.open || attached.copy_in || attached.copy.closed);
         if may_inject {
             let differs = self.settings != conn.applied;
             if let Some(sql) = settings_sql(&self.settings, &conn.applied).filter(|_| differs) {
@@ -1289,9 +1297,7 @@ impl Session {
             _ => {}
         }
         if std::mem::take(&mut self.restore_due)
-            && !attached.open
-            && !attached.copy_in
-            && !attached.copy.closed
+            && attached.may_add_frames()
             && copy_start.is_none()
             && let Some(sql) = settings_sql(&self.settings, &attached.conn.applied)
         {

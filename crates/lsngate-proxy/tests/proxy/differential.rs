@@ -17,7 +17,9 @@
 //! seeds SEED, SEED+1, ...), `LSNGATE_DIFF_SECONDS` (start no case after
 //! that many seconds), `LSNGATE_DIFF_KEEP_GOING=1` (report every failing case, not only the
 //! first), `LSNGATE_DIFF_MINIMIZE=0` (do not shrink a failing case), `LSNGATE_DIFF_EXCLUDE`
-//! (patterns to leave out while a known bug is fixed; see `case::Exclusions`). `scripts/fuzz.sh`
+//! (patterns to leave out while a known bug is fixed; see `case::Exclusions`), `LSNGATE_DIFF_SHOW=1`
+//! (print each random case before it runs: what ran before a failure that needs earlier cases,
+//! to read beside the proxy's trace). `scripts/fuzz.sh`
 //! runs it with many cases and a seed from the clock.
 
 #[path = "differential/case.rs"]
@@ -88,6 +90,7 @@ struct Settings {
     until: Option<Instant>,
     keep_going: bool,
     minimize: bool,
+    show: bool,
     exclusions: Exclusions,
 }
 
@@ -122,6 +125,7 @@ impl Settings {
             cases: cases.unwrap_or(if seed.is_some() { 1 } else { 0 }),
             keep_going: var("LSNGATE_DIFF_KEEP_GOING").is_some_and(|v| v != "0"),
             minimize: var("LSNGATE_DIFF_MINIMIZE").is_none_or(|v| v != "0"),
+            show: var("LSNGATE_DIFF_SHOW").is_some_and(|v| v != "0"),
             exclusions: Exclusions::parse(&var("LSNGATE_DIFF_EXCLUDE").unwrap_or_default())
                 .unwrap_or_else(|e| panic!("{e}")),
         }
@@ -182,6 +186,9 @@ fn check(cluster: &Cluster, proxy: SocketAddr, label: &str, replicas: bool) {
             ran += 1;
             let seed = settings.seed.wrapping_add((done + i) as u64);
             let case = generate(seed, &settings.exclusions);
+            if settings.show {
+                eprintln!("differential ({label}): case seed {seed}:\n{case}");
+            }
             let outcome = compare(direct, proxy, &case, pair, REPLY_BOUND, settle);
             if outcome.passed() {
                 continue;

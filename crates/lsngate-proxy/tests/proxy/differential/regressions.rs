@@ -501,5 +501,25 @@ pub fn known() -> Vec<(&'static str, Case)> {
                 q("RESET application_name"),
             ]),
         ),
+        (
+            // Seed 20261226 behind 20261225, when the machine was busy: the proxy read the
+            // client's next flight before the COPY's CommandComplete came back, took the server
+            // to be still in COPY, and added nothing in front, so the statement an earlier
+            // client left on the pooled connection under the same name was not closed (42P05).
+            "a statement an earlier client left is closed in front of a Parse right behind a CopyDone",
+            case(vec![
+                parse("s2", "INSERT INTO {t} (id, v) VALUES (202, 2)"),
+                sync(),
+                Step::Reconnect,
+                q(COPY_IN),
+                Step::Wait,
+                copy_data("201\t1\n"),
+                copy_done(),
+                parse("s2", "INSERT INTO {t} (id, v) VALUES (203, 3)"),
+                bind("s2"),
+                execute(),
+                sync(),
+            ]),
+        ),
     ]
 }
