@@ -13,8 +13,7 @@
 //! had come by then and the proxied run waits for as many.
 //!
 //! Env: `LSNGATE_DIFF_SEED` (a case seed; alone it replays that one case), `LSNGATE_DIFF_CASES`
-//! (default 0, the known sequences only, while the random cases have an open finding; cases use
-//! seeds SEED, SEED+1, ...), `LSNGATE_DIFF_SECONDS` (start no case after
+//! (default 200 from seed 20261201; cases use seeds SEED, SEED+1, ...), `LSNGATE_DIFF_SECONDS` (start no case after
 //! that many seconds), `LSNGATE_DIFF_KEEP_GOING=1` (report every failing case, not only the
 //! first), `LSNGATE_DIFF_MINIMIZE=0` (do not shrink a failing case), `LSNGATE_DIFF_EXCLUDE`
 //! (patterns to leave out while a known bug is fixed; see `case::Exclusions`), `LSNGATE_DIFF_SHOW=1`
@@ -118,11 +117,10 @@ impl Settings {
         Settings {
             seed: seed.unwrap_or(20_261_201),
             until: seconds.map(|s| Instant::now() + Duration::from_secs(s)),
-            // A seed alone replays that one case. Without either, the suite runs the known
-            // sequences only: the random cases still have a finding that depends on the
-            // machine's load (the proxy guide, "The differential checker"), and a CI gate must
-            // not depend on it. They join the suite once it is fixed.
-            cases: cases.unwrap_or(if seed.is_some() { 1 } else { 0 }),
+            // A seed alone replays that one case. Without either, the suite runs 200 cases from
+            // the fixed seed after the known sequences (about 10 s per setup): a gate that
+            // fails on any new difference in what they cover. New seeds are fuzz.sh's.
+            cases: cases.unwrap_or(if seed.is_some() { 1 } else { 200 }),
             keep_going: var("LSNGATE_DIFF_KEEP_GOING").is_some_and(|v| v != "0"),
             minimize: var("LSNGATE_DIFF_MINIMIZE").is_none_or(|v| v != "0"),
             show: var("LSNGATE_DIFF_SHOW").is_some_and(|v| v != "0"),
