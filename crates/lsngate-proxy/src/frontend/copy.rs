@@ -132,15 +132,15 @@ impl CopyGate {
     /// A client ReadyForQuery arrived: once it is the COPY's own (or a later one), the COPY is
     /// over without the client's end (it failed, or never started) and the frames held go now.
     pub fn on_ready(&mut self) -> Vec<Frame> {
-        if !(self.closed || self.tracked) {
-            self.client_ended = false;
-            return Vec::new();
-        }
-        if self.ahead > 0 {
+        let pending = self.closed || self.tracked;
+        if pending && self.ahead > 0 {
             self.ahead -= 1;
             return Vec::new();
         }
         self.client_ended = false;
+        if !pending {
+            return Vec::new();
+        }
         self.closed = false;
         self.tracked = false;
         self.ignored_syncs = 0;

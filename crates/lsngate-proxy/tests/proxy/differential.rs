@@ -13,13 +13,13 @@
 //! had come by then and the proxied run waits for as many.
 //!
 //! Env: `LSNGATE_DIFF_SEED` (a case seed; alone it replays that one case), `LSNGATE_DIFF_CASES`
-//! (default 200 from seed 20261201; cases use seeds SEED, SEED+1, ...), `LSNGATE_DIFF_SECONDS` (start no case after
-//! that many seconds), `LSNGATE_DIFF_KEEP_GOING=1` (report every failing case, not only the
-//! first), `LSNGATE_DIFF_MINIMIZE=0` (do not shrink a failing case), `LSNGATE_DIFF_EXCLUDE`
-//! (patterns to leave out while a known bug is fixed; see `case::Exclusions`), `LSNGATE_DIFF_SHOW=1`
-//! (print each random case before it runs: what ran before a failure that needs earlier cases,
-//! to read beside the proxy's trace). `scripts/fuzz.sh`
-//! runs it with many cases and a seed from the clock.
+//! (default 200 from seed 20261201; cases use seeds SEED, SEED+1, ...), `LSNGATE_DIFF_SECONDS`
+//! (start no case after that many seconds), `LSNGATE_DIFF_KEEP_GOING=1` (report every failing
+//! case, not only the first), `LSNGATE_DIFF_MINIMIZE=0` (do not shrink a failing case),
+//! `LSNGATE_DIFF_EXCLUDE` (patterns to leave out while a known bug is fixed; see
+//! `case::Exclusions`), `LSNGATE_DIFF_SHOW=1` (print each random case before it runs, to read
+//! beside the proxy's trace when a failure needs the cases before it). `scripts/fuzz.sh` runs it
+//! with many cases and a seed from the clock.
 
 #[path = "differential/case.rs"]
 mod case;
