@@ -13,7 +13,7 @@ use super::Proxy;
 use super::causal::{CausalRead, Discard, Verdict};
 use super::copy::CopyGate;
 use super::pipeline::{At, Effect, Unconfirmed};
-use super::router::{Class, session_set};
+use super::router::{Class, session_set, setting_reset};
 use super::session::{ClientStatement, Session};
 use crate::backend::{BackendConn, NodeState, PooledConn, Role, Settings, Target};
 use crate::causal::sql::{Probe, probe_segment, wait_for};
@@ -153,13 +153,17 @@ pub struct Attached {
     pub segments_sent: u64,
     /// The client's Parses and Closes not answered yet, oldest first (see `pipeline.rs`).
     pub unconfirmed: VecDeque<super::pipeline::Unconfirmed>,
-    /// The client segment in flight is a RESET sent as `set_config` (see
-    /// `Session::reset_to_startup`): its row is dropped and its tag relayed as `RESET`.
-    pub reset_rewritten: bool,
+    /// The client segment in flight is a RESET (or `SET ... TO DEFAULT`) sent as `set_config`
+    /// (see `Session::reset_to_startup`): its row is dropped and its tag relayed as this.
+    pub reset_rewritten: Option<&'static str>,
     /// Per Execute of the client's still to be answered, whether its portal runs a RESET sent
     /// as SET (its CommandComplete is relayed as `RESET`); `None` marks the end of a segment
     /// (Sync or Query). Empty unless a flight ran such a portal.
     pub reset_tags: VecDeque<Option<bool>>,
+    /// A simple Query under way may have returned a setting to the server login's value among its
+    /// statements (see `router::may_reset_in_parts`): the client's next flight waits for the
+    /// read-back behind it, and for the startup values applied again (`Session::on_resync`).
+    pub reset_in_doubt: bool,
     /// The `conn.reported_version` the client's reported values were last compared with (see
     /// `Session::report_changes`); none yet on a fresh attachment.
     pub reported_seen: Option<u64>,
@@ -197,9 +201,10 @@ impl Attached {
             plan_changed_sent: false,
             segments_sent: 0,
             unconfirmed: VecDeque::new(),
-            reset_rewritten: false,
+            reset_rewritten: None,
             reported_seen: None,
             reset_tags: VecDeque::new(),
+            reset_in_doubt: false,
         }
     }
 
@@ -510,6 +515,12 @@ impl Session {
                 {
                     return self.backend_lost(e).await;
                 }
+                continue;
+            }
+            if b.reset_in_doubt && !b.expect.is_empty() && !b.open && !b.copy_in {
+                // The read-back behind a Query that may have reset a setting, and the startup
+                // values it may apply again, go before this flight (`Session::on_resync`).
+                self.drain().await?;
                 continue;
             }
             if in_block || compatible {
@@ -1055,7 +1066,21 @@ impl Session {
                 return None;
             }
             Class::SessionState => {
-                if let Some((name, value)) = session_set(sql) {
+                if let Some((name, _)) = setting_reset(sql) {
+                    // Sent as it is (one sent as the startup value's SET is recorded as that
+                    // SET): the server went back to its own login's value. A direct connection
+                    // goes back to the client's startup value, which the next flight's
+                    // preparation applies again.
+                    conn.applied.remove(&name);
+                    match self.startup_settings.get(&name) {
+                        Some(statement) => {
+                            self.settings.insert(name, statement.clone());
+                        }
+                        None => {
+                            self.settings.remove(&name);
+                        }
+                    }
+                } else if let Some((name, value)) = session_set(sql) {
                     let statement = format!("SET {name} = {value}");
                     conn.applied.insert(name.clone(), statement.clone());
                     self.settings.insert(name, statement);
@@ -1071,9 +1096,6 @@ impl Session {
                         self.statements.clear();
                         conn.prepared.clear();
                     }
-                } else if let Some(name) = lower.strip_prefix("reset ") {
-                    self.settings.remove(name.trim());
-                    conn.applied.remove(name.trim());
                 } else if lower == "deallocate all" || lower == "deallocate prepare all" {
                     if simple {
                         self.statements.clear();
@@ -1090,13 +1112,23 @@ impl Session {
 
     /// The server's session settings, read back ([`Duty::Resync`]) once the client's
     /// transaction is over; `status` is the server's status after the read. Read outside a
-    /// transaction block (always, as `client_ready` sends it) they are the client's settings
-    /// from now on; a failed read leaves them in doubt for the next transaction's end.
-    pub(super) fn on_resync(&mut self, status: u8) {
+    /// transaction block they are the client's settings from now on; a failed read leaves them
+    /// in doubt for the next transaction's end.
+    ///
+    /// A startup setting the server has no session value for was returned to the server login's
+    /// value (a RESET, `RESET ALL` or `SET ... TO DEFAULT` the proxy could not send as the
+    /// startup value's SET, such as one among the statements of a Query): a direct connection
+    /// would be back at the client's startup value, so that is the client's setting. Returns
+    /// those settings, to apply again ([`Session::restore_settings`]). Read inside a transaction
+    /// block (behind such a Query there, `client_ready`), only that comes of it: SET is undone by
+    /// a ROLLBACK just as the client's RESET is, and the read at the block's end settles the
+    /// settings.
+    pub(super) fn on_resync(&mut self, status: u8) -> Option<Settings> {
         let attached = self.backend.as_mut().expect("attached");
+        attached.reset_in_doubt = false;
         let rows = std::mem::take(&mut attached.resync_rows);
-        if std::mem::take(&mut attached.resync_failed) || status != b'I' {
-            return;
+        if std::mem::take(&mut attached.resync_failed) || !matches!(status, b'I' | b'T') {
+            return None;
         }
         let settings: Settings = rows
             .into_iter()
@@ -1109,9 +1141,53 @@ impl Session {
                 _ => None,
             })
             .collect();
-        attached.conn.applied = settings.clone();
-        self.settings = settings;
-        self.settings_in_doubt = false;
+        let missing: Settings = self
+            .startup_settings
+            .iter()
+            .filter(|(name, _)| !settings.contains_key(name))
+            .map(|(name, statement)| (name.clone(), statement.clone()))
+            .collect();
+        if status == b'I' {
+            let mut wanted = settings.clone();
+            for (name, statement) in &missing {
+                wanted.insert(name.clone(), statement.clone());
+            }
+            attached.conn.applied = settings;
+            self.settings = wanted;
+            self.settings_in_doubt = false;
+        }
+        (!missing.is_empty()).then_some(missing)
+    }
+
+    /// Applies `missing` (startup settings, see [`Session::on_resync`]) at once, behind the
+    /// read-back that found them missing and before the client hears its ReadyForQuery (held
+    /// while this segment trails), so it is told of no value it never had. Where the client's
+    /// next flight is already on the server (or the server is inside a batch or a COPY), the
+    /// connection's books say they are not applied, and that flight's preparation applies them.
+    pub(super) async fn restore_settings(&mut self, missing: Settings) -> anyhow::Result<()> {
+        let attached = self.backend.as_mut().expect("attached");
+        if attached.client_segments_due() > 0 || !attached.may_add_frames() {
+            return Ok(());
+        }
+        let Some(sql) = settings_sql(&missing, &Settings::new()) else {
+            return Ok(());
+        };
+        if self.status == b'I' {
+            // In a transaction block the books stay as they were until its end's read-back.
+            for (name, statement) in &missing {
+                attached
+                    .conn
+                    .applied
+                    .insert(name.clone(), statement.clone());
+            }
+        }
+        attached.conn.unnamed = None;
+        attached.expect.push_back(Owner::Proxy(Duty::Restore));
+        let restore = FrontendMessage::Query(sql).to_frame();
+        if let Err(e) = attached.conn.send(std::slice::from_ref(&restore)).await {
+            return self.backend_lost(e).await;
+        }
+        Ok(())
     }
 
     async fn send_flight(
@@ -1189,6 +1265,11 @@ impl Session {
         let executed = self.executed_after_last_sync(&flight);
         if self.note_session_effects(&flight, class) {
             self.settings_in_doubt = true;
+        }
+        if let [FrontendMessage::Query(sql)] = flight.as_slice()
+            && super::router::may_reset_in_parts(sql.as_bytes())
+        {
+            self.backend.as_mut().expect("attached").reset_in_doubt = true;
         }
         let (unnamed, statements) = (&self.unnamed, &self.statements);
         let attached = self.backend.as_mut().expect("attached before send");
@@ -1350,7 +1431,9 @@ impl Session {
             }
         }
         attached.read = read;
-        attached.reset_rewritten |= std::mem::take(&mut self.reset_rewritten);
+        if let Some(tag) = self.reset_rewritten.take() {
+            attached.reset_rewritten = Some(tag);
+        }
         attached.may_commit |= status == b'I'
             || !matches!(
                 class,

@@ -148,7 +148,7 @@ impl Session {
                 && b.retry.is_none()
                 && b.discard.is_none()
                 && b.describing.is_empty()
-                && !b.reset_rewritten
+                && b.reset_rewritten.is_none()
                 && b.substitute.is_none()
                 && b.reset_tags.is_empty()
                 && !b.copy_in
@@ -265,15 +265,15 @@ impl Session {
                 _ => {}
             }
         }
-        if attached.reset_rewritten {
+        if let Some(tag) = attached.reset_rewritten {
             match frame.tag {
                 b'T' | b'D' => return Ok(()),
                 b'C' => {
                     return self
-                        .relay(crate::net::backend::build::command_complete("RESET"))
+                        .relay(crate::net::backend::build::command_complete(tag))
                         .await;
                 }
-                b'Z' => attached.reset_rewritten = false,
+                b'Z' => attached.reset_rewritten = None,
                 _ => {}
             }
         }
@@ -486,9 +486,17 @@ impl Session {
             self.end_fallback();
         }
         let attached = self.backend.as_mut().expect("attached");
+        // Inside a transaction block the settings are not final (a ROLLBACK may undo them), but
+        // a RESET among the statements of a Query has already taken a startup setting to the
+        // server login's value: read back now too, to apply the startup value in the block
+        // before the client hears the Query is done (`on_resync`).
+        let read_back = match status {
+            b'I' => self.settings_in_doubt,
+            b'T' => attached.reset_in_doubt,
+            _ => false,
+        };
         if last
-            && status == b'I'
-            && self.settings_in_doubt
+            && read_back
             && !attached.expect.contains(&Owner::Proxy(Duty::Resync))
             // Not into an extended batch still open or a COPY still running (the server would
             // take the Query as COPY data): the next ReadyForQuery of an idle server reads them.
@@ -583,7 +591,11 @@ impl Session {
         let causal = &self.proxy.causal;
         match duty {
             Duty::Prepare | Duty::Restore => {}
-            Duty::Resync => self.on_resync(status),
+            Duty::Resync => {
+                if let Some(missing) = self.on_resync(status) {
+                    self.restore_settings(missing).await?;
+                }
+            }
             Duty::Verdict => return self.on_verdict(row).await,
             Duty::Served => {
                 if let Some(lsn) = text(1).and_then(|t| Lsn::parse(&t).ok()) {

@@ -294,6 +294,43 @@ pub fn session_set(sql: &str) -> Option<(String, String)> {
     Some((name, value.to_string()))
 }
 
+/// The setting one statement returns to its default: `RESET name`, or `SET [SESSION] name TO
+/// DEFAULT` (`= DEFAULT`), which means the same. The name, lower case, and the tag the server's
+/// CommandComplete carries for it (`RESET` or `SET`). Not `RESET ALL`.
+pub fn setting_reset(sql: &str) -> Option<(String, &'static str)> {
+    let text = sql.trim().trim_end_matches(';').trim_end();
+    if let Some(name) = text
+        .get(..6)
+        .filter(|p| p.eq_ignore_ascii_case("reset "))
+        .map(|_| text[6..].trim().to_ascii_lowercase())
+    {
+        let setting = !name.is_empty()
+            && name != "all"
+            && name
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '.');
+        return setting.then_some((name, "RESET"));
+    }
+    let (name, value) = session_set(text)?;
+    value
+        .eq_ignore_ascii_case("default")
+        .then_some((name, "SET"))
+}
+
+/// Whether a multi-statement string may return a setting to its default among its parts (a
+/// RESET, a DISCARD or a `SET ... TO DEFAULT`). Split naively on `;`, like
+/// [`sets_session_in_parts`]: a false positive only costs a wait.
+pub fn may_reset_in_parts(sql: &[u8]) -> bool {
+    sql.contains(&b';')
+        && sql.split(|&b| b == b';').any(|part| {
+            let part = String::from_utf8_lossy(part);
+            let lower = part.trim_start().to_ascii_lowercase();
+            lower.starts_with("reset")
+                || lower.starts_with("discard")
+                || (lower.starts_with("set") && has_word(&lower, "default"))
+        })
+}
+
 /// Whether a multi-statement string has a statement among its parts that changes session
 /// settings (`UPDATE t ...; SET application_name = 'x'`). Such a string is classified by its
 /// other statements (a write stays a write, for its commit position), but PostgreSQL applies the
@@ -839,6 +876,51 @@ mod tests {
         assert!(s("discard all; select 1"));
         assert!(!s("UPDATE t SET v = 1 WHERE id = 2"), "one statement");
         assert!(!s("UPDATE t SET v = 1; SELECT settings FROM t"));
+    }
+
+    #[test]
+    fn a_reset_of_one_setting_is_told_apart_from_other_statements() {
+        let reset = |name: &str, tag| Some((name.to_string(), tag));
+        assert_eq!(
+            setting_reset("RESET application_name"),
+            reset("application_name", "RESET")
+        );
+        assert_eq!(
+            setting_reset(" reset  Work_Mem ;"),
+            reset("work_mem", "RESET")
+        );
+        assert_eq!(
+            setting_reset("SET application_name TO DEFAULT"),
+            reset("application_name", "SET")
+        );
+        assert_eq!(
+            setting_reset("set session work_mem = default"),
+            reset("work_mem", "SET")
+        );
+        assert_eq!(setting_reset("RESET ALL"), None);
+        assert_eq!(setting_reset("RESET SESSION AUTHORIZATION"), None);
+        assert_eq!(setting_reset("SET LOCAL work_mem TO DEFAULT"), None);
+        assert_eq!(
+            setting_reset("SET work_mem = 'default'"),
+            None,
+            "a quoted value"
+        );
+        assert_eq!(setting_reset("SET work_mem = '4MB'"), None);
+    }
+
+    #[test]
+    fn a_reset_among_the_parts_of_a_string_is_noticed() {
+        let r = |sql: &str| may_reset_in_parts(sql.as_bytes());
+        assert!(r("RESET application_name; SELECT 1"));
+        assert!(r("SELECT 1;\n  reset all"));
+        assert!(r("SET work_mem TO DEFAULT; SELECT 1"));
+        assert!(r("select 1; discard plans"));
+        assert!(
+            !r("RESET application_name"),
+            "one statement is sent as the startup value"
+        );
+        assert!(!r("SET application_name = 'x'; SELECT 1"));
+        assert!(!r("UPDATE t SET v = 1; SELECT 2"));
     }
 
     #[test]

@@ -14,7 +14,9 @@ use tokio::sync::watch;
 
 use super::causal::ClientFloors;
 use super::flight::Attached;
-use super::router::{Class, Hints, LocalCommand, RouteHint, comment_hints, local_command};
+use super::router::{
+    Class, Hints, LocalCommand, RouteHint, comment_hints, local_command, setting_reset,
+};
 use super::{CancelSlot, Proxy};
 use crate::backend::Target;
 use crate::causal::Floor;
@@ -307,9 +309,9 @@ pub struct Session {
     /// Some statement was [`ClientStatement::reset_as_set`] (the flights' Executes are then
     /// checked for one).
     pub(super) resets_parsed: bool,
-    /// The flight about to be sent is a `RESET` rewritten to the startup value (see
-    /// `Session::reset_to_startup`).
-    pub(super) reset_rewritten: bool,
+    /// The flight about to be sent is a `RESET` rewritten to the startup value, and the tag its
+    /// answer is relayed with (see `Session::reset_to_startup`).
+    pub(super) reset_rewritten: Option<&'static str>,
     /// The ParameterStatus values the client was told, at login and since (see
     /// `Session::report_changes`).
     pub(super) reported: HashMap<String, String>,
@@ -537,7 +539,7 @@ impl Session {
             reset_portals: Default::default(),
             restore_due: false,
             resets_parsed: false,
-            reset_rewritten: false,
+            reset_rewritten: None,
             reported,
             shutdown,
         })
@@ -687,11 +689,8 @@ impl Session {
                     &query,
                     &self.config.write_functions,
                 );
-                let reset_as_set = self.reset_sent_as_set(&query).filter(|_| local.is_none());
-                let (query, reset_as_set) = match reset_as_set {
-                    Some(set) => (set, true),
-                    None => (query, false),
-                };
+                let sent_as_set = self.reset_sent_as_set(&query).filter(|_| local.is_none());
+                let (query, reset_as_set) = sent_as_set.unwrap_or((query, false));
                 self.resets_parsed |= reset_as_set;
                 let defined = ClientStatement {
                     identity: statement_identity(&param_types, &query),
@@ -967,7 +966,7 @@ impl Session {
             self.class_memo
                 .classify(&self.proxy.classes, &sql, &self.config.write_functions);
         let sql = self.reset_to_startup(sql);
-        if self.reset_rewritten {
+        if self.reset_rewritten.is_some() {
             // Its answer is told apart by being the only one due (see `reset_to_startup`).
             self.drain().await?;
         }
@@ -980,48 +979,43 @@ impl Session {
         .await
     }
 
-    /// `RESET name` of a setting the client's startup packet gave: on a direct connection it
-    /// returns to that value, but on a pooled server connection the server would return to its
-    /// own login's. So the statement sent is the startup value's `set_config`, and its answer is
-    /// relayed as RESET's (`replies.rs`: row and description dropped, tag `RESET`).
+    /// `RESET name` (or `SET name TO DEFAULT`) of a setting the client's startup packet gave: on
+    /// a direct connection it returns to that value, but on a pooled server connection the server
+    /// would return to its own login's. So the statement sent is the startup value's
+    /// `set_config`, and its answer is relayed as the original's (`replies.rs`: row and
+    /// description dropped, the original's tag).
     fn reset_to_startup(&mut self, sql: String) -> String {
-        let lower = sql
-            .trim()
-            .trim_end_matches(';')
-            .trim_end()
-            .to_ascii_lowercase();
-        let Some(name) = lower.strip_prefix("reset ").map(str::trim) else {
+        let Some((name, tag)) = setting_reset(&sql) else {
             return sql;
         };
-        match self.startup_settings.get(name) {
+        match self.startup_settings.get(&name) {
             Some(statement) if self.status != b'E' => {
-                self.reset_rewritten = true;
+                self.reset_rewritten = Some(tag);
                 statement.clone()
             }
             _ => sql,
         }
     }
 
-    /// `RESET name` of a startup setting, parsed over the extended protocol: the statement the
-    /// server gets is `SET name = 'startup value'`. A direct connection's RESET returns to the
-    /// value the client logged in with; a pooled one's would return to its own login's (and
-    /// report that). SET is a utility statement like RESET, so the server answers Describe
-    /// (NoData), a row limit and a second Execute of the portal (55000) as it would for RESET;
-    /// only the CommandComplete tag differs, and is relayed as `RESET` (`replies.rs`). A single
-    /// quoted string means the same to SET as the startup text, except for list settings that
-    /// quote their elements ([`LIST_QUOTED`]), which are sent as they are.
-    fn reset_sent_as_set(&self, query: &str) -> Option<String> {
-        let lower = query
-            .trim()
-            .trim_end_matches(';')
-            .trim_end()
-            .to_ascii_lowercase();
-        let name = lower.strip_prefix("reset ")?.trim();
-        if LIST_QUOTED.contains(&name) || !is_setting_name(name) {
+    /// `RESET name` (or `SET name TO DEFAULT`) of a startup setting, parsed over the extended
+    /// protocol: the statement the server gets is `SET name = 'startup value'`, and whether its
+    /// CommandComplete is relayed as `RESET`'s. A direct connection's RESET returns to the value
+    /// the client logged in with; a pooled one's would return to its own login's (and report
+    /// that). SET is a utility statement like RESET, so the server answers Describe (NoData), a
+    /// row limit and a second Execute of the portal (55000) as it would for RESET; only the
+    /// CommandComplete tag differs, and is relayed as `RESET` (`replies.rs`). A single quoted
+    /// string means the same to SET as the startup text, except for list settings that quote
+    /// their elements ([`LIST_QUOTED`]), which are sent as they are.
+    fn reset_sent_as_set(&self, query: &str) -> Option<(String, bool)> {
+        let (name, tag) = setting_reset(query)?;
+        if LIST_QUOTED.contains(&name.as_str()) || !is_setting_name(&name) {
             return None;
         }
-        let value = self.startup_values.get(name)?;
-        Some(format!("SET {name} = {}", quote_literal(value)))
+        let value = self.startup_values.get(&name)?;
+        Some((
+            format!("SET {name} = {}", quote_literal(value)),
+            tag == "RESET",
+        ))
     }
 
     /// Answers a simple Query the proxy takes over (its commands, a refused hint, a DEALLOCATE

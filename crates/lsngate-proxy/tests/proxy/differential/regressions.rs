@@ -521,5 +521,62 @@ pub fn known() -> Vec<(&'static str, Case)> {
                 sync(),
             ]),
         ),
+        (
+            // Seeds 777040, 777188, 777312, 777640, 777675, 777926: among the statements of one
+            // Query the RESET went to the server as it is, which returns to the pooled server
+            // connection's own login value; the read-back then took that for the client's.
+            "RESET among the statements of one Query goes back to the value the client logged in with",
+            case(vec![
+                q("SET application_name = 'diff-changed'"),
+                q("RESET application_name; SELECT 1"),
+                Step::Wait,
+                q("SHOW application_name"),
+                q("SET application_name = 'diff-changed'; RESET application_name"),
+                q("SHOW application_name"),
+            ]),
+        ),
+        (
+            "RESET ALL among the statements of one Query goes back to the values the client logged in with",
+            case(vec![
+                q("SET application_name = 'diff-changed'; RESET ALL"),
+                q("SHOW application_name"),
+                q("RESET application_name; RESET application_name"),
+                q("SHOW application_name"),
+            ]),
+        ),
+        (
+            "SET TO DEFAULT goes back to the value the client logged in with",
+            case(vec![
+                q("SET application_name = 'diff-changed'"),
+                q("SET application_name TO DEFAULT"),
+                q("SHOW application_name"),
+                q("SET application_name = DEFAULT; SELECT 1"),
+                q("SHOW application_name"),
+                parse("", "SET application_name TO DEFAULT"),
+                bind(""),
+                execute(),
+                sync(),
+                q("SHOW application_name"),
+            ]),
+        ),
+        (
+            // Seed 777675: inside a transaction block the client heard the server login's value.
+            "RESET among the statements of one Query in a transaction block goes back to the startup value until ROLLBACK",
+            case(vec![
+                q("BEGIN"),
+                q("RESET application_name; SELECT 1"),
+                q("SHOW application_name"),
+                q("COMMIT"),
+                q("SHOW application_name"),
+                q("SET application_name = 'diff-changed'"),
+                q("BEGIN"),
+                Step::Wait,
+                q("RESET application_name; SELECT 1"),
+                Step::Wait,
+                q("SHOW application_name"),
+                q("ROLLBACK"),
+                q("SHOW application_name"),
+            ]),
+        ),
     ]
 }
