@@ -259,7 +259,9 @@ impl Session {
                     self.io.queue(&empty(b'3'));
                 }
                 FrontendMessage::Sync => {
-                    failed = false;
+                    if std::mem::take(&mut failed) && self.status == b'T' {
+                        self.abort_server_block().await?;
+                    }
                     self.io.queue_ready(self.status);
                 }
                 _ => {}

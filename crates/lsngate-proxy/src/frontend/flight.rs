@@ -40,7 +40,13 @@ pub enum Duty {
     /// The client's startup settings applied again behind its `RESET ALL` or `DISCARD ALL`
     /// (see [`Session::note_session_effect`]).
     Restore,
+    /// A statement that fails on purpose: the server's transaction block fails with an error the
+    /// proxy answered itself (see [`Session::abort_server_block`]).
+    Abort,
 }
+
+/// What [`Duty::Abort`] sends: fails at once, and says why in the server's log.
+const ABORT_SQL: &str = "DO $$BEGIN RAISE EXCEPTION 'lsngate: the client''s transaction block failed at a statement the proxy answered'; END$$";
 
 /// The session-level settings of a server connection: after the client's transaction is over,
 /// exactly the client's (the proxy resets anyone else's before the client's first statement).
@@ -160,6 +166,9 @@ pub struct Attached {
     /// as SET (its CommandComplete is relayed as `RESET`); `None` marks the end of a segment
     /// (Sync or Query). Empty unless a flight ran such a portal.
     pub reset_tags: VecDeque<Option<bool>>,
+    /// A flight whose settings the session recorded as the server's before the server answered
+    /// is still due: an error among its replies puts them in doubt (`Session::settings_in_doubt`).
+    pub effects_due: bool,
     /// A simple Query under way may have returned a setting to the server login's value among its
     /// statements (see `router::may_reset_in_parts`): the client's next flight waits for the
     /// read-back behind it, and for the startup values applied again (`Session::on_resync`).
@@ -205,6 +214,7 @@ impl Attached {
             reported_seen: None,
             reset_tags: VecDeque::new(),
             reset_in_doubt: false,
+            effects_due: false,
         }
     }
 
@@ -1043,6 +1053,11 @@ impl Session {
         for (class, sql) in effects {
             if let Some(understood) = self.note_session_effect(class, &sql, simple) {
                 doubt |= class == Class::SessionState && !(understood && alone);
+                if class == Class::SessionState {
+                    // Recorded before the server ran it: an error in its segment (its own, or
+                    // one that made the server skip it) puts the settings in doubt.
+                    self.backend.as_mut().expect("attached").effects_due = true;
+                }
             }
         }
         doubt
@@ -1157,6 +1172,28 @@ impl Session {
             self.settings_in_doubt = false;
         }
         (!missing.is_empty()).then_some(missing)
+    }
+
+    /// After an error the proxy answered itself inside a transaction block (a proxy command
+    /// that failed): a direct connection's block would now be failed, refusing every statement
+    /// up to ROLLBACK. So the server's block is made to fail too, with a statement whose replies
+    /// the proxy keeps, and the client's status is `E`. False (nothing done) where no server
+    /// connection holds the block, or it is inside a batch or a COPY.
+    pub(super) async fn abort_server_block(&mut self) -> anyhow::Result<bool> {
+        let Some(attached) = self.backend.as_mut() else {
+            return Ok(false);
+        };
+        if self.status != b'T' || !attached.may_add_frames() || attached.copy_in {
+            return Ok(false);
+        }
+        attached.conn.unnamed = None;
+        attached.expect.push_back(Owner::Proxy(Duty::Abort));
+        self.status = b'E';
+        let abort = FrontendMessage::Query(ABORT_SQL.to_string()).to_frame();
+        if let Err(e) = attached.conn.send(std::slice::from_ref(&abort)).await {
+            self.backend_lost(e).await?;
+        }
+        Ok(true)
     }
 
     /// Applies `missing` (startup settings, see [`Session::on_resync`]) at once, behind the

@@ -343,6 +343,8 @@ impl Session {
             }
             BackendMessage::ErrorResponse(mut e) => {
                 attached.error_relayed = true;
+                // A SET recorded at send time may not have run (see `Attached::effects_due`).
+                self.settings_in_doubt |= attached.effects_due;
                 if let Some(changed) = self.changed_plan_error(&e) {
                     return self.relay(changed.to_frame(b'E')).await;
                 }
@@ -480,6 +482,7 @@ impl Session {
         }
         if last {
             let attached = self.backend.as_mut().expect("attached");
+            attached.effects_due = false;
             attached.read = None;
             attached.may_commit = false;
             attached.plan_changed_sent = false;
@@ -555,6 +558,8 @@ impl Session {
                 attached.resync_failed = true;
                 return Ok(());
             }
+            // The failure it was sent for.
+            BackendMessage::ErrorResponse(_) if duty == Duty::Abort => return Ok(()),
             BackendMessage::ErrorResponse(e) => {
                 if matches!(duty, Duty::Served | Duty::Position { .. }) {
                     crate::causal::sql::forget_probes(&mut attached.conn.prepared);
@@ -590,7 +595,7 @@ impl Session {
         let (node, server) = (attached.conn.node, attached.conn.facts.server.clone());
         let causal = &self.proxy.causal;
         match duty {
-            Duty::Prepare | Duty::Restore => {}
+            Duty::Prepare | Duty::Restore | Duty::Abort => {}
             Duty::Resync => {
                 if let Some(missing) = self.on_resync(status) {
                     self.restore_settings(missing).await?;

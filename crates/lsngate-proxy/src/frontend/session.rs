@@ -1032,7 +1032,9 @@ impl Session {
     /// transaction at a Query, 19 keeps it open, and an error aborts it. So a stand-in Query
     /// goes there in its place (empty, or one that fails), its answer is replaced by `answer`
     /// (`replies.rs`), and the client gets the server's ReadyForQuery with the status it reports.
-    /// Elsewhere the proxy answers at once, with the status the client last saw.
+    /// Elsewhere the proxy answers at once, with the status the client last saw (`E` behind an
+    /// error inside a transaction block, which fails the server's block too:
+    /// `Session::abort_server_block`).
     ///
     /// Not on PostgreSQL 19 when an Execute outside a transaction block is among the unsynced
     /// messages and the answer is no error: 19rc1 keeps that implicit transaction open across
@@ -1074,6 +1076,10 @@ impl Session {
                 return self.backend_lost(e).await;
             }
             return Ok(());
+        }
+        if failed {
+            // Inside a transaction block the error fails the block, there as on the server.
+            self.abort_server_block().await?;
         }
         answer.iter().for_each(|f| self.io.queue(f));
         let status = self.status;

@@ -218,6 +218,41 @@ fn a_set_among_other_statements_of_a_query_follows_its_client_and_never_leaks() 
 }
 
 #[test]
+fn a_proxy_command_that_fails_in_a_transaction_block_fails_the_block() {
+    // On a direct connection an error inside BEGIN ... fails the block: every statement up to
+    // ROLLBACK is refused (25P02), and what the block wrote is gone. A proxy command the proxy
+    // answers with an error must do the same, or the client's next statements commit.
+    let cluster = shared_cluster();
+    let proxy = one_connection_per_node(cluster);
+    rt().block_on(async {
+        let a = connect(&proxy.conninfo()).await;
+        a.batch_execute(
+            "CREATE TABLE IF NOT EXISTS lsngate_failed_block (id int); TRUNCATE lsngate_failed_block",
+        )
+        .await
+        .unwrap();
+        for command in [
+            "SET lsngate.consistency = 'nonsense'",
+            "SET lsngate.route = 'nowhere'",
+        ] {
+            a.batch_execute("BEGIN; INSERT INTO lsngate_failed_block VALUES (1)")
+                .await
+                .unwrap();
+            let refused = a.batch_execute(command).await.unwrap_err();
+            assert_eq!(refused.code().map(|c| c.code()), Some("22023"), "{refused}");
+            let after = a.query("SELECT 1", &[]).await.unwrap_err();
+            assert_eq!(after.code().map(|c| c.code()), Some("25P02"), "{after}");
+            a.batch_execute("COMMIT").await.unwrap();
+            let rows = a
+                .query_one("SELECT count(*) FROM lsngate_failed_block", &[])
+                .await
+                .unwrap();
+            assert_eq!(rows.get::<_, i64>(0), 0, "the failed block wrote nothing");
+        }
+    });
+}
+
+#[test]
 fn sets_the_server_undid_are_undone_for_the_client_too() {
     let cluster = shared_cluster();
     let proxy = one_connection_per_node(cluster);

@@ -578,5 +578,42 @@ pub fn known() -> Vec<(&'static str, Case)> {
                 q("SHOW application_name"),
             ]),
         ),
+        (
+            // Seed 777969: the proxy answered the second Execute of its own command's portal
+            // (55000) but left the server's transaction block running: ReadyForQuery T, and the
+            // block's next statements ran where PostgreSQL refuses them (25P02).
+            "an error answering a proxy command in a transaction block aborts the block",
+            case(vec![
+                q("BEGIN"),
+                parse("", "SET lsngate.route = 'primary'"),
+                bind(""),
+                execute_rows(2),
+                execute_rows(1),
+                sync(),
+                q("SELECT 1"),
+                q("ROLLBACK"),
+                q("SELECT 2"),
+            ]),
+        ),
+        (
+            // Seed 777010 (with replicas): the SET was recorded when it was sent, though the
+            // server skipped its Execute after the failed Parse; the replica connection the next
+            // Query went to was then given it (ParameterStatus where PostgreSQL says nothing).
+            "a SET the server skipped after an error is not the client's setting",
+            case(vec![
+                parse("s2", "SET application_name = 'diff-6'"),
+                parse("s2", "SELECT current_setting('application_name') AS app"),
+                bind("s2"),
+                execute(),
+                sync(),
+                q(""),
+                q("SELECT current_setting('application_name') AS app"),
+                parse("", "SET work_mem = 'not a size'"),
+                bind(""),
+                execute(),
+                sync(),
+                q("SELECT current_setting('work_mem') AS work_mem"),
+            ]),
+        ),
     ]
 }
