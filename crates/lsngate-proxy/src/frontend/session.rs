@@ -864,14 +864,34 @@ impl Session {
         flight: Vec<FrontendMessage>,
         also: Option<Class>,
     ) -> anyhow::Result<()> {
-        if self
-            .backend
-            .as_ref()
-            .is_some_and(|b| b.unconfirmed.iter().any(|u| u.answer == b'C'))
-        {
-            // A DEALLOCATE ALL sent before is not answered yet: whether the client still holds
-            // its statements (the server skips it after an error) decides where this flight
-            // goes and what it needs in front, so its answers come first.
+        fn named(m: &FrontendMessage) -> Option<&str> {
+            match m {
+                FrontendMessage::Parse { statement, .. }
+                | FrontendMessage::Bind { statement, .. }
+                | FrontendMessage::Describe {
+                    kind: b'S',
+                    name: statement,
+                }
+                | FrontendMessage::Close {
+                    kind: b'S',
+                    name: statement,
+                } if !statement.is_empty() => Some(statement.as_str()),
+                _ => None,
+            }
+        }
+        if self.backend.as_ref().is_some_and(|b| {
+            b.unconfirmed.iter().any(|u| {
+                u.answer == b'C'
+                    || u.effects
+                        .iter()
+                        .any(|e| flight.iter().filter_map(named).any(|n| n == e.name))
+            })
+        }) {
+            // A DEALLOCATE ALL sent before is not answered yet, or a Parse or Close of a name
+            // this flight uses: whether the client and the connection still hold the statements
+            // (the server skips them after an error) decides where this flight goes and what it
+            // needs in front (an earlier client's statement under the name, closed first), so
+            // their answers come first.
             self.drain().await?;
         }
         let used = self.flight_statements(&flight);

@@ -615,5 +615,24 @@ pub fn known() -> Vec<(&'static str, Case)> {
                 q("SELECT current_setting('work_mem') AS work_mem"),
             ]),
         ),
+        (
+            // Seed 777249: the Close the server skipped after the failed Describe left the
+            // connection's record without the earlier client's `s3` it still held (42P05, then
+            // the reply stream out of step).
+            "a Close the server skipped after an error leaves the connection's record as it was",
+            case(vec![
+                parse("s3", "SELECT 1 AS one"),
+                sync(),
+                Step::Reconnect,
+                describe('P', ""),
+                close("s3"),
+                sync(),
+                parse("s3", "SELECT current_setting('application_name') AS app"),
+                bind(""),
+                sync(),
+                Step::Wait,
+                sync(),
+            ]),
+        ),
     ]
 }
