@@ -169,6 +169,8 @@ pub struct Attached {
     /// A flight whose settings the session recorded as the server's before the server answered
     /// is still due: an error among its replies puts them in doubt (`Session::settings_in_doubt`).
     pub effects_due: bool,
+    /// The statements other clients left on the connection were closed (see `preparation`).
+    pub foreign_closed: bool,
     /// A simple Query under way may have returned a setting to the server login's value among its
     /// statements (see `router::may_reset_in_parts`): the client's next flight waits for the
     /// read-back behind it, and for the startup values applied again (`Session::on_resync`).
@@ -215,6 +217,7 @@ impl Attached {
             reset_tags: VecDeque::new(),
             reset_in_doubt: false,
             effects_due: false,
+            foreign_closed: false,
         }
     }
 
@@ -927,6 +930,7 @@ impl Session {
                 _ => {}
             }
         }
+        let deallocated = after_deallocate.is_some();
         if let Some(after) = after_deallocate {
             // What the client holds after a DEALLOCATE ALL that ran in the flight: the names
             // parsed after it, nothing else.
@@ -935,6 +939,29 @@ impl Session {
                 .map(|(name, s)| (name, s.clone()))
                 .collect();
             self.statements = kept;
+        }
+        if may_inject && !attached.foreign_closed && !server_decides && !deallocated {
+            // The first flight of a connection lent to this client that can add frames: the
+            // statements other clients left under names the client does not hold (or holds as
+            // another statement) go, so a Parse of the name later, even inside a batch the client
+            // opened where nothing can go in front, finds none (a direct connection has none).
+            // The client's own, under the same text, stay for it to use.
+            attached.foreign_closed = true;
+            let foreign: Vec<String> = conn
+                .prepared
+                .iter()
+                .filter(|(name, identity)| {
+                    !defined_here.contains(*name)
+                        && !crate::causal::sql::is_proxy_statement(name)
+                        && self.statements.get(*name).map(ClientStatement::identity)
+                            != Some(identity.as_str())
+                })
+                .map(|(name, _)| name.clone())
+                .collect();
+            for name in foreign {
+                conn.prepared.remove(&name);
+                statements.push(close_statement(&name));
+            }
         }
         if may_inject && conn.prepared.len() > MAX_PREPARED_PER_CONNECTION {
             // Statements of many clients and many evictions pile up on a pooled connection:

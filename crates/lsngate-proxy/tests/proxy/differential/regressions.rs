@@ -634,5 +634,22 @@ pub fn known() -> Vec<(&'static str, Case)> {
                 sync(),
             ]),
         ),
+        (
+            // Seed 777071: inside the batch the client opened nothing can go in front of its
+            // Parse, so the statement an earlier client left under the name was still there
+            // (42P05). A connection lent to a client now drops, in front of the first flight it
+            // can, the names the client does not hold.
+            "a Parse inside the client's open batch finds no statement an earlier client left",
+            case(vec![
+                parse("s1", "SELECT 1 AS one"),
+                sync(),
+                Step::Reconnect,
+                parse("", "BEGIN"),
+                Step::Send(Msg::Flush),
+                Step::Wait,
+                parse("s1", "UPDATE {t} SET v = v + $1 WHERE id <= $2"),
+                sync(),
+            ]),
+        ),
     ]
 }
