@@ -861,7 +861,7 @@ impl Session {
 
     async fn extended_flight_sent(
         &mut self,
-        flight: Vec<FrontendMessage>,
+        mut flight: Vec<FrontendMessage>,
         also: Option<Class>,
     ) -> anyhow::Result<()> {
         fn named(m: &FrontendMessage) -> Option<&str> {
@@ -891,8 +891,14 @@ impl Session {
             // this flight uses: whether the client and the connection still hold the statements
             // (the server skips them after an error) decides where this flight goes and what it
             // needs in front (an earlier client's statement under the name, closed first), so
-            // their answers come first.
-            self.drain().await?;
+            // their answers come first. Where the server skipped them, the client's view is
+            // replayed over the messages not sent yet (`undo_unconfirmed`): this flight's, put
+            // back among the pending ones while the answers come.
+            debug_assert!(self.pending.is_empty());
+            self.pending = flight;
+            let drained = self.drain().await;
+            flight = std::mem::take(&mut self.pending);
+            drained?;
         }
         let used = self.flight_statements(&flight);
         // Portals bound in this flight are what their statement is; others what they were.

@@ -651,5 +651,21 @@ pub fn known() -> Vec<(&'static str, Case)> {
                 sync(),
             ]),
         ),
+        (
+            // Seed 888800: as above, with the Parse in a batch a simple Query ends.
+            "a Close the server skipped leaves the statement the pipelined Parse behind it replaces",
+            case(vec![
+                parse("s1", "SELECT 1 AS one"),
+                sync(),
+                Step::Reconnect,
+                describe('P', ""),
+                close("s1"),
+                sync(),
+                parse("s1", "ROLLBACK"),
+                q(""),
+                bind("s1"),
+                sync(),
+            ]),
+        ),
     ]
 }
