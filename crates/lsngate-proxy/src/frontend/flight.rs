@@ -530,6 +530,22 @@ impl Session {
                 }
                 continue;
             }
+            if in_block
+                && !compatible
+                && want == Some(Target::Primary)
+                && b.target == Target::Replica
+                && !self.pinned
+                && !b.expect.is_empty()
+                && !b.open
+                && !b.copy_in
+            {
+                // A write behind a read-only block on a replica whose end (COMMIT, ROLLBACK) is
+                // still unanswered: the status the block is judged by is the last one heard. Once
+                // the answers are in, an ended block lets the write go to the primary; inside a
+                // block still open it fails on the replica as PostgreSQL fails it (25006).
+                self.drain().await?;
+                continue;
+            }
             if b.reset_in_doubt && !b.expect.is_empty() && !b.open && !b.copy_in {
                 // The read-back behind a Query that may have reset a setting, and the startup
                 // values it may apply again, go before this flight (`Session::on_resync`).

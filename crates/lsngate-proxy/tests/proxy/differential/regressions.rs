@@ -667,5 +667,23 @@ pub fn known() -> Vec<(&'static str, Case)> {
                 sync(),
             ]),
         ),
+        (
+            // Seed 888035 (with replicas): the COPY FROM STDIN right behind the COMMIT of a
+            // read-only block on a replica went to the replica, taken to be still in the block
+            // (25006 "cannot execute COPY during recovery").
+            "a write right behind the end of a read-only block on a replica goes to the primary",
+            case(vec![
+                q("BEGIN READ ONLY"),
+                q("SELECT count(*) AS n FROM {t}"),
+                q("COMMIT"),
+                q(COPY_IN),
+                copy_done(),
+                sync(),
+                q("BEGIN READ ONLY"),
+                q("SELECT count(*) AS n FROM {t}"),
+                q("ROLLBACK"),
+                q("INSERT INTO {t} (id, v) VALUES (201, 1)"),
+            ]),
+        ),
     ]
 }
