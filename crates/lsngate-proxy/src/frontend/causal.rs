@@ -395,15 +395,19 @@ impl Session {
         code: &str,
         message: &str,
     ) -> anyhow::Result<()> {
-        let ends = flight
-            .iter()
-            .filter(|m| matches!(m, FrontendMessage::Sync | FrontendMessage::Query(_)))
-            .count()
-            .max(1);
-        for _ in 0..ends {
+        let ends =
+            |m: &FrontendMessage| matches!(m, FrontendMessage::Sync | FrontendMessage::Query(_));
+        for _ in flight.iter().filter(|m| ends(m)) {
             self.io
                 .queue(&ErrorFields::new("ERROR", code, message).to_frame(b'E'));
             self.io.queue_ready(self.status);
+        }
+        if !flight.last().is_some_and(ends) {
+            // Messages behind the last Sync (a flight ending in Flush): the error, then nothing
+            // until the client's Sync, which gets the ReadyForQuery.
+            self.io
+                .queue(&ErrorFields::new("ERROR", code, message).to_frame(b'E'));
+            self.skip_to_sync = true;
         }
         self.io.flush().await?;
         Ok(())

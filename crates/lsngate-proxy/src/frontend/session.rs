@@ -312,6 +312,9 @@ pub struct Session {
     /// The flight about to be sent is a `RESET` rewritten to the startup value, and the tag its
     /// answer is relayed with (see `Session::reset_to_startup`).
     pub(super) reset_rewritten: Option<&'static str>,
+    /// The proxy answered an error for extended messages the client has not sent a Sync for:
+    /// it ignores the client's messages up to that Sync (see `answer_flight_error`).
+    pub(super) skip_to_sync: bool,
     /// The ParameterStatus values the client was told, at login and since (see
     /// `Session::report_changes`).
     pub(super) reported: HashMap<String, String>,
@@ -540,6 +543,7 @@ impl Session {
             restore_due: false,
             resets_parsed: false,
             reset_rewritten: None,
+            skip_to_sync: false,
             reported,
             shutdown,
         })
@@ -669,6 +673,22 @@ impl Session {
                 return Err(e.into());
             }
         };
+        if self.skip_to_sync && !matches!(message, FrontendMessage::Terminate) {
+            // Behind an error the proxy answered for a batch the client has not synced, as the
+            // server would after its own error: everything up to the Sync is ignored.
+            if matches!(message, FrontendMessage::Sync) {
+                self.skip_to_sync = false;
+                if self.backend.as_ref().is_some_and(|b| b.open) {
+                    // The server holds earlier messages of the batch: its Sync ends them.
+                    self.extended_flight(vec![FrontendMessage::Sync], None)
+                        .await?;
+                } else {
+                    self.io.queue_ready(self.status);
+                    self.io.flush().await?;
+                }
+            }
+            return Ok(true);
+        }
         match message {
             FrontendMessage::Query(sql) => {
                 if !self.query_after_unsynced(&sql).await? {

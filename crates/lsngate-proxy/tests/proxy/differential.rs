@@ -37,6 +37,7 @@ use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use bytes::BytesMut;
+use lsngate_proxy::net::FrontendMessage;
 use lsngate_testkit::{Cluster, shared_cluster};
 
 use crate::support::*;
@@ -73,6 +74,82 @@ fn a_proxy_reading_replicas_in_session_mode_answers_every_case_like_postgresql()
         "proxy with 2 replicas, consistency session",
         true,
     );
+}
+
+#[test]
+fn a_pipeline_the_proxy_refuses_before_its_sync_is_answered_at_the_sync() {
+    // A proxy command and SQL in one pipeline are refused (0A000, a documented difference; seed
+    // 999269). Behind a Flush the refusal must be what a server error is there: the error, then
+    // nothing until the client's Sync, which gets the one ReadyForQuery. It was answered with a
+    // ReadyForQuery at once, so the client's Sync got a second one and the stream fell out of
+    // step.
+    let cluster = shared_cluster();
+    let mut file = file_config(cluster);
+    file.replicas = Vec::new();
+    let proxy = TestProxy::with(file);
+    let mut conn = Conn::connect(proxy.addr).expect("login through the proxy");
+    let frames = |messages: &[FrontendMessage]| -> Vec<u8> {
+        messages
+            .iter()
+            .flat_map(|m| m.to_frame().to_bytes())
+            .collect()
+    };
+    let parse = |sql: &str| FrontendMessage::Parse {
+        statement: String::new(),
+        query: sql.to_string(),
+        param_types: Vec::new(),
+    };
+    conn.send(&frames(&[
+        parse("SET lsngate.route = 'primary'"),
+        FrontendMessage::Sync,
+    ]))
+    .unwrap();
+    let deadline = Instant::now() + REPLY_BOUND;
+    assert!(conn.read_until(deadline, |c| c.readies == 1).unwrap());
+    conn.send(&frames(&[
+        FrontendMessage::Describe {
+            kind: b'S',
+            name: String::new(),
+        },
+        parse("SELECT 1"),
+        FrontendMessage::Flush,
+    ]))
+    .unwrap();
+    conn.read_until_quiet(Duration::from_millis(500), deadline, |_| false)
+        .unwrap();
+    let keys = |c: &Conn| c.replies.iter().map(|r| r.key.clone()).collect::<Vec<_>>();
+    assert_eq!(
+        conn.readies,
+        1,
+        "no ReadyForQuery before the Sync: {:?}",
+        keys(&conn)
+    );
+    assert!(
+        keys(&conn).last().is_some_and(|k| k.contains("0A000")),
+        "{:?}",
+        keys(&conn)
+    );
+    conn.send(&frames(&[
+        parse("SELECT 2"),
+        FrontendMessage::Sync,
+        FrontendMessage::Query("SELECT 3".into()),
+    ]))
+    .unwrap();
+    assert!(conn.read_until(deadline, |c| c.readies == 3).unwrap());
+    conn.read_until_quiet(Duration::from_millis(300), deadline, |_| false)
+        .unwrap();
+    let after: Vec<String> = keys(&conn)
+        .into_iter()
+        .skip_while(|k| !k.contains("0A000"))
+        .collect();
+    assert_eq!(
+        after.len(),
+        6,
+        "the error, the Sync's ReadyForQuery, then SELECT 3: {after:?}"
+    );
+    assert_eq!(after[1], "ReadyForQuery I", "{after:?}");
+    assert!(after[3].starts_with("DataRow"), "{after:?}");
+    conn.close();
 }
 
 /// PostgreSQL 19 before its release (`19rc1`, `19beta2`, `19devel`).
