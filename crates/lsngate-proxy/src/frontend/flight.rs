@@ -585,6 +585,9 @@ impl Session {
             || b.copy_in
             || b.doomed
             || self.pinned
+            // A BEGIN among the unsynced messages opened a block there (`BEGIN READ ONLY`,
+            // routed to the replica): the write belongs to it, and fails there as it would.
+            || b.unsynced_executed == Some(true)
         {
             return false;
         }

@@ -685,5 +685,21 @@ pub fn known() -> Vec<(&'static str, Case)> {
                 q("INSERT INTO {t} (id, v) VALUES (201, 1)"),
             ]),
         ),
+        (
+            // Seed 999395 (with replicas): the write behind a read-only BEGIN flushed to a
+            // replica left that batch for the primary, out of the block (WARNING 25001 there,
+            // and the COPY ran), where PostgreSQL refuses it in the read-only block (25006).
+            "a write behind a read-only BEGIN flushed to a replica stays in the block",
+            case(vec![
+                parse("s3", "BEGIN READ ONLY"),
+                bind("s3"),
+                execute(),
+                Step::Send(Msg::Flush),
+                q(COPY_IN),
+                copy_data("101\t1\n"),
+                copy_done(),
+                sync(),
+            ]),
+        ),
     ]
 }
