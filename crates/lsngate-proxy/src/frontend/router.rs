@@ -322,13 +322,27 @@ pub fn setting_reset(sql: &str) -> Option<(String, &'static str)> {
 /// [`sets_session_in_parts`]: a false positive only costs a wait.
 pub fn may_reset_in_parts(sql: &[u8]) -> bool {
     sql.contains(&b';')
-        && sql.split(|&b| b == b';').any(|part| {
-            let part = String::from_utf8_lossy(part);
-            let lower = part.trim_start().to_ascii_lowercase();
-            lower.starts_with("reset")
-                || lower.starts_with("discard")
-                || (lower.starts_with("set") && has_word(&lower, "default"))
+        && parts(sql).any(|(word, part)| match word.as_slice() {
+            b"reset" | b"discard" => true,
+            b"set" => has_word(
+                &String::from_utf8_lossy(part).to_ascii_lowercase(),
+                "default",
+            ),
+            _ => false,
         })
+}
+
+/// The parts of a string split naively on `;`, each with its first word in lower case.
+fn parts(sql: &[u8]) -> impl Iterator<Item = (Vec<u8>, &[u8])> {
+    sql.split(|&b| b == b';').map(|part| {
+        let word = part
+            .iter()
+            .skip_while(|b| b.is_ascii_whitespace())
+            .take_while(|b| b.is_ascii_alphabetic())
+            .map(u8::to_ascii_lowercase)
+            .collect();
+        (word, part)
+    })
 }
 
 /// Whether a multi-statement string has a statement among its parts that changes session
@@ -338,21 +352,8 @@ pub fn may_reset_in_parts(sql: &[u8]) -> bool {
 /// server connection goes back to the pool with a setting the next client's `settings_sql` does
 /// not undo. Split naively on `;` (a `;` inside a literal only costs a needless read-back).
 pub fn sets_session_in_parts(sql: &[u8]) -> bool {
-    if !sql.contains(&b';') {
-        return false;
-    }
-    sql.split(|&b| b == b';').any(|part| {
-        let start = part
-            .iter()
-            .position(|b| !b.is_ascii_whitespace())
-            .unwrap_or(part.len());
-        let word: Vec<u8> = part[start..]
-            .iter()
-            .take_while(|b| b.is_ascii_alphabetic())
-            .map(u8::to_ascii_lowercase)
-            .collect();
-        matches!(word.as_slice(), b"set" | b"reset" | b"discard")
-    })
+    sql.contains(&b';')
+        && parts(sql).any(|(word, _)| matches!(word.as_slice(), b"set" | b"reset" | b"discard"))
 }
 
 /// Classifies SQL text conservatively.
