@@ -1085,8 +1085,8 @@ impl Session {
     /// transaction block (a ROLLBACK undoes it), in a pipeline or a multi-statement string (a
     /// later error undoes it), or one the proxy cannot parse. The server's settings are then
     /// read back when the transaction is over ([`Duty::Resync`], sent at the ReadyForQuery that
-    /// says idle). `SET LOCAL`, `SET TRANSACTION` and `SET CONSTRAINTS` end with their
-    /// transaction and change nothing that lasts.
+    /// says idle). `SET LOCAL`, `SET TRANSACTION` and `SET CONSTRAINTS` are not session state
+    /// (`Class::TransactionLocal`).
     fn note_session_effects(&mut self, flight: &[FrontendMessage], class: Option<Class>) -> bool {
         let effects = self.session_effects(flight, class);
         let executes = flight
@@ -1119,13 +1119,6 @@ impl Session {
         match class {
             Class::Pin => self.pinned = true,
             Class::SessionState if lower.contains(';') => return Some(false),
-            Class::SessionState
-                if ["set local ", "set transaction ", "set constraints "]
-                    .iter()
-                    .any(|p| lower.starts_with(p)) =>
-            {
-                return None;
-            }
             Class::SessionState => {
                 if let Some((name, _)) = setting_reset(sql) {
                     // Sent as it is (one sent as the startup value's SET is recorded as that
@@ -1520,7 +1513,13 @@ impl Session {
         attached.may_commit |= status == b'I'
             || !matches!(
                 class,
-                Some(Class::Read | Class::Write | Class::SessionState | Class::Begin { .. })
+                Some(
+                    Class::Read
+                        | Class::Write
+                        | Class::SessionState
+                        | Class::TransactionLocal
+                        | Class::Begin { .. }
+                )
             );
         if let Err(e) = attached.conn.send(&frames).await {
             return self.backend_lost(e).await;

@@ -54,8 +54,12 @@ pub enum Class {
     Write,
     /// Opens a transaction block; `read_only` blocks may go to a replica.
     Begin { read_only: bool },
-    /// COMMIT / ROLLBACK / SAVEPOINT: goes wherever the transaction is.
+    /// COMMIT / ROLLBACK: goes wherever the transaction is, and ends it.
     TransactionControl,
+    /// Changes only the transaction it runs in (SAVEPOINT, RELEASE, SET LOCAL, SET TRANSACTION,
+    /// SET CONSTRAINTS): goes wherever the transaction is — a block, or the implicit one of an
+    /// extended batch still open on a replica — and ends nothing.
+    TransactionLocal,
     /// Session state (SET, RESET, DISCARD, DEALLOCATE): runs on the primary and is re-applied
     /// on every backend the client later uses.
     SessionState,
@@ -365,11 +369,16 @@ pub fn classify(sql: &str, write_functions: &[String]) -> Class {
         .next()
         .unwrap_or_default()
         .to_string();
+    if first == "set" && transaction_local_set(&lower) {
+        return Class::TransactionLocal;
+    }
     match first.as_str() {
         "set" | "reset" | "discard" | "deallocate" => return Class::SessionState,
         "listen" | "unlisten" | "prepare" | "declare" => return Class::Pin,
         "show" => return Class::Read,
-        "savepoint" | "release" => return Class::TransactionControl,
+        "savepoint" | "release" if !several_statements(&lower) => {
+            return Class::TransactionLocal;
+        }
         _ => {}
     }
     if calls(&lower, "set_config") && !set_config_local_only(&lower) {
@@ -405,6 +414,23 @@ pub fn classify(sql: &str, write_functions: &[String]) -> Class {
         });
     }
     class.unwrap_or(Class::Read)
+}
+
+/// Whether a string holds more than one statement, split naively on `;` (a `;` inside a literal
+/// only makes a statement count as several, the conservative side).
+fn several_statements(lower: &str) -> bool {
+    lower.trim().trim_end_matches(';').contains(';')
+}
+
+/// A single `SET LOCAL`, `SET TRANSACTION` or `SET CONSTRAINTS`: its effect ends with the
+/// transaction it runs in.
+fn transaction_local_set(lower: &str) -> bool {
+    let words: Vec<&str> = lower.split_whitespace().take(2).collect();
+    !several_statements(lower)
+        && matches!(
+            words.as_slice(),
+            ["set", "local" | "transaction" | "constraints"]
+        )
 }
 
 fn is_read_only_begin(lower: &str) -> bool {
@@ -966,6 +992,22 @@ mod tests {
             Class::Begin { read_only: true }
         );
         assert_eq!(c("COMMIT"), Class::TransactionControl);
+        for local in [
+            "SAVEPOINT sp1",
+            "release savepoint sp1;",
+            "SET LOCAL work_mem = '3MB'",
+            "set  local statement_timeout to 5",
+            "SET TRANSACTION ISOLATION LEVEL SERIALIZABLE",
+            "SET CONSTRAINTS ALL DEFERRED",
+        ] {
+            assert_eq!(c(local), Class::TransactionLocal, "{local}");
+        }
+        // Among other statements, the string is judged by all of them.
+        assert_eq!(
+            c("SET LOCAL work_mem = '3MB'; INSERT INTO t VALUES (1)"),
+            Class::SessionState
+        );
+        assert_eq!(c("SAVEPOINT a; INSERT INTO t VALUES (1)"), Class::Write);
         assert_eq!(c("SET search_path = app"), Class::SessionState);
         assert_eq!(
             c("SELECT pg_catalog.set_config('search_path', 'app', false)"),

@@ -1147,7 +1147,7 @@ impl Session {
         }
         match class? {
             Class::Read | Class::Begin { read_only: true } => Some(Target::Replica),
-            Class::TransactionControl => None,
+            Class::TransactionControl | Class::TransactionLocal => None,
             _ => Some(Target::Primary),
         }
     }

@@ -705,5 +705,21 @@ pub fn known() -> Vec<(&'static str, Case)> {
                 sync(),
             ]),
         ),
+        (
+            // Seed 999143 (with replicas): a SET LOCAL behind a read flushed to a replica left
+            // that batch for the primary, where it ran outside any transaction (WARNING 25P01);
+            // PostgreSQL runs it in the batch's implicit transaction.
+            "a SET LOCAL behind a read flushed to a replica stays in the batch's transaction",
+            case(vec![
+                parse("", "SHOW application_name"),
+                bind(""),
+                execute(),
+                Step::Send(Msg::Flush),
+                parse("", "SET LOCAL work_mem = '3MB'"),
+                bind(""),
+                execute(),
+                sync(),
+            ]),
+        ),
     ]
 }
