@@ -140,10 +140,21 @@ impl Session {
     pub(super) async fn answer_locally(&mut self, command: LocalCommand) -> anyhow::Result<()> {
         // Earlier replies first, and with them any commit position SHOW must report.
         self.drain().await?;
-        if self.status == b'E' {
+        // In an aborted block the server refuses it, unless unsynced messages in front of it
+        // end the block (`END` over the extended protocol): then the server's answer to a
+        // stand-in says which, and a SET takes effect only if the block has ended.
+        let judged = self.status == b'E';
+        if judged && !self.stand_in_due() {
             return self.answer_error(ABORTED.0, ABORTED.1).await;
         }
-        let answer = match self.run_command(&command) {
+        let before = judged.then(|| (self.floors.clone(), self.hint));
+        let ran = self.run_command(&command);
+        let installs = before.map(|(floors, hint)| {
+            let after = (std::mem::replace(&mut self.floors, floors), self.hint);
+            self.hint = hint;
+            after
+        });
+        let answer = match ran {
             Ok(Answered::Done(tag)) => vec![build::command_complete(tag)],
             Ok(Answered::Shown(name, value)) => {
                 let mut frames = build::single_text_row(&name, &value);
@@ -152,7 +163,7 @@ impl Session {
             }
             Err((code, message)) => return self.answer_error(code, &message).await,
         };
-        self.answer_query(answer, false).await
+        self.answer_query_installing(answer, false, installs).await
     }
 
     /// An extended-protocol flight made only of proxy commands, answered message by message

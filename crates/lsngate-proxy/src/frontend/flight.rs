@@ -93,6 +93,19 @@ pub struct RetryBuffer {
     pub(super) read_only_violation: bool,
 }
 
+/// The proxy's answer to a simple Query it took over, given in place of a stand-in Query's
+/// replies (`Session::answer_query`). A stand-in refused with 25P02 (an aborted block the
+/// client's unsynced messages did not end) is answered by that refusal instead, as the server
+/// would answer the client's Query.
+#[derive(Debug)]
+pub struct Substitute {
+    /// The replies up to, not including, ReadyForQuery.
+    pub answer: Vec<Frame>,
+    /// The client's floors and route hint once the answer holds (a proxy `SET` behind
+    /// unsynced messages that may have ended an aborted block takes effect only if they did).
+    pub installs: Option<(super::causal::ClientFloors, super::router::RouteHint)>,
+}
+
 /// A backend attached to the session.
 #[derive(Debug)]
 pub struct Attached {
@@ -133,7 +146,7 @@ pub struct Attached {
     /// The proxy's own answer to a simple Query it took over inside an extended batch still open
     /// (see `Session::answer_query`): the server runs a stand-in Query, whose answer this
     /// replaces, so its transaction moves as it would for the client's Query.
-    pub substitute: Option<Vec<Frame>>,
+    pub substitute: Option<Substitute>,
     /// What the Executes sent since the last Sync (while `open`) ran: `None` when there were
     /// none, else whether one of them was a BEGIN (see `Session::answer_query`).
     pub unsynced_executed: Option<bool>,

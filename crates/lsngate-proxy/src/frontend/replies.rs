@@ -227,12 +227,20 @@ impl Session {
         }
         if attached.substitute.is_some() {
             // The stand-in for a Query the proxy answers itself (`Session::answer_query`):
-            // its answer (EmptyQueryResponse, or the error it was made to raise) is replaced,
-            // its ReadyForQuery relayed as the server's transaction status.
+            // its answer (EmptyQueryResponse, a CommandComplete, or the error it was made to
+            // raise) is replaced, its ReadyForQuery relayed as the server's transaction status.
+            // Refused as in an aborted block, it is the server's refusal the client hears.
+            let refused = matches!(message, BackendMessage::ErrorResponse(ref e)
+                if e.sqlstate() == Some("25P02"));
             match frame.tag {
-                b'I' | b'E' => {
-                    let answer = attached.substitute.take().unwrap_or_default();
-                    answer.iter().for_each(|f| self.io.queue(f));
+                b'E' if refused => attached.substitute = None,
+                b'I' | b'E' | b'C' => {
+                    let substitute = attached.substitute.take().expect("checked");
+                    if let Some((floors, hint)) = substitute.installs {
+                        self.floors = floors;
+                        self.hint = hint;
+                    }
+                    substitute.answer.iter().for_each(|f| self.io.queue(f));
                     return Ok(());
                 }
                 b'Z' => attached.substitute = None,

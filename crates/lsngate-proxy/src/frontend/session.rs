@@ -13,7 +13,7 @@ use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 use tokio::sync::watch;
 
 use super::causal::ClientFloors;
-use super::flight::Attached;
+use super::flight::{Attached, Substitute};
 use super::router::{
     Class, Hints, LocalCommand, RouteHint, comment_hints, local_command, setting_reset,
 };
@@ -1089,10 +1089,31 @@ impl Session {
     /// STARTED`), which on a pooled connection would hit whichever client comes next. There the
     /// proxy answers at once (status `I`, where a direct connection would say `T`: a documented
     /// difference). An error stand-in ends that block cleanly, so it is always sent.
+    ///
+    /// In an aborted block (status `E`) the stand-in is a statement the server refuses there
+    /// (25P02, which the client then hears) unless the unsynced messages ended the block (an
+    /// `END` over the extended protocol): the server, not the status the client last heard,
+    /// judges. `installs` is what a proxy `SET` leaves in force once its answer holds.
     pub(super) async fn answer_query(
         &mut self,
         answer: Vec<Frame>,
         failed: bool,
+    ) -> anyhow::Result<()> {
+        self.answer_query_installing(answer, failed, None).await
+    }
+
+    /// Whether a simple Query the proxy answers itself would go to the server as a stand-in
+    /// (see [`Session::answer_query`]): behind unsynced extended messages the server has not
+    /// failed.
+    pub(super) fn stand_in_due(&self) -> bool {
+        self.backend.as_ref().is_some_and(|b| b.open && !b.skipping)
+    }
+
+    pub(super) async fn answer_query_installing(
+        &mut self,
+        answer: Vec<Frame>,
+        failed: bool,
+        installs: Option<(ClientFloors, RouteHint)>,
     ) -> anyhow::Result<()> {
         self.drain().await?;
         let status = self.status;
@@ -1107,7 +1128,11 @@ impl Session {
             .as_mut()
             .filter(|b| b.open && !b.skipping && stand_in_safe(b))
         {
-            let stand_in = if failed { "SELECT 1/0" } else { "" };
+            let stand_in = match (failed, status) {
+                (true, _) => "SELECT 1/0",
+                (false, b'E') => "SELECT 1",
+                (false, _) => "",
+            };
             // What a Query does to the server's state: the unnamed statement is gone, and the
             // batch needs no Sync any more.
             attached.conn.unnamed = None;
@@ -1115,13 +1140,16 @@ impl Session {
             attached.unsynced_due = 0;
             attached.unsynced_executed = None;
             attached.expect.push_back(super::flight::Owner::Client);
-            attached.substitute = Some(answer);
+            attached.substitute = Some(Substitute { answer, installs });
             attached.may_commit = true;
             let query = FrontendMessage::Query(stand_in.to_string()).to_frame();
             if let Err(e) = attached.conn.send(std::slice::from_ref(&query)).await {
                 return self.backend_lost(e).await;
             }
             return Ok(());
+        }
+        if let Some((floors, hint)) = installs {
+            (self.floors, self.hint) = (floors, hint);
         }
         if failed {
             // Inside a transaction block the error fails the block, there as on the server.

@@ -721,5 +721,28 @@ pub fn known() -> Vec<(&'static str, Case)> {
                 sync(),
             ]),
         ),
+        (
+            // Seed 777884 (15): a proxy command as a simple Query behind an unsynced END of an
+            // aborted block was refused with 25P02, judged by the status the client last heard;
+            // the server had left the block by then. In the second block the unsynced messages
+            // leave it aborted: the SET is refused there too, and takes no effect.
+            "a proxy command behind an unsynced END of an aborted block is answered",
+            case(vec![
+                q("BEGIN"),
+                q("SELECT 1/0"),
+                parse("", "END"),
+                bind(""),
+                execute(),
+                q("SET lsngate.route = auto"),
+                sync(),
+                q("BEGIN"),
+                q("SELECT 1/0"),
+                parse("", "ROLLBACK"),
+                q("SET lsngate.route = 'primary'"),
+                sync(),
+                q("ROLLBACK"),
+                q("SHOW lsngate.route"),
+            ]),
+        ),
     ]
 }
