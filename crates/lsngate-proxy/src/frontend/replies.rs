@@ -207,7 +207,7 @@ impl Session {
         }
         if attached.discard.is_some() {
             // The replica's answer to a read whose wait failed: never shown to the client.
-            if let BackendMessage::ReadyForQuery(_) = message {
+            if let BackendMessage::ReadyForQuery(status) = message {
                 attached.expect.pop_front();
                 attached.error_relayed = false;
                 // Run again elsewhere: what it did here stays as recorded.
@@ -218,6 +218,17 @@ impl Session {
                     .is_some_and(|u| u.segment < done)
                 {
                     attached.unconfirmed.pop_front();
+                }
+                if status != b'I' {
+                    // It opened a transaction block the client never heard of (`BEGIN READ
+                    // ONLY`): ended here, before the flight runs again, on this connection or
+                    // (once it is back in the pool) on another client's.
+                    attached.conn.unnamed = None;
+                    attached.expect.push_back(Owner::Proxy(Duty::Prepare));
+                    let rollback = FrontendMessage::Query("ROLLBACK".into()).to_frame();
+                    if let Err(e) = attached.conn.send(std::slice::from_ref(&rollback)).await {
+                        return self.backend_lost(e).await;
+                    }
                 }
                 if attached.expect.is_empty() {
                     return self.after_discarded().await;

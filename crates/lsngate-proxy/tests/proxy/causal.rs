@@ -911,6 +911,59 @@ fn a_cancel_stops_a_read_waiting_for_its_floor() {
     cluster.replica(0).resume_replay().unwrap();
 }
 
+/// A `BEGIN READ ONLY` sent to a replica that has not replayed the client's write runs there
+/// while its wait is decided; when the wait fails, the proxy throws that answer away and runs the
+/// BEGIN elsewhere. The block it opened on the replica must end there too: it was left open, and
+/// the replica's connection went back to the pool inside a transaction nobody owned (seed 777504
+/// on 15, where a poll that then passed ran the BEGIN again on that connection: `WARNING 25001
+/// there is already a transaction in progress`).
+#[test]
+fn a_read_only_block_whose_wait_failed_leaves_no_transaction_open_on_the_replica() {
+    let cluster = Cluster::start(&ClusterConfig::default().replicas(1)).unwrap();
+    cluster.wait_streaming(Duration::from_secs(30)).unwrap();
+    let t = unique("discarded_block");
+    create(&cluster, &t);
+    let proxy = proxy_with(&cluster, |f| {
+        f.wait_timeout_ms = Some(200);
+        f.breaker_ratio = Some(1.0);
+    });
+    cluster.replica(0).pause_replay().unwrap();
+    rt().block_on(async {
+        let client = connect(&proxy.conninfo()).await;
+        for i in 0..3i64 {
+            client
+                .execute(&format!("INSERT INTO {t} VALUES ($1, 1)"), &[&i])
+                .await
+                .unwrap();
+            client.batch_execute("BEGIN READ ONLY").await.unwrap();
+            let rows = client
+                .query(&format!("SELECT v FROM {t} WHERE id = $1"), &[&i])
+                .await
+                .unwrap();
+            assert_eq!(rows.len(), 1, "the block sees the client's write {i}");
+            client.batch_execute("COMMIT").await.unwrap();
+        }
+    });
+    assert!(
+        outcome(&proxy, "fallback") >= 1,
+        "the paused replica made the wait fail: {}",
+        proxy.status()["causal"]["outcomes"]
+    );
+    let open = cluster
+        .replica(0)
+        .sql(
+            "SELECT count(*) FROM pg_stat_activity \
+             WHERE backend_type = 'client backend' AND state LIKE 'idle in transaction%'",
+        )
+        .unwrap();
+    cluster.replica(0).resume_replay().unwrap();
+    assert_eq!(
+        open.trim(),
+        "0",
+        "a replica connection was left inside the discarded BEGIN's block"
+    );
+}
+
 /// Reads pipelined behind a write, in the same network write, see it on a replica 50 ms behind:
 /// the write's position is known before they are routed. With the default budget they wait on
 /// the replica; with a 5 ms one they fall back to the primary, and the replies still come in
