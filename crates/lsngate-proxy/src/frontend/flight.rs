@@ -515,10 +515,14 @@ impl Session {
             }
             let in_block = self.status != b'I' || b.open || b.copy_in || self.pinned;
             let same_node = route.node.as_ref().is_none_or(|n| n.index == b.conn.node);
+            // Not behind a read whose wait is undecided: if it fails, that read's answer is
+            // thrown away and the read runs again, and what went behind it would be lost with
+            // it (a Sync behind `BEGIN READ ONLY`) or run in the block it opened.
             let compatible = want.is_none_or(|w| w == b.target)
                 && same_node
                 && b.retry.is_none()
-                && b.discard.is_none();
+                && b.discard.is_none()
+                && b.verdict.is_none();
             if !compatible
                 && want == Some(Target::Primary)
                 && self.may_leave_open_replica_batch(&flight)

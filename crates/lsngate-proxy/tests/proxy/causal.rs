@@ -944,6 +944,23 @@ fn a_read_only_block_whose_wait_failed_leaves_no_transaction_open_on_the_replica
             client.batch_execute("COMMIT").await.unwrap();
         }
     });
+    // The same with a Sync and the block's statements pipelined behind the BEGIN, in one write:
+    // they wait for its verdict (they went to the replica behind it, the Sync's ReadyForQuery
+    // was thrown away with the BEGIN's answer, and the client waited for it forever).
+    let mut wire = Wire::connect(&proxy);
+    let insert = wire.flight(&[FrontendMessage::Query(format!(
+        "INSERT INTO {t} VALUES (10, 1)"
+    ))]);
+    assert!(insert.errors.is_empty(), "{insert:?}");
+    let block = wire.flight(&[
+        FrontendMessage::Query("BEGIN READ ONLY".into()),
+        FrontendMessage::Sync,
+        FrontendMessage::Query(format!("SELECT v FROM {t} WHERE id = 10")),
+        FrontendMessage::Query("COMMIT".into()),
+    ]);
+    assert!(block.errors.is_empty(), "{block:?}");
+    assert_eq!(block.rows, vec![vec![Some("1".to_string())]], "{block:?}");
+    assert_eq!(block.tags, b"CZZTDCZCZ".to_vec(), "{block:?}");
     assert!(
         outcome(&proxy, "fallback") >= 1,
         "the paused replica made the wait fail: {}",
