@@ -106,7 +106,7 @@ enum Answered {
 }
 
 /// What the server says to anything but the end of an aborted transaction block.
-const ABORTED: (&str, &str) = (
+pub(super) const ABORTED: (&str, &str) = (
     "25P02",
     "current transaction is aborted, commands ignored until end of transaction block",
 );

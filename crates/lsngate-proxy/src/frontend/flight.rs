@@ -147,6 +147,11 @@ pub struct Attached {
     /// (see `Session::answer_query`): the server runs a stand-in Query, whose answer this
     /// replaces, so its transaction moves as it would for the client's Query.
     pub substitute: Option<Substitute>,
+    /// The client segment (by number, see `segments_done`) behind statements the proxy could
+    /// not prepare because the block was aborted (their Parse met 25P02): the server's 26000
+    /// for a Bind or Describe of one is relayed as the 25P02 PostgreSQL gives (it finds the
+    /// statement before it refuses the message for the aborted block).
+    pub unprepared_in_aborted_block: Option<u64>,
     /// What the Executes sent since the last Sync (while `open`) ran: `None` when there were
     /// none, else whether one of them was a BEGIN (see `Session::answer_query`).
     pub unsynced_executed: Option<bool>,
@@ -215,6 +220,7 @@ impl Attached {
             held_ready: None,
             position_owed: false,
             substitute: None,
+            unprepared_in_aborted_block: None,
             unsynced_executed: None,
             resync_rows: Vec::new(),
             resync_failed: false,
@@ -432,7 +438,7 @@ fn reset_tags(
 
 /// The identity recorded for a statement a connection may or may not hold: no statement's
 /// (`statement_identity` always has a `|`).
-const IN_DOUBT: &str = "";
+pub(super) const IN_DOUBT: &str = "";
 
 /// Named statements a server connection may hold before those not in use are closed.
 const MAX_PREPARED_PER_CONNECTION: usize = 256;

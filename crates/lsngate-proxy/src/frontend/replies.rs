@@ -150,6 +150,7 @@ impl Session {
                 && b.describing.is_empty()
                 && b.reset_rewritten.is_none()
                 && b.substitute.is_none()
+                && b.unprepared_in_aborted_block.is_none()
                 && b.reset_tags.is_empty()
                 && !b.copy_in
                 && b.unconfirmed.is_empty();
@@ -340,6 +341,13 @@ impl Session {
             BackendMessage::ReadyForQuery(status) => {
                 attached.expect.pop_front();
                 attached.error_relayed = false;
+                let done = attached.segments_done();
+                if attached
+                    .unprepared_in_aborted_block
+                    .is_some_and(|segment| segment < done)
+                {
+                    attached.unprepared_in_aborted_block = None;
+                }
                 if !attached.unconfirmed.is_empty() {
                     self.undo_unconfirmed();
                 }
@@ -359,6 +367,17 @@ impl Session {
                     retry.read_only_violation = true;
                 }
                 attached.error_relayed = true;
+            }
+            BackendMessage::ErrorResponse(ref e)
+                if e.sqlstate() == Some("26000")
+                    && attached.unprepared_in_aborted_block == Some(attached.segments_done()) =>
+            {
+                attached.unprepared_in_aborted_block = None;
+                attached.error_relayed = true;
+                let (code, message) = super::commands::ABORTED;
+                return self
+                    .relay(ErrorFields::new("ERROR", code, message).to_frame(b'E'))
+                    .await;
             }
             BackendMessage::ErrorResponse(mut e) => {
                 attached.error_relayed = true;
@@ -579,6 +598,21 @@ impl Session {
             }
             // The failure it was sent for.
             BackendMessage::ErrorResponse(_) if duty == Duty::Abort => return Ok(()),
+            BackendMessage::ErrorResponse(ref e)
+                if duty == Duty::Prepare && e.sqlstate() == Some("25P02") =>
+            {
+                // Statements put in front of the client's next segment inside a block that had
+                // failed meanwhile: none of them was parsed. What the connection holds is in
+                // doubt (the next flight that needs one parses it again), and the 26000 that
+                // segment meets is the server's refusal of the aborted block.
+                attached.unprepared_in_aborted_block = Some(attached.segments_done());
+                attached
+                    .conn
+                    .prepared
+                    .values_mut()
+                    .for_each(|identity| *identity = super::flight::IN_DOUBT.to_string());
+                return Ok(());
+            }
             BackendMessage::ErrorResponse(e) => {
                 if matches!(duty, Duty::Served | Duty::Position { .. }) {
                     crate::causal::sql::forget_probes(&mut attached.conn.prepared);

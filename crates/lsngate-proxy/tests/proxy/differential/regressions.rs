@@ -744,5 +744,22 @@ pub fn known() -> Vec<(&'static str, Case)> {
                 q("SHOW lsngate.route"),
             ]),
         ),
+        (
+            // Seeds 888943, 999836 (with replicas): a statement parsed and run on a replica,
+            // bound inside an aborted block on the primary, got 26000 there (the statement was
+            // never prepared on that connection) where PostgreSQL says 25P02.
+            "a Bind in an aborted block of a statement parsed on a replica is refused as aborted",
+            case(vec![
+                parse("s2", "SELECT 1 AS one"),
+                bind("s2"),
+                execute(),
+                sync(),
+                q("INSERT INTO {t} (id, v) VALUES (101, 5)"),
+                q("BEGIN"),
+                q("SELECT 1/0"),
+                bind("s2"),
+                sync(),
+            ]),
+        ),
     ]
 }
