@@ -199,6 +199,19 @@ pub struct Attached {
 }
 
 impl Attached {
+    /// Sends `sql` as a simple Query whose replies `owner` is due, behind what was sent: the
+    /// server drops its unnamed statement for it.
+    pub async fn send_query(
+        &mut self,
+        sql: &str,
+        owner: Owner,
+    ) -> Result<(), crate::backend::BackendError> {
+        self.conn.unnamed = None;
+        self.expect.push_back(owner);
+        let query = FrontendMessage::Query(sql.to_string()).to_frame();
+        self.conn.send(std::slice::from_ref(&query)).await
+    }
+
     /// `expect` is an empty queue to reuse (it keeps its allocation from client to client).
     fn new(conn: PooledConn, target: Target, expect: VecDeque<Owner>) -> Attached {
         debug_assert!(expect.is_empty());
@@ -1248,11 +1261,11 @@ impl Session {
         if self.status != b'T' || !attached.may_add_frames() || attached.copy_in {
             return Ok(false);
         }
-        attached.conn.unnamed = None;
-        attached.expect.push_back(Owner::Proxy(Duty::Abort));
         self.status = b'E';
-        let abort = FrontendMessage::Query(ABORT_SQL.to_string()).to_frame();
-        if let Err(e) = attached.conn.send(std::slice::from_ref(&abort)).await {
+        if let Err(e) = attached
+            .send_query(ABORT_SQL, Owner::Proxy(Duty::Abort))
+            .await
+        {
             self.backend_lost(e).await?;
         }
         Ok(true)
@@ -1280,10 +1293,7 @@ impl Session {
                     .insert(name.clone(), statement.clone());
             }
         }
-        attached.conn.unnamed = None;
-        attached.expect.push_back(Owner::Proxy(Duty::Restore));
-        let restore = FrontendMessage::Query(sql).to_frame();
-        if let Err(e) = attached.conn.send(std::slice::from_ref(&restore)).await {
+        if let Err(e) = attached.send_query(&sql, Owner::Proxy(Duty::Restore)).await {
             return self.backend_lost(e).await;
         }
         Ok(())

@@ -224,10 +224,8 @@ impl Session {
                     // It opened a transaction block the client never heard of (`BEGIN READ
                     // ONLY`): ended here, before the flight runs again, on this connection or
                     // (once it is back in the pool) on another client's.
-                    attached.conn.unnamed = None;
-                    attached.expect.push_back(Owner::Proxy(Duty::Prepare));
-                    let rollback = FrontendMessage::Query("ROLLBACK".into()).to_frame();
-                    if let Err(e) = attached.conn.send(std::slice::from_ref(&rollback)).await {
+                    let rollback = attached.send_query("ROLLBACK", Owner::Proxy(Duty::Prepare));
+                    if let Err(e) = rollback.await {
                         return self.backend_lost(e).await;
                     }
                 }

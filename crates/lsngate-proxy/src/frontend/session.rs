@@ -1133,17 +1133,14 @@ impl Session {
                 (false, b'E') => "SELECT 1",
                 (false, _) => "",
             };
-            // What a Query does to the server's state: the unnamed statement is gone, and the
-            // batch needs no Sync any more.
-            attached.conn.unnamed = None;
+            // What a Query does to the server's state: the batch needs no Sync any more.
             attached.open = false;
             attached.unsynced_due = 0;
             attached.unsynced_executed = None;
-            attached.expect.push_back(super::flight::Owner::Client);
             attached.substitute = Some(Substitute { answer, installs });
             attached.may_commit = true;
-            let query = FrontendMessage::Query(stand_in.to_string()).to_frame();
-            if let Err(e) = attached.conn.send(std::slice::from_ref(&query)).await {
+            let sent = attached.send_query(stand_in, super::flight::Owner::Client);
+            if let Err(e) = sent.await {
                 return self.backend_lost(e).await;
             }
             return Ok(());
