@@ -453,6 +453,32 @@ fn reset_tags(
 /// (`statement_identity` always has a `|`).
 pub(super) const IN_DOUBT: &str = "";
 
+/// The effects of a `DEALLOCATE ALL` (or `DISCARD ALL`) on the statements the client `held`
+/// before it: every one gone from the client's view, put back if the server does not confirm it
+/// ran (`replies.rs` `undo_unconfirmed`).
+fn all_dropped(held: impl IntoIterator<Item = (String, ClientStatement)>) -> Vec<Effect> {
+    held.into_iter()
+        .map(|(name, s)| Effect {
+            name,
+            view_before: Some(s),
+            view_after: None,
+            held_before: None,
+            held_after: None,
+        })
+        .collect()
+}
+
+/// A `DEALLOCATE ALL` (or `DISCARD ALL`) sent on `conn`: the server drops every named statement
+/// there, the proxy's own included, unless it skips or refuses the statement (after an error in
+/// its batch, or in an aborted block), and only its CommandComplete says which. Each is kept with
+/// an identity no statement has, so whatever needs one there next closes and parses it again,
+/// and a Parse of its name closes it first.
+fn all_in_doubt(conn: &mut BackendConn) {
+    conn.prepared
+        .values_mut()
+        .for_each(|identity| *identity = IN_DOUBT.to_string());
+}
+
 /// Named statements a server connection may hold before those not in use are closed.
 const MAX_PREPARED_PER_CONNECTION: usize = 256;
 
@@ -958,24 +984,8 @@ impl Session {
                         &self.log,
                         &flight[..position],
                     );
-                    let effects = held
-                        .into_iter()
-                        .map(|(name, s)| Effect {
-                            name,
-                            view_before: Some(s),
-                            view_after: None,
-                            held_before: None,
-                            held_after: None,
-                        })
-                        .collect();
-                    note(segment, b'C', effects);
-                    // The server drops every named statement here, the proxy's own included,
-                    // unless it skips the Execute after an error (nothing confirms which): each
-                    // is kept with an identity no statement has, so whatever needs one there
-                    // next closes and parses it again, and a Parse of its name closes it first.
-                    conn.prepared
-                        .values_mut()
-                        .for_each(|identity| *identity = IN_DOUBT.to_string());
+                    note(segment, b'C', all_dropped(held));
+                    all_in_doubt(conn);
                     if !may_inject {
                         continue;
                     }
@@ -1182,14 +1192,15 @@ impl Session {
                     self.settings = self.startup_settings.clone();
                     conn.applied.clear();
                     self.restore_due = !self.settings.is_empty();
-                    if lower == "discard all" {
+                    if lower == "discard all" && simple {
+                        self.drop_all_unconfirmed();
+                    } else if lower == "discard all" {
                         self.statements.clear();
                         conn.prepared.clear();
                     }
                 } else if lower == "deallocate all" || lower == "deallocate prepare all" {
                     if simple {
-                        self.statements.clear();
-                        conn.prepared.clear();
+                        self.drop_all_unconfirmed();
                     }
                 } else {
                     return Some(lower.starts_with("deallocate") || lower.starts_with("discard"));
@@ -1198,6 +1209,21 @@ impl Session {
             _ => {}
         }
         Some(true)
+    }
+
+    /// A simple Query's `DEALLOCATE ALL` or `DISCARD ALL`, about to be sent: the client's
+    /// statements leave its view now, and come back if the server refuses it (25P02 in an
+    /// aborted block, 25001 for `DISCARD ALL` in any block) or skips it, which only the missing
+    /// CommandComplete tells (`replies.rs`).
+    fn drop_all_unconfirmed(&mut self) {
+        let held = std::mem::take(&mut self.statements);
+        let attached = self.backend.as_mut().expect("attached");
+        attached.unconfirmed.push_back(Unconfirmed {
+            segment: attached.segments_sent,
+            answer: b'C',
+            effects: all_dropped(held),
+        });
+        all_in_doubt(&mut attached.conn);
     }
 
     /// The server's session settings, read back ([`Duty::Resync`]) once the client's

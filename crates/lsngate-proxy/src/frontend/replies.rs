@@ -317,11 +317,13 @@ impl Session {
             && attached.unconfirmed.front().is_some_and(|u| {
                 u.segment == attached.segments_done()
                     && u.answer == frame.tag
-                    && (frame.tag != b'C' || frame.body.starts_with(b"DEALLOCATE"))
+                    && (frame.tag != b'C'
+                        || frame.body.starts_with(b"DEALLOCATE")
+                        || frame.body.starts_with(b"DISCARD"))
             })
         {
             // ParseComplete and CloseComplete answer the client's Parses and Closes in order,
-            // `DEALLOCATE ALL`'s CommandComplete its Execute.
+            // `DEALLOCATE ALL`'s (or `DISCARD ALL`'s) CommandComplete its Execute or Query.
             attached.unconfirmed.pop_front();
         }
         if attached.copy_in

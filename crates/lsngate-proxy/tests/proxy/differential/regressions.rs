@@ -761,5 +761,52 @@ pub fn known() -> Vec<(&'static str, Case)> {
                 sync(),
             ]),
         ),
+        (
+            // Seed 999836: a DEALLOCATE ALL sent as a simple Query in an aborted block is refused
+            // (25P02), but the proxy had dropped the client's statements from its books at send
+            // time: the Bind behind it got 26000 where PostgreSQL says 25P02.
+            "a DEALLOCATE ALL refused in an aborted block keeps the statements",
+            case(vec![
+                parse("s2", "BEGIN"),
+                bind("s2"),
+                execute_rows(1),
+                execute(),
+                sync(),
+                q("DEALLOCATE ALL"),
+                bind("s2"),
+                sync(),
+            ]),
+        ),
+        (
+            // The same, answered before the client goes on, and the statement used after the
+            // block: it still exists on a direct connection.
+            "a statement outlives a DEALLOCATE ALL refused in an aborted block",
+            case(vec![
+                parse("s1", "SELECT 1 AS one"),
+                q("BEGIN"),
+                q("SELECT 1/0"),
+                Step::Wait,
+                q("DEALLOCATE ALL"),
+                Step::Wait,
+                q("ROLLBACK"),
+                bind("s1"),
+                execute(),
+                sync(),
+            ]),
+        ),
+        (
+            // DISCARD ALL cannot run in a transaction block (25001): the statements stay.
+            "a statement outlives a DISCARD ALL refused in a transaction block",
+            case(vec![
+                parse("s1", "SELECT 1 AS one"),
+                sync(),
+                q("BEGIN"),
+                q("DISCARD ALL"),
+                q("ROLLBACK"),
+                bind("s1"),
+                execute(),
+                sync(),
+            ]),
+        ),
     ]
 }
