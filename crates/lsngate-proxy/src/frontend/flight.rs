@@ -196,6 +196,11 @@ pub struct Attached {
     /// The `conn.reported_version` the client's reported values were last compared with (see
     /// `Session::report_changes`); none yet on a fresh attachment.
     pub reported_seen: Option<u64>,
+    /// A statement that pins the session (SQL `PREPARE`, `LISTEN`, `DECLARE`) was sent and the
+    /// session pinned, but the server has not said it ran: the last client segment of its flight
+    /// (see `segments_done`). If that segment ends without the statement's CommandComplete (the
+    /// server skipped it after an earlier error, or refused it), the pin is undone.
+    pub pin_unconfirmed: Option<u64>,
 }
 
 impl Attached {
@@ -248,6 +253,7 @@ impl Attached {
             reported_seen: None,
             reset_tags: VecDeque::new(),
             reset_in_doubt: false,
+            pin_unconfirmed: None,
             effects_due: false,
             foreign_closed: false,
         }
@@ -605,6 +611,17 @@ impl Session {
                 // still unanswered: the status the block is judged by is the last one heard. Once
                 // the answers are in, an ended block lets the write go to the primary; inside a
                 // block still open it fails on the replica as PostgreSQL fails it (25006).
+                self.drain().await?;
+                continue;
+            }
+            if b.pin_unconfirmed.is_some()
+                && !compatible
+                && !b.expect.is_empty()
+                && !b.open
+                && !b.copy_in
+            {
+                // Pinned by a statement the server may have skipped (`pin_unconfirmed`): its
+                // answer decides whether this flight must stay on the connection.
                 self.drain().await?;
                 continue;
             }
@@ -1142,6 +1159,7 @@ impl Session {
         let alone = self.status == b'I' && effects.len() == 1 && executes <= 1;
         let mut doubt = false;
         let simple = matches!(flight, [FrontendMessage::Query(_)]);
+        let pinned_before = self.pinned;
         for (class, sql) in effects {
             if let Some(understood) = self.note_session_effect(class, &sql, simple) {
                 doubt |= class == Class::SessionState && !(understood && alone);
@@ -1151,6 +1169,21 @@ impl Session {
                     self.backend.as_mut().expect("attached").effects_due = true;
                 }
             }
+        }
+        if self.pinned && !pinned_before {
+            // The flight's last segment: the one still open when it ends in Flush.
+            let attached = self.backend.as_mut().expect("attached");
+            let ends = segment_ends(flight) as u64;
+            let open_tail = !matches!(
+                flight.last(),
+                Some(
+                    FrontendMessage::Sync
+                        | FrontendMessage::Query(_)
+                        | FrontendMessage::FunctionCall(_)
+                )
+            );
+            let last = attached.segments_sent + ends + u64::from(open_tail);
+            attached.pin_unconfirmed = Some(last.saturating_sub(1));
         }
         doubt
     }

@@ -326,6 +326,9 @@ impl Session {
             // `DEALLOCATE ALL`'s (or `DISCARD ALL`'s) CommandComplete its Execute or Query.
             attached.unconfirmed.pop_front();
         }
+        if frame.tag == b'C' && attached.pin_unconfirmed.is_some() && pins(&frame.body) {
+            attached.pin_unconfirmed = None;
+        }
         if attached.copy_in
             && matches!(
                 message,
@@ -350,6 +353,17 @@ impl Session {
                 }
                 if !attached.unconfirmed.is_empty() {
                     self.undo_unconfirmed();
+                }
+                let attached = self.backend.as_mut().expect("attached");
+                if attached
+                    .pin_unconfirmed
+                    .is_some_and(|segment| segment < done)
+                {
+                    // The statement that pinned the session did not run there: nothing holds
+                    // the session to this connection (a pin to a replica would send its writes
+                    // there, 25006).
+                    attached.pin_unconfirmed = None;
+                    self.pinned = false;
                 }
                 return self.client_ready(frame, status).await;
             }
@@ -885,4 +899,12 @@ impl Session {
         self.io.flush().await?;
         Ok(())
     }
+}
+
+/// Whether a CommandComplete's tag is one of a statement that pins the session (see
+/// `router::Class::Pin`).
+fn pins(tag: &[u8]) -> bool {
+    [&b"PREPARE"[..], b"LISTEN", b"UNLISTEN", b"DECLARE"]
+        .iter()
+        .any(|t| tag.starts_with(t))
 }

@@ -981,6 +981,60 @@ fn a_read_only_block_whose_wait_failed_leaves_no_transaction_open_on_the_replica
     );
 }
 
+/// A read whose string also sets a setting (`SHOW work_mem; SET work_mem = '7MB'`, a read by its
+/// first statement) runs whole on the replica even when its wait fails, and only its answer is
+/// thrown away: the SET stays on that server connection, which must not reach the next client
+/// there with it. Written for seed 777478 of the differential checker (a new client saw an earlier
+/// one's `work_mem` on 15, once): this path was not its cause (the test passed before any change),
+/// and it keeps that path covered.
+#[test]
+fn a_setting_in_a_read_whose_wait_failed_does_not_reach_the_next_client() {
+    let cluster = Cluster::start(&ClusterConfig::default().replicas(1)).unwrap();
+    cluster.wait_streaming(Duration::from_secs(30)).unwrap();
+    let t = unique("discarded_set");
+    create(&cluster, &t);
+    // One server connection per node, so the next client gets the one the read used.
+    let proxy = proxy_with(&cluster, |f| {
+        f.pool_size = Some(1);
+        f.wait_timeout_ms = Some(200);
+        f.breaker_ratio = Some(1.0);
+    });
+    cluster.replica(0).pause_replay().unwrap();
+    let (first, next, port) = rt().block_on(async {
+        let client = connect(&proxy.conninfo()).await;
+        client
+            .execute(&format!("INSERT INTO {t} VALUES (1, 1)"), &[])
+            .await
+            .unwrap();
+        client
+            .batch_execute("SHOW work_mem; SET work_mem = '7MB'")
+            .await
+            .unwrap();
+        let first = show(&client, "SHOW work_mem").await;
+        drop(client);
+        let client = connect(&proxy.conninfo()).await;
+        let next = show(&client, "SHOW work_mem").await;
+        let port = server_port(&client).await;
+        (first, next, port)
+    });
+    cluster.replica(0).resume_replay().unwrap();
+    assert!(
+        outcome(&proxy, "fallback") >= 1,
+        "the paused replica made the wait fail: {}",
+        proxy.status()["causal"]["outcomes"]
+    );
+    assert_eq!(first, "7MB", "the client's own SET holds for it");
+    assert_eq!(
+        port,
+        cluster.replica(0).port() as i32,
+        "the next client's read is served by the replica"
+    );
+    assert_eq!(
+        next, "4MB",
+        "the next client sees the server default, not the first client's SET"
+    );
+}
+
 /// Reads pipelined behind a write, in the same network write, see it on a replica 50 ms behind:
 /// the write's position is known before they are routed. With the default budget they wait on
 /// the replica; with a 5 ms one they fall back to the primary, and the replies still come in

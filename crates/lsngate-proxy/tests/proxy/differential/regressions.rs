@@ -808,5 +808,22 @@ pub fn known() -> Vec<(&'static str, Case)> {
                 sync(),
             ]),
         ),
+        (
+            // Seed 222422 (with replicas): a SQL PREPARE in a batch the server skipped (behind an
+            // Execute of no portal, 34000) pinned the session all the same, to the replica the
+            // batch was on, and the COPY FROM STDIN behind it failed there with 25006.
+            "a PREPARE the server skips does not pin the session",
+            case(vec![
+                execute_rows(2),
+                q("COPY (SELECT id, v FROM {t} ORDER BY id) TO STDOUT (FORMAT csv, HEADER)"),
+                parse("", "PREPARE q1 (int) AS SELECT v FROM {t} WHERE id = $1"),
+                bind(""),
+                execute(),
+                sync(),
+                q(COPY_IN),
+                copy_done(),
+                sync(),
+            ]),
+        ),
     ]
 }
