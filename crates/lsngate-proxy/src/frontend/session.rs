@@ -640,8 +640,10 @@ impl Session {
         let frame = match incoming {
             Incoming::Query(len) => {
                 self.refresh_config();
-                if self.pending.is_empty() {
-                    // PostgreSQL drops the unnamed statement at every simple Query.
+                if self.pending.is_empty() && !self.backend.as_ref().is_some_and(|b| b.open) {
+                    // PostgreSQL drops the unnamed statement at every simple Query it runs; one
+                    // behind unsynced messages may be skipped (after an error there), and
+                    // `query_after_unsynced` decides.
                     self.unnamed = None;
                 }
                 // Lent out of the buffer for the call: the pass-through sends the message

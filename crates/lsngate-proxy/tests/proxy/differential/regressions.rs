@@ -825,5 +825,20 @@ pub fn known() -> Vec<(&'static str, Case)> {
                 sync(),
             ]),
         ),
+        (
+            // Seed 222751: a simple Query the server skips (behind a failed Execute, up to the
+            // Sync) dropped the client's unnamed statement in the proxy's books all the same, so a
+            // Describe of it after the Sync got 26000.
+            "a simple Query the server skips keeps the unnamed statement",
+            case(vec![
+                parse("", "SAVEPOINT sp1"),
+                execute_rows(1),
+                q("SELECT 1"),
+                q("SELECT 2"),
+                sync(),
+                describe('S', ""),
+                sync(),
+            ]),
+        ),
     ]
 }
