@@ -153,7 +153,9 @@ impl Session {
                 && b.unprepared_in_aborted_block.is_none()
                 && b.reset_tags.is_empty()
                 && !b.copy_in
-                && b.unconfirmed.is_empty();
+                && b.unconfirmed.is_empty()
+                // Its CommandComplete confirms it (`on_backend`).
+                && b.pin_unconfirmed.is_none();
             if plain_relay && b.conn.take_plain(self.io.out(), relayed_as_is) > 0 {
                 let b = self.backend.as_ref().expect("attached");
                 if !b.conn.has_frame() || self.io.queued() > 64 * 1024 {

@@ -840,5 +840,19 @@ pub fn known() -> Vec<(&'static str, Case)> {
                 sync(),
             ]),
         ),
+        (
+            // A pin confirmed by its CommandComplete must be seen on every relay path: one relayed
+            // byte for byte was missed, the pin undone, and the connection went back to the pool
+            // holding q1 (the next client's PREPARE met 42P05; 43 of 1000 cases from seed 888000
+            // before it was caught).
+            "a PREPARE that ran keeps the session pinned, and the next client does not inherit it",
+            case(vec![
+                q("PREPARE q1 AS SELECT 1 AS one"),
+                q("EXECUTE q1"),
+                Step::Reconnect,
+                q("PREPARE q1 AS SELECT 2 AS two"),
+                q("EXECUTE q1"),
+            ]),
+        ),
     ]
 }
