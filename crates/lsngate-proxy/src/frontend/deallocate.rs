@@ -92,6 +92,15 @@ impl Session {
             }
             Deallocate::One(name) => name,
         };
+        if self
+            .backend
+            .as_ref()
+            .is_some_and(|b| !b.open && !b.expect.is_empty())
+        {
+            // The answer depends on the transaction status, and the one last heard may be out of
+            // date: a batch pipelined in front may yet fail and abort the block.
+            self.drain().await?;
+        }
         // In an aborted transaction the server refuses everything with 25P02: let it say so.
         if self.status == b'E' {
             return Ok(false);

@@ -854,5 +854,23 @@ pub fn known() -> Vec<(&'static str, Case)> {
                 q("EXECUTE q1"),
             ]),
         ),
+        (
+            // Seed 333336: a DEALLOCATE the proxy answers itself, pipelined behind a batch that
+            // fails inside a block, was judged by the status last heard (T) and answered 26000
+            // where PostgreSQL refuses it for the aborted block (25P02).
+            "a DEALLOCATE pipelined behind a failing batch in a block is refused as aborted",
+            case(vec![
+                parse("", "BEGIN"),
+                bind(""),
+                execute(),
+                Step::Send(Msg::Execute {
+                    portal: "p2".into(),
+                    max_rows: 0,
+                }),
+                sync(),
+                q("DEALLOCATE q1"),
+                sync(),
+            ]),
+        ),
     ]
 }
