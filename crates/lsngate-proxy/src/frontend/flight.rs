@@ -625,6 +625,18 @@ impl Session {
                 self.drain().await?;
                 continue;
             }
+            if b.awaiting_replies()
+                && !b.open
+                && !b.copy_in
+                && !self.moved_statements(&flight).is_empty()
+            {
+                // The shape check before the flight (`recheck_moved`) needs the connection to
+                // itself, and the last reply due may hand it back to the pool: drained here,
+                // where a released connection is attached anew (the flight got 08006 "no
+                // primary is reachable" there, seed 111291).
+                self.drain().await?;
+                continue;
+            }
             if b.reset_in_doubt && !b.expect.is_empty() && !b.open && !b.copy_in {
                 // The read-back behind a Query that may have reset a setting, and the startup
                 // values it may apply again, go before this flight (`Session::on_resync`).

@@ -113,48 +113,54 @@ impl Session {
         }
     }
 
+    /// The statements `flight` uses whose shape the client was shown and which the attached
+    /// connection lacks (see [`Session::recheck_moved`]); none when nothing is attached.
+    pub(super) fn moved_statements(&self, flight: &[FrontendMessage]) -> Vec<String> {
+        let mut moved = Vec::new();
+        let Some(attached) = self.backend.as_ref() else {
+            return moved;
+        };
+        if self.statements.is_empty() {
+            return moved;
+        }
+        let parsed_here = |name: &str| {
+            flight
+                .iter()
+                .any(|m| matches!(m, FrontendMessage::Parse { statement, .. } if statement == name))
+        };
+        for m in flight {
+            let (FrontendMessage::Bind {
+                statement: name, ..
+            }
+            | FrontendMessage::Describe { kind: b'S', name }) = m
+            else {
+                continue;
+            };
+            let Some(s) = self.statements.get(name) else {
+                continue;
+            };
+            if s.shape.is_some()
+                && !s.plan_changed
+                && attached.conn.prepared.get(name).map(String::as_str) != Some(s.identity())
+                && !parsed_here(name)
+                && !moved.contains(name)
+            {
+                moved.push(name.clone());
+            }
+        }
+        moved
+    }
+
     /// Before `flight` runs on the attached connection: statements it uses whose shape the
     /// client was shown and which this connection lacks are parsed and described here first; a
-    /// different shape marks them changed (see the module doc).
+    /// different shape marks them changed (see the module doc). `dispatch_to` has drained the
+    /// replies due there first (their last one may hand the connection back to the pool).
     /// The connection's loss, when it broke meanwhile (nothing of the flight was sent).
     pub(super) async fn recheck_moved(
         &mut self,
         flight: &[FrontendMessage],
     ) -> anyhow::Result<Option<BackendError>> {
-        if self.statements.is_empty() {
-            return Ok(None);
-        }
-        let mut moved = Vec::new();
-        {
-            let Some(attached) = self.backend.as_ref() else {
-                return Ok(None);
-            };
-            let parsed_here = |name: &str| {
-                flight.iter().any(
-                    |m| matches!(m, FrontendMessage::Parse { statement, .. } if statement == name),
-                )
-            };
-            for m in flight {
-                let (FrontendMessage::Bind {
-                    statement: name, ..
-                }
-                | FrontendMessage::Describe { kind: b'S', name }) = m
-                else {
-                    continue;
-                };
-                let Some(s) = self.statements.get(name) else {
-                    continue;
-                };
-                if s.shape.is_some()
-                    && !s.plan_changed
-                    && attached.conn.prepared.get(name).map(String::as_str) != Some(s.identity())
-                    && !parsed_here(name)
-                    && !moved.contains(name)
-                {
-                    moved.push(name.clone());
-                }
-            }
-        }
+        let moved = self.moved_statements(flight);
         if moved.is_empty() {
             return Ok(None);
         }

@@ -65,6 +65,15 @@ fn execute_rows(max_rows: i32) -> Step {
     })
 }
 
+fn bind_with(portal: &str, statement: &str, params: &[&str]) -> Step {
+    Step::Send(Msg::Bind {
+        portal: portal.into(),
+        statement: statement.into(),
+        params: params.iter().map(|p| Some(p.to_string())).collect(),
+        binary_results: false,
+    })
+}
+
 const COPY_IN: &str = "COPY {t} (id, v) FROM STDIN";
 
 /// (name, case) for every known sequence.
@@ -869,6 +878,53 @@ pub fn known() -> Vec<(&'static str, Case)> {
                 }),
                 sync(),
                 q("DEALLOCATE q1"),
+                sync(),
+            ]),
+        ),
+        (
+            // Seed 111291 (with replicas): a statement the client was shown the shape of on a
+            // replica, bound on the primary behind a write still unanswered there. The shape
+            // check drained the write's replies first, the last of them handed the connection
+            // back to the pool, and the flight got 08006 "no primary is reachable".
+            "a statement moved to the primary behind an unanswered write keeps its connection",
+            case(vec![
+                sync(),
+                q("END"),
+                parse(
+                    "s2",
+                    "SELECT g AS n, g * $1 AS m FROM generate_series(1, 4) g",
+                ),
+                bind_with("", "s2", &["7"]),
+                describe('P', ""),
+                execute(),
+                Step::Send(Msg::Close {
+                    kind: 'P',
+                    name: "p1".into(),
+                }),
+                bind_with("p1", "s2", &["101"]),
+                Step::Send(Msg::Execute {
+                    portal: "p1".into(),
+                    max_rows: 0,
+                }),
+                sync(),
+                q("UPDATE {t} SET v = v + '1' WHERE id <= '1'"),
+                bind_with("", "s2", &["103"]),
+                describe('P', ""),
+                execute(),
+                parse("", "SELECT count(*) AS n, sum(v) AS total FROM {t}"),
+                bind(""),
+                execute(),
+                Step::Send(Msg::Parse {
+                    name: String::new(),
+                    sql: "INSERT INTO {t} (id, v) VALUES ($1, $2)".into(),
+                    types: vec![0, 0],
+                }),
+                bind_with("", "", &["104", "5"]),
+                execute(),
+                sync(),
+                parse("s3", "INSERT INTO {t} (id, v) VALUES ($1, $2)"),
+                bind_with("", "s3", &["3", "6"]),
+                execute(),
                 sync(),
             ]),
         ),
