@@ -637,9 +637,12 @@ impl Session {
                 self.drain().await?;
                 continue;
             }
-            if b.reset_in_doubt && !b.expect.is_empty() && !b.open && !b.copy_in {
+            if b.reset_in_doubt && !b.expect.is_empty() && b.may_add_frames() {
                 // The read-back behind a Query that may have reset a setting, and the startup
                 // values it may apply again, go before this flight (`Session::on_resync`).
+                // Behind a COPY the client ended, its answer still to come (`copy_in`), too: a
+                // flight sent there made the Query's ReadyForQuery not the last due, and the
+                // read-back was never sent (seed 777188, under load).
                 self.drain().await?;
                 continue;
             }

@@ -928,5 +928,26 @@ pub fn known() -> Vec<(&'static str, Case)> {
                 sync(),
             ]),
         ),
+        (
+            // Seed 777188 (with replicas, under load): a Query that resets a startup setting among
+            // other statements, pipelined behind a CopyFail whose error had not come back yet. The
+            // flight behind the Query did not wait for its read-back (the COPY's answer still
+            // due counted as a COPY under way), so the read-back was never sent and the client
+            // heard the login's application_name. Here the COPY is started and answered first,
+            // so the rest meets it in that state every time.
+            "a RESET among statements behind a failed COPY is read back before the next flight",
+            case(vec![
+                parse("", COPY_IN),
+                bind(""),
+                execute(),
+                Step::Send(Msg::Flush),
+                Step::Wait,
+                Step::Send(Msg::CopyFail("the client gives up".into())),
+                sync(),
+                q("RESET application_name; SELECT 1 AS one"),
+                sync(),
+                q("SHOW application_name"),
+            ]),
+        ),
     ]
 }
