@@ -5,6 +5,7 @@
 #![warn(missing_docs)]
 
 pub mod clock;
+pub mod floor;
 pub mod guard;
 pub mod lsn;
 pub mod route;
@@ -13,6 +14,7 @@ pub mod token;
 pub mod wal;
 
 pub use clock::WalClock;
+pub use floor::Floor;
 pub use guard::{BreakerState, Fallback, GuardConfig, PrimaryGuard, Refusal, WhenGuarded};
 pub use lsn::{Lsn, LsnParseError};
 pub use route::{Decision, LagBound, PrimaryReason, ReadRequest, ReplicaState, Role, route};

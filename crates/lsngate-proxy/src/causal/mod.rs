@@ -77,10 +77,7 @@ impl CausalConfig {
             .tokens
             .verify(value, SystemTime::now())
             .map_err(|e| format!("invalid lsngate.min_lsn {value:?}: {e}"))?;
-        Ok(Floor {
-            lsn: token.lsn,
-            timeline: token.timeline,
-        })
+        Ok(token.floor())
     }
 
     /// The token for a commit floor: its position with the primary's timeline (`X/Y.tN`), signed
