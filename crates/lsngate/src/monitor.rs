@@ -13,7 +13,9 @@ use lsngate_core::Role;
 use tokio::time::Instant;
 use tokio_postgres::SimpleQueryMessage;
 
-use crate::flight::{self, COMMIT_POSITION_SQL};
+use lsngate_core::probe::COMMIT_POSITION_SQL;
+
+use crate::flight;
 use crate::gate::Inner;
 use crate::pool::discard;
 
@@ -54,8 +56,10 @@ async fn probe_primary(inner: &Inner) {
     let asked = Instant::now();
     match tokio::time::timeout_at(deadline, conn.client.simple_query(COMMIT_POSITION_SQL)).await {
         Ok(Ok(messages)) => {
-            if let Some((lsn, timeline)) = flight::commit_position(&messages) {
-                inner.watcher.observe_primary(asked, lsn, timeline);
+            if let Some(position) = flight::commit_position(&messages) {
+                inner
+                    .watcher
+                    .observe_primary(asked, position.lsn, position.timeline);
             }
         }
         _ => discard(conn),
@@ -87,7 +91,10 @@ async fn probe_replica(inner: &Inner, index: usize) {
             return discard(conn);
         }
     };
-    let (in_recovery, replayed) = flight::replica_position(&messages);
+    let lsngate_core::Replay {
+        in_recovery,
+        replayed,
+    } = flight::replica_position(&messages);
     let received = third_column(&messages).and_then(|t| t.parse().ok());
     let role = match in_recovery {
         Some(false) => Role::Primary,

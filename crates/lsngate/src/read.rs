@@ -9,14 +9,16 @@
 
 use std::time::Duration;
 
-use lsngate_core::{Decision, Fallback, Lsn, PrimaryReason, ReadRequest, Role, Token, route};
+use lsngate_core::{
+    Decision, Fallback, Lsn, PrimaryReason, ReadRequest, Role, Token, Verdict, route,
+};
 use tokio::time::Instant;
 use tokio_postgres::Row;
 use tracing::Instrument;
 
 use crate::config::WaitStrategy;
 use crate::error::{Error, FallbackReason};
-use crate::flight::{self, Answer, FlightError, Params, Verdict};
+use crate::flight::{self, Answer, FlightError, Params};
 use crate::gate::{Gate, Inner};
 use crate::pool::{Pooled, discard};
 

@@ -225,7 +225,10 @@ impl Causal {
                 *slot = Some(conn);
             }
             let conn = slot.as_mut().expect("connected");
-            match conn.query_row(sql::PRIMARY_POSITION_SQL).await {
+            match conn
+                .query_row(lsngate_core::probe::INSERT_POSITION_SQL)
+                .await
+            {
                 Ok(row) => {
                     let lsn = row
                         .first()
