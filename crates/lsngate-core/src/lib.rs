@@ -10,6 +10,7 @@ pub mod guard;
 pub mod lsn;
 pub mod probe;
 pub mod route;
+pub mod server;
 pub mod timeline;
 pub mod token;
 pub mod wal;
@@ -20,5 +21,6 @@ pub use guard::{BreakerState, Fallback, GuardConfig, PrimaryGuard, Refusal, When
 pub use lsn::{Lsn, LsnParseError};
 pub use probe::{Replay, Verdict};
 pub use route::{Decision, LagBound, PrimaryReason, ReadRequest, ReplicaState, Role, route};
+pub use server::{ServerFacts, ServerId};
 pub use token::{MAX_TOKEN_LEN, Token, TokenCodec, TokenError};
 pub use wal::reachable_insert_position;

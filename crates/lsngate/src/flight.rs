@@ -286,7 +286,7 @@ pub(crate) fn commit_position(messages: &[SimpleQueryMessage]) -> Option<CommitP
 
 /// Readies `conn` for [`commit_position_on`] (one round trip, the first time only).
 pub(crate) async fn prepare_commit_position(conn: &mut Conn) -> Result<(), tokio_postgres::Error> {
-    match conn.primary_timeline {
+    match conn.facts.timeline {
         Some(_) => prepare(conn, INSERT_POSITION_SQL).await,
         None => Ok(()),
     }
@@ -296,7 +296,7 @@ pub(crate) async fn prepare_commit_position(conn: &mut Conn) -> Result<(), tokio
 /// in one flight and the server answers in order. Falls back to [`COMMIT_POSITION_SQL`] on a
 /// connection whose timeline is not known.
 pub(crate) async fn commit_position_on(conn: &Conn) -> Result<(Lsn, Option<u32>), String> {
-    match (conn.primary_timeline, conn.cached(INSERT_POSITION_SQL)) {
+    match (conn.facts.timeline, conn.cached(INSERT_POSITION_SQL)) {
         (Some(timeline), Some(statement)) => {
             let row = conn
                 .client
@@ -304,11 +304,7 @@ pub(crate) async fn commit_position_on(conn: &Conn) -> Result<(Lsn, Option<u32>)
                 .await
                 .map_err(|e| e.to_string())?;
             let insert = Lsn::parse(row.get::<_, &str>(0)).map_err(|e| e.to_string())?;
-            let lsn = lsngate_core::reachable_insert_position(
-                insert,
-                conn.wal_block_size,
-                conn.wal_segment_size,
-            );
+            let lsn = conn.facts.reachable(insert);
             Ok((lsn, Some(timeline)))
         }
         _ => position_of(&conn.client).await,

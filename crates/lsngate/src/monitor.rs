@@ -104,7 +104,9 @@ async fn probe_replica(inner: &Inner, index: usize) {
         // The timeline first: an orphan stops serving before its position counts.
         inner.watcher.observe_receiver(index, received);
         if let Some(lsn) = replayed {
-            inner.watcher.observe_replayed(index, &conn.server, lsn);
+            inner
+                .watcher
+                .observe_replayed(index, &conn.facts.server, lsn);
         }
     }
     inner.watcher.observe_role(index, role);

@@ -7,15 +7,14 @@
 //! once") is never wrong for that server. It does no I/O itself.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Mutex;
 use std::time::Duration;
 
 use lsngate_core::timeline::{Need, ReplicaTimeline, admits};
-use lsngate_core::{Lsn, ReplicaState, Role, WalClock};
+use lsngate_core::{Lsn, ReplicaState, Role, ServerId, WalClock};
 use tokio::time::Instant;
 
 use crate::error::ReplicaPosition;
-use crate::pool::ServerId;
 
 /// Health, role and lag of one replica URL.
 #[derive(Debug, Default)]
@@ -26,7 +25,7 @@ struct SlotState {
     /// The timeline its WAL receiver streams, and whether one runs (see `lsngate_core::timeline`).
     timeline: ReplicaTimeline,
     /// Servers seen behind the URL, with when they last reported.
-    servers: HashMap<Arc<ServerId>, Instant>,
+    servers: HashMap<ServerId, Instant>,
 }
 
 /// A server not heard of for this long no longer counts for its URL (it was restarted — a new
@@ -58,7 +57,7 @@ pub struct ReplicaStatus {
 /// Shared knowledge about replicas and the primary.
 #[derive(Debug)]
 pub(crate) struct Watcher {
-    replayed: Mutex<HashMap<Arc<ServerId>, Lsn>>,
+    replayed: Mutex<HashMap<ServerId, Lsn>>,
     slots: Vec<Mutex<SlotState>>,
     /// The primary's WAL clock, its times since `origin`.
     clock: Mutex<WalClock>,
@@ -92,7 +91,7 @@ impl Watcher {
     }
 
     /// `server`, reached through replica `slot`, reported having replayed `lsn` (never lowers).
-    pub fn observe_replayed(&self, slot: usize, server: &Arc<ServerId>, lsn: Lsn) {
+    pub fn observe_replayed(&self, slot: usize, server: &ServerId, lsn: Lsn) {
         {
             let mut map = lock(&self.replayed);
             let known = map.entry(server.clone()).or_insert(lsn);
@@ -284,7 +283,7 @@ mod tests {
     #[test]
     fn replay_positions_only_rise_and_stay_with_their_server() {
         let watcher = Watcher::new(1);
-        let (a, b) = (Arc::new(ServerId::test("1")), Arc::new(ServerId::test("2")));
+        let (a, b) = (ServerId::from("7/1/a:1"), ServerId::from("7/1/b:1"));
         watcher.observe_replayed(0, &a, lsn(100));
         watcher.observe_replayed(0, &a, lsn(50));
         assert_eq!(watcher.replayed(&a), Some(lsn(100)));
@@ -305,7 +304,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_restarted_server_stops_holding_its_url_back() {
         let watcher = Watcher::new(1);
-        let (old, new) = (Arc::new(ServerId::test("1")), Arc::new(ServerId::test("2")));
+        let (old, new) = (ServerId::from("7/1/a:1"), ServerId::from("7/1/b:1"));
         watcher.observe_replayed(0, &old, lsn(70));
         watcher.observe_replayed(0, &new, lsn(100));
         assert_eq!(watcher.states(Need::Any)[0].replayed, Some(lsn(70)));

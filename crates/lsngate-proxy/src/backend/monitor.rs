@@ -134,7 +134,7 @@ async fn poll(node: &NodeState, probe: &mut Option<Probe>) -> Result<Poll, Strin
         // TLS as the URL's sslmode says, like the pooled connections.
         let client = lsngate_pgconn::connect(&pg_config(&node.url), &node.url.tls).await?;
         let facts = client
-            .simple_query(crate::causal::sql::SERVER_FACTS_SQL)
+            .simple_query(lsngate_core::server::IDENTITY_SQL)
             .await
             .map_err(|e| format!("learning the server identity: {e}"))?;
         let server = facts

@@ -14,14 +14,6 @@ use lsngate_core::probe::{INSERT_POSITION_SQL, REPLAY_SQL, wait_for_sql};
 
 use crate::net::{Frame, FrontendMessage};
 
-/// Identity of a server and the WAL facts a commit position needs, learned once per connection.
-pub const SERVER_FACTS_SQL: &str = "SELECT system_identifier::text || '/' || extract(epoch FROM pg_postmaster_start_time())::text || '/' || \
-     coalesce(host(inet_server_addr()), 'local') || ':' || coalesce(inet_server_port()::text, ''), \
-     current_setting('server_version_num'), current_setting('wal_block_size'), \
-     pg_size_bytes(current_setting('wal_segment_size'))::text, \
-     CASE WHEN pg_is_in_recovery() THEN NULL ELSE substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8) END \
-     FROM pg_control_system()";
-
 const POSITION_STATEMENT: &str = "lsngate_position";
 const REPLAY_STATEMENT: &str = "lsngate_replayed";
 const WAIT_STATEMENT: &str = "lsngate_wait";

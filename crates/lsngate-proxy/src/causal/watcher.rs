@@ -21,8 +21,7 @@ use tokio::time::Instant;
 use crate::backend::timeline::Need;
 use crate::backend::{NodeState, Nodes};
 
-/// A server's identity: `system_identifier/postmaster start/address:port`.
-pub type ServerId = Arc<str>;
+pub use lsngate_core::ServerId;
 
 #[derive(Debug, Default)]
 struct NodeView {
