@@ -9,6 +9,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
+use lsngate_core::sync::lock;
 use lsngate_core::{BreakerState, PrimaryGuard, Refusal, Token, WhenGuarded};
 use tokio::time::Instant;
 
@@ -256,11 +257,4 @@ impl Inner {
         let open = matches!(guard.state(now), BreakerState::Open { .. });
         metrics::gauge!(crate::metrics::BREAKER_OPEN).set(if open { 1.0 } else { 0.0 });
     }
-}
-
-/// See [`crate::watcher`]: a poisoned lock still holds usable numbers.
-pub(crate) fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    mutex
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
