@@ -21,7 +21,7 @@ pub use clock::WalClock;
 pub use floor::Floor;
 pub use guard::{BreakerState, Fallback, GuardConfig, PrimaryGuard, Refusal, WhenGuarded};
 pub use lsn::{Lsn, LsnParseError};
-pub use probe::{Replay, Verdict};
+pub use probe::{Poll, Replay, Verdict};
 pub use replay::ReplayBook;
 pub use route::{Decision, LagBound, PrimaryReason, ReadRequest, ReplicaState, Role, route};
 pub use server::{ServerFacts, ServerId};

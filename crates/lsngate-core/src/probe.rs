@@ -10,6 +10,7 @@
 use std::time::Duration;
 
 use crate::lsn::Lsn;
+use crate::route::Role;
 
 /// On a replica: still in recovery, and how far replay got ([`Replay::from_row`]).
 pub const REPLAY_SQL: &str = "SELECT pg_is_in_recovery()::text, pg_last_wal_replay_lsn()::text";
@@ -33,6 +34,52 @@ pub const COMMIT_POSITION_SQL: &str = "SELECT l::text, substr(pg_walfile_name(l)
 pub fn wait_for_sql(floor: Lsn, timeout: Duration) -> String {
     let millis = timeout.as_millis().clamp(1, u128::from(u32::MAX));
     format!("WAIT FOR LSN '{floor}' WITH (MODE 'standby_replay', TIMEOUT '{millis}ms', NO_THROW)")
+}
+
+/// The monitors' poll of a node, whatever its role, in one statement: role, position (replay
+/// position on a replica, insert position on a primary) and timeline — on a replica its WAL
+/// receiver's (`0` when the receiver runs but the role asking may not see its timeline, which
+/// takes `pg_read_all_stats`; NULL when no receiver runs), on a primary the one it writes (hex,
+/// from the WAL file name). Read with [`Poll::from_row`].
+pub const POLL_SQL: &str = "SELECT pg_is_in_recovery()::text, \
+     (CASE WHEN pg_is_in_recovery() THEN pg_last_wal_replay_lsn() ELSE pg_current_wal_insert_lsn() END)::text, \
+     CASE WHEN pg_is_in_recovery() THEN (SELECT coalesce(received_tli, 0) FROM pg_stat_wal_receiver)::text \
+          ELSE substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8) END";
+
+/// What one [`POLL_SQL`] said about a node.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Poll {
+    /// [`Role::Replica`] in recovery, else [`Role::Primary`].
+    pub role: Role,
+    /// The replay position of a replica (`None` if it never replayed anything), or the insert
+    /// position of a primary (not mapped back from a page header: see
+    /// [`crate::ServerFacts::reachable`]).
+    pub position: Option<Lsn>,
+    /// A replica's WAL receiver timeline — `Some(0)` when hidden from the monitor's role, `None`
+    /// when no receiver runs (see [`crate::timeline::Receiver::from_received`]) — or the timeline a
+    /// primary writes.
+    pub timeline: Option<u32>,
+}
+
+impl Poll {
+    /// Reads [`POLL_SQL`]'s row; `None` when it does not say whether the node is in recovery.
+    pub fn from_row(row: &[Option<&str>]) -> Option<Poll> {
+        let replica = Replay::from_row(row).in_recovery?;
+        let timeline = text(row, 2);
+        Some(Poll {
+            role: if replica {
+                Role::Replica
+            } else {
+                Role::Primary
+            },
+            position: lsn(row, 1),
+            timeline: if replica {
+                timeline.and_then(|t| t.parse().ok())
+            } else {
+                timeline.and_then(timeline_of_walfile)
+            },
+        })
+    }
 }
 
 /// What a replica said to [`REPLAY_SQL`].
@@ -205,6 +252,37 @@ mod tests {
             Verdict::from_row(None, true, floor),
             Verdict::NotYet { replayed: None }
         );
+    }
+
+    #[test]
+    fn polls_read_role_position_and_the_timeline_in_its_role_s_base() {
+        assert_eq!(
+            Poll::from_row(&[Some("true"), Some("0/64"), Some("12")]),
+            Some(Poll {
+                role: Role::Replica,
+                position: Some(Lsn::new(100)),
+                timeline: Some(12)
+            }),
+            "a receiver's timeline is decimal"
+        );
+        assert_eq!(
+            Poll::from_row(&[Some("true"), None, None]),
+            Some(Poll {
+                role: Role::Replica,
+                position: None,
+                timeline: None
+            })
+        );
+        assert_eq!(
+            Poll::from_row(&[Some("false"), Some("0/64"), Some("00000012")]),
+            Some(Poll {
+                role: Role::Primary,
+                position: Some(Lsn::new(100)),
+                timeline: Some(18)
+            }),
+            "a primary's comes from a WAL file name, in hex"
+        );
+        assert_eq!(Poll::from_row(&[None, Some("0/64")]), None);
     }
 
     #[test]

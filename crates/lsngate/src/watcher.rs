@@ -35,7 +35,7 @@ pub struct ReplicaStatus {
     pub address: String,
     /// Reachable at the last contact.
     pub healthy: bool,
-    /// `Standby`, `Primary` (promoted: no longer used as a replica) or `Unknown`.
+    /// `Replica`, `Primary` (promoted: no longer used as a replica) or `Unknown`.
     pub role: Role,
     /// Lowest known replay position over the servers reached through this URL.
     pub replayed: Option<Lsn>,
@@ -91,7 +91,7 @@ impl Watcher {
         let mut state = lock(&self.slots[slot]);
         state.healthy = true;
         if state.role == Role::Unknown {
-            state.role = Role::Standby;
+            state.role = Role::Replica;
         }
     }
 
@@ -184,7 +184,7 @@ impl Watcher {
                 ReplicaState {
                     healthy: state.healthy && timeline_ok,
                     role: if state.role == Role::Unknown {
-                        Role::Standby
+                        Role::Replica
                     } else {
                         state.role
                     },
@@ -310,7 +310,7 @@ mod tests {
         watcher.mark_unreachable(0, "test");
         watcher.observe_role(1, Role::Primary);
         for slot in [2, 3] {
-            watcher.observe_role(slot, Role::Standby);
+            watcher.observe_role(slot, Role::Replica);
         }
         watcher.observe_receiver(2, Some(2));
         watcher.observe_receiver(3, Some(1));
@@ -327,7 +327,7 @@ mod tests {
             assert!(!watcher.states(need)[3].is_serving(), "{need:?}");
         }
         // A receiver that is down and never seen streaming: maybe an orphan, no floor read.
-        watcher.observe_role(0, Role::Standby);
+        watcher.observe_role(0, Role::Replica);
         watcher.observe_receiver(0, None);
         assert!(!watcher.states(Need::Floor(None))[0].is_serving());
     }

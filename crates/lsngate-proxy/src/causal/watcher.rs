@@ -14,7 +14,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use lsngate_core::sync::lock;
-use lsngate_core::{Lsn, ReplayBook, ReplicaState, Role as CoreRole};
+use lsngate_core::{Lsn, ReplayBook, ReplicaState};
 use tokio::time::Instant;
 
 use crate::backend::timeline::Need;
@@ -229,7 +229,7 @@ impl Watcher {
                 };
                 let state = ReplicaState {
                     healthy: nodes.serves(n, need),
-                    role: CoreRole::Standby,
+                    role: crate::backend::Role::Replica,
                     replayed,
                     lag_bytes,
                     lag,

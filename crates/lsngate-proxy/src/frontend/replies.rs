@@ -678,7 +678,7 @@ impl Session {
                         lsn: facts.reachable(lsn),
                         timeline: facts.timeline,
                     };
-                    causal.watcher.observe_primary(Instant::now(), lsn);
+                    causal.watcher.observe_primary(Instant::now(), floor.lsn);
                     if let Some(timeline) = facts.timeline {
                         self.proxy.nodes.newest_timeline.observe(timeline);
                     }
