@@ -8,6 +8,7 @@ pub mod clock;
 pub mod floor;
 pub mod guard;
 pub mod lsn;
+pub mod pace;
 pub mod probe;
 pub mod replay;
 pub mod route;
@@ -19,7 +20,10 @@ pub mod wal;
 
 pub use clock::WalClock;
 pub use floor::Floor;
-pub use guard::{BreakerState, Fallback, GuardConfig, PrimaryGuard, Refusal, WhenGuarded};
+pub use guard::{
+    BreakerState, Fallback, GuardConfig, GuardStatus, PrimaryGuard, Refusal, SharedGuard,
+    WhenGuarded,
+};
 pub use lsn::{Lsn, LsnParseError};
 pub use probe::{Poll, Replay, Verdict};
 pub use replay::ReplayBook;

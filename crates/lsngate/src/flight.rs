@@ -238,14 +238,13 @@ pub(crate) async fn poll_then_read(
         return settle(rows, seen, first);
     }
     let replayed = check.replayed;
-    let mut pause = Duration::from_millis(1);
+    let mut backoff = lsngate_core::pace::ReplayBackoff::default();
     loop {
         let now = Instant::now();
         if now >= deadline {
             return settle(rows, seen, Verdict::NotYet { replayed });
         }
-        tokio::time::sleep(pause.min(deadline - now)).await;
-        pause = (pause * 2).min(Duration::from_millis(25));
+        tokio::time::sleep(backoff.next_pause(deadline - now)).await;
         let check = replica_position(&conn.client.simple_query(REPLAY_SQL).await?);
         match Verdict::of_replay(check, floor) {
             Verdict::Passed => return read(conn, sql, params, false).await,

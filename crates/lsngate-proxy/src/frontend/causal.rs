@@ -9,9 +9,7 @@
 use std::time::Duration;
 
 use lsngate_core::probe::{REPLAY_SQL, wait_for_sql};
-use lsngate_core::{
-    Decision, Fallback, Lsn, PrimaryReason, ReadRequest, Verdict, WhenGuarded, route,
-};
+use lsngate_core::{Decision, Fallback, Lsn, PrimaryReason, ReadRequest, Verdict, route};
 use tokio::time::Instant;
 
 use super::flight::Route;
@@ -304,8 +302,10 @@ impl Session {
             match causal.admit() {
                 Ok(()) => break,
                 Err(refusal) => {
-                    let wait = self.config.causal.when_guarded == WhenGuarded::Wait;
-                    if !wait || Instant::now() >= deadline {
+                    let left = deadline.saturating_duration_since(Instant::now());
+                    let when_guarded = self.config.causal.when_guarded;
+                    let Some(pause) = lsngate_core::pace::guard_queue_pause(when_guarded, left)
+                    else {
                         causal.record(Outcome::Error);
                         let message = format!(
                             "lsngate: this read needs position {} and no replica had it; {refusal}",
@@ -314,8 +314,8 @@ impl Session {
                         return self
                             .answer_flight_error(&read.flight, SQLSTATE_GUARDED, &message)
                             .await;
-                    }
-                    crate::timer::sleep(Duration::from_millis(2)).await;
+                    };
+                    crate::timer::sleep(pause).await;
                 }
             }
         }
@@ -429,7 +429,7 @@ impl Session {
     /// (`Settled::Lost`); a cancel request from the client ends it (`Settled::Cancelled`).
     pub(super) async fn settle_floor(&mut self, floor: Floor, deadline: Instant) -> Settled {
         let fast = self.floors.mode.fast;
-        let mut pause = Duration::from_millis(1);
+        let mut backoff = lsngate_core::pace::ReplayBackoff::default();
         let cancels = self.cancel_requests();
         loop {
             if self.cancel_requests() != cancels {
@@ -489,10 +489,8 @@ impl Session {
                         let until = deadline.min(Instant::now() + Duration::from_millis(100));
                         watcher.wait_replayed(node, &server, floor.lsn, until).await;
                     } else {
-                        let now = Instant::now();
-                        crate::timer::sleep(pause.min(deadline.saturating_duration_since(now)))
-                            .await;
-                        pause = (pause * 2).min(Duration::from_millis(10));
+                        let left = deadline.saturating_duration_since(Instant::now());
+                        crate::timer::sleep(backoff.next_pause(left)).await;
                     }
                 }
             }
