@@ -176,6 +176,34 @@ fn settle(
     })
 }
 
+/// `before` (a wait or a replay check), then the read and the replay position, in one flight:
+/// the answer to `before`, the read's rows and the position trailing them.
+async fn read_behind(
+    conn: &mut Conn,
+    before: &str,
+    sql: &str,
+    params: Params<'_>,
+) -> (
+    Result<Vec<SimpleQueryMessage>, tokio_postgres::Error>,
+    Result<Vec<Row>, tokio_postgres::Error>,
+    Option<Lsn>,
+) {
+    let cached = conn.cached(sql);
+    let client = &conn.client;
+    let (answer, (rows, position, fresh)) = join!(
+        client.simple_query(before),
+        read_then_position(client, cached, sql, params, REPLAY_SQL)
+    );
+    if let Some(statement) = fresh {
+        conn.remember(sql, statement);
+    }
+    let seen = position
+        .as_deref()
+        .map(replica_position)
+        .unwrap_or_default();
+    (answer, rows, seen.replayed)
+}
+
 /// PostgreSQL ≥ 19: `WAIT FOR LSN` + read + position in one flight. The read's rows are only
 /// fresh when the wait said `success`; otherwise they are returned for the stale policy.
 pub(crate) async fn wait_for_then_read(
@@ -186,20 +214,7 @@ pub(crate) async fn wait_for_then_read(
     params: Params<'_>,
 ) -> Result<Answer, tokio_postgres::Error> {
     let wait = probe::wait_for_sql(floor, timeout);
-    let cached = conn.cached(sql);
-    let client = &conn.client;
-    let (status, (rows, position, fresh)) = join!(
-        client.simple_query(&wait),
-        read_then_position(client, cached, sql, params, REPLAY_SQL)
-    );
-    if let Some(statement) = fresh {
-        conn.remember(sql, statement);
-    }
-    let seen = position
-        .as_deref()
-        .map(replica_position)
-        .unwrap_or_default()
-        .replayed;
+    let (status, rows, seen) = read_behind(conn, &wait, sql, params).await;
     let status = status?;
     let verdict = match Verdict::of_wait(first_row(&status).and_then(|r| r.get(0))) {
         Verdict::NotYet { .. } => Verdict::NotYet { replayed: seen },
@@ -218,21 +233,8 @@ pub(crate) async fn poll_then_read(
     sql: &str,
     params: Params<'_>,
 ) -> Result<Answer, tokio_postgres::Error> {
-    let cached = conn.cached(sql);
-    let client = &conn.client;
-    let (check, (rows, position, fresh)) = join!(
-        client.simple_query(REPLAY_SQL),
-        read_then_position(client, cached, sql, params, REPLAY_SQL)
-    );
-    if let Some(statement) = fresh {
-        conn.remember(sql, statement);
-    }
+    let (check, rows, seen) = read_behind(conn, REPLAY_SQL, sql, params).await;
     let check = replica_position(&check?);
-    let seen = position
-        .as_deref()
-        .map(replica_position)
-        .unwrap_or_default()
-        .replayed;
     let first = Verdict::of_replay(check, floor);
     if !matches!(first, Verdict::NotYet { .. }) {
         return settle(rows, seen, first);
