@@ -2,8 +2,8 @@
 //!
 //! A node is a libpq URL; what answers it may be one server or, behind a load balancer or DNS
 //! round robin, several. Everything lsngate knows about replay positions is keyed by
-//! `lsngate_core::ServerId` — learned once per connection, when it is opened — never by the URL, so
-//! "replica 1 has replayed X" is only ever applied to the server that said so.
+//! `lsngate_core::ServerId` — learned once per connection, when it is opened — never by the URL,
+//! so "replica 1 has replayed X" is only ever applied to the server that said so.
 //!
 //! This is a thin [`deadpool`] manager over `tokio_postgres` connections (TLS as each URL's
 //! `sslmode` says, through lsngate-pgconn's rustls connector, or the caller's own connector), with

@@ -1,9 +1,9 @@
 //! The node monitor: on every node, every poll interval, one prepared query over a dedicated
 //! connection answers role (`pg_is_in_recovery()`), position (replay position on a replica,
 //! insert position on the primary) and timeline: `lsngate_core::probe::POLL_SQL`, read by
-//! `lsngate_core::Poll` (the library's monitor sends and reads the same). A failed poll marks the node down (the router
-//! skips it; a later poll may bring it back); a replica that answers `false` has been promoted
-//! and becomes the primary without a restart. Positions feed the causal watcher, tagged with the
+//! `lsngate_core::Poll` (the library's monitor sends and reads the same). A failed poll marks
+//! the node down (the router skips it; a later poll may bring it back); a replica that answers
+//! `false` has been promoted and becomes the primary without a restart. Positions feed the causal watcher, tagged with the
 //! identity of the server this connection reached. It routes nothing itself.
 
 use std::sync::Arc;
