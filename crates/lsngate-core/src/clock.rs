@@ -42,15 +42,17 @@ impl WalClock {
     }
 
     /// How long before `now` the primary first wrote past `replayed`: zero when the replica has
-    /// all the primary's known WAL; `None` before any sample (or when the gap is older than the
-    /// samples kept).
+    /// all the primary's known WAL; `None` before any sample. A gap older than the samples kept
+    /// reads as the age of the oldest sample (a lower bound).
     pub fn lag_behind(&self, replayed: Lsn, now: Duration) -> Option<Duration> {
         let latest = self.latest()?;
         if replayed >= latest {
             return Some(Duration::ZERO);
         }
-        let first_missing = self.samples.iter().find(|&&(_, lsn)| lsn > replayed)?;
-        Some(now.saturating_sub(first_missing.0))
+        // Positions rise strictly along the samples: bisect for the first one past `replayed`.
+        let first_missing = self.samples.partition_point(|&(_, lsn)| lsn <= replayed);
+        let (at, _) = self.samples.get(first_missing)?;
+        Some(now.saturating_sub(*at))
     }
 }
 
@@ -84,5 +86,34 @@ mod tests {
             Some(Duration::from_secs(3)),
             "the sample at 1 s was dropped"
         );
+    }
+
+    proptest::proptest! {
+        /// The bisection finds the same first missing sample as a walk from the oldest.
+        #[test]
+        fn lag_is_the_age_of_the_first_sample_past_the_replica(
+            steps in proptest::collection::vec((0u64..5, 0u64..50), 1..60),
+            replayed in 0u64..1500,
+            capacity in 1usize..16,
+        ) {
+            let mut clock = WalClock::new(capacity);
+            let (mut at, mut position) = (0u64, 0u64);
+            for (dt, dl) in steps {
+                at += dt;
+                position += dl;
+                clock.observe(Duration::from_secs(at), Lsn::new(position));
+            }
+            let now = Duration::from_secs(at + 1);
+            let walk = match clock.latest() {
+                None => None,
+                Some(latest) if Lsn::new(replayed) >= latest => Some(Duration::ZERO),
+                Some(_) => clock
+                    .samples
+                    .iter()
+                    .find(|&&(_, lsn)| lsn > Lsn::new(replayed))
+                    .map(|&(t, _)| now - t),
+            };
+            proptest::prop_assert_eq!(clock.lag_behind(Lsn::new(replayed), now), walk);
+        }
     }
 }

@@ -8,8 +8,9 @@
 //! instead ([`WhenGuarded`]: wait, fail fast, serve stale) is the caller's policy.
 //!
 //! Pure state machine: time is passed in as a [`Duration`] since any fixed origin, so every
-//! transition is a plain function call in a test. It is not a scheduler and owns no locks; the
-//! library and the proxy wrap it in their own mutex.
+//! transition is a plain function call in a test. It is not a scheduler; [`SharedGuard`] is the
+//! one lock around it that the library and the proxy share, and `crate::pace` says how long a
+//! refused read that queues pauses between tries.
 
 use std::time::Duration;
 
@@ -225,6 +226,60 @@ impl PrimaryGuard {
             reads: 0,
             fallbacks: 0,
         };
+    }
+}
+
+/// What a dashboard or a metric shows of a guard.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct GuardStatus {
+    /// The breaker is open: fallbacks are refused.
+    pub breaker_open: bool,
+    /// Fallback reads running on the primary now.
+    pub in_flight: usize,
+    /// Share of recent reads that fell back.
+    pub fallback_rate: f64,
+}
+
+/// One [`PrimaryGuard`] shared by every read of a gate or a proxy, behind a lock held only for
+/// the state machine's arithmetic. Time is still passed in (a duration since the caller's origin).
+#[derive(Debug)]
+pub struct SharedGuard(std::sync::Mutex<PrimaryGuard>);
+
+impl SharedGuard {
+    /// A closed guard with no history.
+    pub fn new(config: GuardConfig) -> SharedGuard {
+        SharedGuard(std::sync::Mutex::new(PrimaryGuard::new(config)))
+    }
+
+    /// See [`PrimaryGuard::try_admit`]; on `Ok` call [`SharedGuard::release`] after the read.
+    pub fn try_admit(&self, now: Duration) -> Result<(), Refusal> {
+        crate::sync::lock(&self.0).try_admit(now)
+    }
+
+    /// Returns a slot taken with [`SharedGuard::try_admit`].
+    pub fn release(&self) {
+        crate::sync::lock(&self.0).release();
+    }
+
+    /// Records one finished read (see [`PrimaryGuard::record`]) and tells where that leaves the
+    /// guard.
+    pub fn record(&self, now: Duration, fell_back: bool) -> GuardStatus {
+        let mut guard = crate::sync::lock(&self.0);
+        guard.record(now, fell_back);
+        status(&mut guard, now)
+    }
+
+    /// Where the guard stands at `now`.
+    pub fn status(&self, now: Duration) -> GuardStatus {
+        status(&mut crate::sync::lock(&self.0), now)
+    }
+}
+
+fn status(guard: &mut PrimaryGuard, now: Duration) -> GuardStatus {
+    GuardStatus {
+        breaker_open: matches!(guard.state(now), BreakerState::Open { .. }),
+        in_flight: guard.in_flight(),
+        fallback_rate: guard.fallback_rate(now),
     }
 }
 

@@ -5,16 +5,29 @@
 #![warn(missing_docs)]
 
 pub mod clock;
+pub mod floor;
 pub mod guard;
 pub mod lsn;
+pub mod pace;
+pub mod probe;
+pub mod replay;
 pub mod route;
+pub mod server;
+pub mod sync;
 pub mod timeline;
 pub mod token;
 pub mod wal;
 
 pub use clock::WalClock;
-pub use guard::{BreakerState, Fallback, GuardConfig, PrimaryGuard, Refusal, WhenGuarded};
+pub use floor::Floor;
+pub use guard::{
+    BreakerState, Fallback, GuardConfig, GuardStatus, PrimaryGuard, Refusal, SharedGuard,
+    WhenGuarded,
+};
 pub use lsn::{Lsn, LsnParseError};
+pub use probe::{Poll, Replay, Verdict};
+pub use replay::ReplayBook;
 pub use route::{Decision, LagBound, PrimaryReason, ReadRequest, ReplicaState, Role, route};
+pub use server::{ServerFacts, ServerId};
 pub use token::{MAX_TOKEN_LEN, Token, TokenCodec, TokenError};
 pub use wal::reachable_insert_position;

@@ -9,11 +9,12 @@ use std::time::Duration;
 
 use crate::lsn::Lsn;
 
-/// What a node currently is, as last detected with `pg_is_in_recovery()`.
+/// What a node currently is, as last detected with `pg_is_in_recovery()` (see
+/// [`crate::probe::Poll`]). The one role model of the library and the proxy.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Role {
-    /// In recovery: a streaming replica.
-    Standby,
+    /// In recovery: a streaming replica (a standby, in PostgreSQL's words).
+    Replica,
     /// Not in recovery: a primary (a replica that answers this was promoted).
     Primary,
     /// Not yet checked, or unreachable since.
@@ -21,12 +22,23 @@ pub enum Role {
     Unknown,
 }
 
+impl Role {
+    /// Its name for status pages and metric labels: `replica`, `primary`, `unknown`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Role::Replica => "replica",
+            Role::Primary => "primary",
+            Role::Unknown => "unknown",
+        }
+    }
+}
+
 /// What the caller knows about one replica.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct ReplicaState {
     /// Reachable at the last check.
     pub healthy: bool,
-    /// Standby, promoted, or not yet known.
+    /// Replica, promoted, or not yet known.
     pub role: Role,
     /// The highest position this server is known to have replayed. Only ever raised by
     /// observations of the same server.
@@ -43,7 +55,7 @@ pub struct ReplicaState {
 impl ReplicaState {
     /// Usable as a replica at all.
     pub fn is_serving(&self) -> bool {
-        self.healthy && self.role == Role::Standby
+        self.healthy && self.role == Role::Replica
     }
 
     /// Known to have replayed `floor` already: a read there needs no wait.
@@ -195,7 +207,7 @@ mod tests {
     fn standby(replayed: u64) -> ReplicaState {
         ReplicaState {
             healthy: true,
-            role: Role::Standby,
+            role: Role::Replica,
             replayed: Some(Lsn::new(replayed)),
             ..ReplicaState::default()
         }
@@ -345,7 +357,7 @@ mod tests {
         ) {
             let replicas: Vec<ReplicaState> = positions.iter().zip(&healthy).zip(&busy).map(|((p, h), b)| ReplicaState {
                 healthy: *h,
-                role: Role::Standby,
+                role: Role::Replica,
                 replayed: p.map(Lsn::new),
                 busy: *b,
                 ..ReplicaState::default()

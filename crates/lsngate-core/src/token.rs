@@ -22,6 +22,7 @@ use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use hmac::{Hmac, KeyInit, Mac};
 use sha2::Sha256;
 
+use crate::floor::Floor;
 use crate::lsn::{Lsn, LsnParseError};
 
 /// The longest token text accepted; anything longer is refused before any other work.
@@ -56,17 +57,26 @@ impl Token {
         self
     }
 
-    /// The token implying both: the larger position, the later timeline, the later expiry (no
-    /// expiry counts as latest).
+    /// The token implying both: position and timeline by [`Floor::max`] (the one rule for the
+    /// stricter of two floors), the later expiry (no expiry counts as latest).
     pub fn merge(self, other: Token) -> Token {
         let expires_at = match (self.expires_at, other.expires_at) {
             (Some(a), Some(b)) => Some(a.max(b)),
             _ => None,
         };
+        let floor = self.floor().max(other.floor());
         Token {
-            lsn: self.lsn.max(other.lsn),
-            timeline: self.timeline.max(other.timeline),
+            lsn: floor.lsn,
+            timeline: floor.timeline,
             expires_at,
+        }
+    }
+
+    /// What a read carrying this token must see.
+    pub fn floor(&self) -> Floor {
+        Floor {
+            lsn: self.lsn,
+            timeline: self.timeline,
         }
     }
 

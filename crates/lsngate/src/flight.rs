@@ -9,13 +9,17 @@
 //! statement is prepared once per connection beforehand, so its Bind/Execute ride in the same
 //! flight instead of waiting for a Parse reply.
 //!
-//! LSN text in SQL always comes from [`Lsn`]'s `Display` (a number), never from client text.
-//! This module does no routing and keeps no state: that is [`crate::read`] and the watcher.
+//! The statement texts and how their answers read (verdicts included) are
+//! `lsngate_core::probe`'s, shared with the proxy: this module only sends them over
+//! tokio-postgres. It does no routing and keeps no state: that is [`crate::read`] and the watcher.
 
 use std::time::Duration;
 
 use futures_util::join;
-use lsngate_core::Lsn;
+use lsngate_core::probe::{
+    self, COMMIT_POSITION_SQL, CommitPosition, INSERT_POSITION_SQL, REPLAY_SQL, Replay,
+};
+use lsngate_core::{Lsn, Verdict};
 use tokio::time::Instant;
 use tokio_postgres::types::ToSql;
 use tokio_postgres::{Client, Row, SimpleQueryMessage, Statement, error::SqlState};
@@ -24,10 +28,6 @@ use crate::pool::Conn;
 
 /// Parameters of a read, as tokio-postgres takes them.
 pub type Params<'a> = &'a [&'a (dyn ToSql + Sync)];
-
-/// On a replica: still in recovery, and how far replay got.
-pub(crate) const REPLICA_POSITION_SQL: &str =
-    "SELECT pg_is_in_recovery()::text, pg_last_wal_replay_lsn()::text";
 
 /// How a replica flight failed, classified for the fallback decision.
 #[derive(Debug)]
@@ -63,17 +63,6 @@ pub(crate) fn classify(error: tokio_postgres::Error) -> FlightError {
     } else {
         FlightError::Query(error)
     }
-}
-
-/// What the server answered to the statement run before the read.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Verdict {
-    /// The floor is replayed: the read after it is fresh.
-    Passed,
-    /// Not yet replayed (wait timed out / check false); `replayed` when reported.
-    NotYet { replayed: Option<Lsn> },
-    /// The server is not in recovery (promoted).
-    NotInRecovery,
 }
 
 /// A finished replica or primary read.
@@ -140,7 +129,7 @@ pub(crate) async fn read(
     let trailing = if primary {
         COMMIT_POSITION_SQL
     } else {
-        REPLICA_POSITION_SQL
+        REPLAY_SQL
     };
     let cached = conn.cached(sql);
     let (rows, position, fresh) =
@@ -149,8 +138,11 @@ pub(crate) async fn read(
         conn.remember(sql, statement);
     }
     let (in_recovery, seen) = match position {
-        Some(messages) if primary => (None, commit_position(&messages).map(|(lsn, _)| lsn)),
-        Some(messages) => replica_position(&messages),
+        Some(messages) if primary => (None, commit_position(&messages).map(|p| p.lsn)),
+        Some(messages) => {
+            let replay = replica_position(&messages);
+            (replay.in_recovery, replay.replayed)
+        }
         None => (None, None),
     };
     // A "replica" that answers not in recovery was promoted: its answer is not used as one.
@@ -184,6 +176,34 @@ fn settle(
     })
 }
 
+/// `before` (a wait or a replay check), then the read and the replay position, in one flight:
+/// the answer to `before`, the read's rows and the position trailing them.
+async fn read_behind(
+    conn: &mut Conn,
+    before: &str,
+    sql: &str,
+    params: Params<'_>,
+) -> (
+    Result<Vec<SimpleQueryMessage>, tokio_postgres::Error>,
+    Result<Vec<Row>, tokio_postgres::Error>,
+    Option<Lsn>,
+) {
+    let cached = conn.cached(sql);
+    let client = &conn.client;
+    let (answer, (rows, position, fresh)) = join!(
+        client.simple_query(before),
+        read_then_position(client, cached, sql, params, REPLAY_SQL)
+    );
+    if let Some(statement) = fresh {
+        conn.remember(sql, statement);
+    }
+    let seen = position
+        .as_deref()
+        .map(replica_position)
+        .unwrap_or_default();
+    (answer, rows, seen.replayed)
+}
+
 /// PostgreSQL ≥ 19: `WAIT FOR LSN` + read + position in one flight. The read's rows are only
 /// fresh when the wait said `success`; otherwise they are returned for the stale policy.
 pub(crate) async fn wait_for_then_read(
@@ -193,29 +213,12 @@ pub(crate) async fn wait_for_then_read(
     sql: &str,
     params: Params<'_>,
 ) -> Result<Answer, tokio_postgres::Error> {
-    // TIMEOUT 0 would mean "forever": never send less than 1 ms.
-    let millis = timeout.as_millis().clamp(1, u128::from(u32::MAX));
-    let wait = format!(
-        "WAIT FOR LSN '{floor}' WITH (MODE 'standby_replay', TIMEOUT '{millis}ms', NO_THROW)"
-    );
-    let cached = conn.cached(sql);
-    let client = &conn.client;
-    let (status, (rows, position, fresh)) = join!(
-        client.simple_query(&wait),
-        read_then_position(client, cached, sql, params, REPLICA_POSITION_SQL)
-    );
-    if let Some(statement) = fresh {
-        conn.remember(sql, statement);
-    }
-    let (_, seen) = position
-        .as_deref()
-        .map(replica_position)
-        .unwrap_or_default();
+    let wait = probe::wait_for_sql(floor, timeout);
+    let (status, rows, seen) = read_behind(conn, &wait, sql, params).await;
     let status = status?;
-    let verdict = match first_row(&status).and_then(|r| r.get(0).map(str::to_owned)) {
-        Some(s) if s == "success" => Verdict::Passed,
-        Some(s) if s == "not in recovery" => Verdict::NotInRecovery,
-        _ => Verdict::NotYet { replayed: seen },
+    let verdict = match Verdict::of_wait(first_row(&status).and_then(|r| r.get(0))) {
+        Verdict::NotYet { .. } => Verdict::NotYet { replayed: seen },
+        verdict => verdict,
     };
     settle(rows, seen, verdict)
 }
@@ -230,47 +233,26 @@ pub(crate) async fn poll_then_read(
     sql: &str,
     params: Params<'_>,
 ) -> Result<Answer, tokio_postgres::Error> {
-    let cached = conn.cached(sql);
-    let client = &conn.client;
-    let (check, (rows, position, fresh)) = join!(
-        client.simple_query(REPLICA_POSITION_SQL),
-        read_then_position(client, cached, sql, params, REPLICA_POSITION_SQL)
-    );
-    if let Some(statement) = fresh {
-        conn.remember(sql, statement);
-    }
-    let (in_recovery, replayed) = replica_position(&check?);
-    let (_, seen) = position
-        .as_deref()
-        .map(replica_position)
-        .unwrap_or_default();
-    let first = verdict(in_recovery, replayed, floor);
-    if first != (Verdict::NotYet { replayed }) {
+    let (check, rows, seen) = read_behind(conn, REPLAY_SQL, sql, params).await;
+    let check = replica_position(&check?);
+    let first = Verdict::of_replay(check, floor);
+    if !matches!(first, Verdict::NotYet { .. }) {
         return settle(rows, seen, first);
     }
-    let mut pause = Duration::from_millis(1);
+    let replayed = check.replayed;
+    let mut backoff = lsngate_core::pace::ReplayBackoff::default();
     loop {
         let now = Instant::now();
         if now >= deadline {
             return settle(rows, seen, Verdict::NotYet { replayed });
         }
-        tokio::time::sleep(pause.min(deadline - now)).await;
-        pause = (pause * 2).min(Duration::from_millis(25));
-        let (in_recovery, replayed) =
-            replica_position(&conn.client.simple_query(REPLICA_POSITION_SQL).await?);
-        match verdict(in_recovery, replayed, floor) {
+        tokio::time::sleep(backoff.next_pause(deadline - now)).await;
+        let check = replica_position(&conn.client.simple_query(REPLAY_SQL).await?);
+        match Verdict::of_replay(check, floor) {
             Verdict::Passed => return read(conn, sql, params, false).await,
             Verdict::NotInRecovery => return settle(rows, seen, Verdict::NotInRecovery),
             Verdict::NotYet { .. } => {}
         }
-    }
-}
-
-fn verdict(in_recovery: Option<bool>, replayed: Option<Lsn>, floor: Lsn) -> Verdict {
-    match (in_recovery, replayed) {
-        (Some(false), _) => Verdict::NotInRecovery,
-        (_, Some(replayed)) if replayed >= floor => Verdict::Passed,
-        _ => Verdict::NotYet { replayed },
     }
 }
 
@@ -281,44 +263,31 @@ fn first_row(messages: &[SimpleQueryMessage]) -> Option<&tokio_postgres::SimpleQ
     })
 }
 
-fn lsn_at(row: &tokio_postgres::SimpleQueryRow, column: usize) -> Option<Lsn> {
-    row.get(column).and_then(|text| Lsn::parse(text).ok())
-}
-
-/// `(in recovery, replayed)` from [`REPLICA_POSITION_SQL`]'s answer.
-pub(crate) fn replica_position(messages: &[SimpleQueryMessage]) -> (Option<bool>, Option<Lsn>) {
-    match first_row(messages) {
-        Some(row) => (row.get(0).map(|t| t == "true"), lsn_at(row, 1)),
-        None => (None, None),
-    }
-}
-
-/// Token position and timeline on the primary, read after a commit: the insert position (at
-/// or past the end of every committed record), the timeline (the first 8 hex digits of a WAL
-/// file name), and the WAL page and segment sizes to map a page-start position back to the
-/// boundary a replica can reach ([`lsngate_core::reachable_insert_position`]).
-pub(crate) const COMMIT_POSITION_SQL: &str = "SELECT l::text, substr(pg_walfile_name(l), 1, 8), \
-     current_setting('wal_block_size'), pg_size_bytes(current_setting('wal_segment_size'))::text \
-     FROM pg_current_wal_insert_lsn() AS l";
-
-/// Parses [`COMMIT_POSITION_SQL`]'s answer.
-pub(crate) fn commit_position(messages: &[SimpleQueryMessage]) -> Option<(Lsn, Option<u32>)> {
+/// The first row's columns as text (`None` for NULL), as `lsngate_core::probe` reads them.
+pub(crate) fn columns(messages: &[SimpleQueryMessage]) -> Option<Vec<Option<&str>>> {
     let row = first_row(messages)?;
-    let insert = lsn_at(row, 0)?;
-    let timeline = row.get(1).and_then(|t| u32::from_str_radix(t, 16).ok());
-    let size = |i: usize| row.get(i).and_then(|t| t.parse::<u64>().ok()).unwrap_or(0);
-    let lsn = lsngate_core::reachable_insert_position(insert, size(2), size(3));
-    Some((lsn, timeline))
+    Some((0..row.len()).map(|i| row.get(i)).collect())
 }
 
-/// The insert position alone, prepared once per primary connection: after every commit the
-/// server only binds and executes it (no parse or plan on the hot path), and the timeline and
-/// WAL sizes come from what the connection learned when it was opened.
-pub(crate) const INSERT_POSITION_SQL: &str = "SELECT pg_current_wal_insert_lsn()::text";
+/// [`REPLAY_SQL`]'s answer (all unknown without a row).
+pub(crate) fn replica_position(messages: &[SimpleQueryMessage]) -> Replay {
+    columns(messages)
+        .map(|row| Replay::from_row(&row))
+        .unwrap_or_default()
+}
+
+/// [`COMMIT_POSITION_SQL`]'s answer.
+pub(crate) fn commit_position(messages: &[SimpleQueryMessage]) -> Option<CommitPosition> {
+    probe::commit_position(&columns(messages)?)
+}
+
+// The insert position alone (`INSERT_POSITION_SQL`) is prepared once per primary connection:
+// after every commit the server only binds and executes it (no parse or plan on the hot path),
+// and the timeline and WAL sizes come from what the connection learned when it was opened.
 
 /// Readies `conn` for [`commit_position_on`] (one round trip, the first time only).
 pub(crate) async fn prepare_commit_position(conn: &mut Conn) -> Result<(), tokio_postgres::Error> {
-    match conn.primary_timeline {
+    match conn.facts.timeline {
         Some(_) => prepare(conn, INSERT_POSITION_SQL).await,
         None => Ok(()),
     }
@@ -328,7 +297,7 @@ pub(crate) async fn prepare_commit_position(conn: &mut Conn) -> Result<(), tokio
 /// in one flight and the server answers in order. Falls back to [`COMMIT_POSITION_SQL`] on a
 /// connection whose timeline is not known.
 pub(crate) async fn commit_position_on(conn: &Conn) -> Result<(Lsn, Option<u32>), String> {
-    match (conn.primary_timeline, conn.cached(INSERT_POSITION_SQL)) {
+    match (conn.facts.timeline, conn.cached(INSERT_POSITION_SQL)) {
         (Some(timeline), Some(statement)) => {
             let row = conn
                 .client
@@ -336,11 +305,7 @@ pub(crate) async fn commit_position_on(conn: &Conn) -> Result<(Lsn, Option<u32>)
                 .await
                 .map_err(|e| e.to_string())?;
             let insert = Lsn::parse(row.get::<_, &str>(0)).map_err(|e| e.to_string())?;
-            let lsn = lsngate_core::reachable_insert_position(
-                insert,
-                conn.wal_block_size,
-                conn.wal_segment_size,
-            );
+            let lsn = conn.facts.reachable(insert);
             Ok((lsn, Some(timeline)))
         }
         _ => position_of(&conn.client).await,
@@ -353,5 +318,7 @@ pub(crate) async fn position_of(client: &Client) -> Result<(Lsn, Option<u32>), S
         .simple_query(COMMIT_POSITION_SQL)
         .await
         .map_err(|e| e.to_string())?;
-    commit_position(&messages).ok_or_else(|| "no position in the answer".to_string())
+    commit_position(&messages)
+        .map(|p| (p.lsn, p.timeline))
+        .ok_or_else(|| "no position in the answer".to_string())
 }

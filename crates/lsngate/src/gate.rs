@@ -5,11 +5,11 @@
 //! a failover manager: the primary URL is fixed, a promoted replica is only taken out of the
 //! read rotation.
 
+use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, SystemTime};
+use std::time::SystemTime;
 
-use lsngate_core::{BreakerState, PrimaryGuard, Refusal, Token, WhenGuarded};
+use lsngate_core::{Refusal, SharedGuard, Token};
 use tokio::time::Instant;
 
 use crate::config::Config;
@@ -44,7 +44,7 @@ pub(crate) struct Inner {
     /// (name, address) per replica.
     pub names: Vec<(String, String)>,
     pub watcher: Watcher,
-    guard: Mutex<PrimaryGuard>,
+    guard: SharedGuard,
     epoch: Instant,
     spin: AtomicUsize,
 }
@@ -54,7 +54,7 @@ pub(crate) struct Permit<'a>(&'a Inner);
 
 impl Drop for Permit<'_> {
     fn drop(&mut self) {
-        lock(&self.0.guard).release();
+        self.0.guard.release();
     }
 }
 
@@ -95,7 +95,7 @@ impl Gate {
             .collect();
         let inner = Arc::new(Inner {
             watcher: Watcher::new(replicas.len()),
-            guard: Mutex::new(PrimaryGuard::new(config.guard)),
+            guard: SharedGuard::new(config.guard),
             config,
             primary,
             replicas,
@@ -176,11 +176,10 @@ impl Gate {
 
     /// Fallback breaker position: `true` while open.
     pub fn breaker_open(&self) -> bool {
-        let now = self.inner.epoch.elapsed();
-        matches!(
-            lock(&self.inner.guard).state(now),
-            BreakerState::Open { .. }
-        )
+        self.inner
+            .guard
+            .status(self.inner.epoch.elapsed())
+            .breaker_open
     }
 }
 
@@ -217,14 +216,15 @@ impl Inner {
     pub async fn admit_fallback(&self) -> Result<Permit<'_>, Refusal> {
         let queue_until = Instant::now() + self.config.guard_queue_timeout;
         loop {
-            let refusal = match lock(&self.guard).try_admit(self.epoch.elapsed()) {
+            let refusal = match self.guard.try_admit(self.epoch.elapsed()) {
                 Ok(()) => return Ok(Permit(self)),
                 Err(refusal) => refusal,
             };
-            if self.config.when_guarded != WhenGuarded::Wait || Instant::now() >= queue_until {
-                return Err(refusal);
+            let left = queue_until.saturating_duration_since(Instant::now());
+            match lsngate_core::pace::guard_queue_pause(self.config.when_guarded, left) {
+                Some(pause) => tokio::time::sleep(pause).await,
+                None => return Err(refusal),
             }
-            tokio::time::sleep(Duration::from_millis(5)).await;
         }
     }
 
@@ -249,18 +249,9 @@ impl Inner {
 
     /// Feeds the guard's rate and exports it.
     pub fn record_read(&self, fell_back: bool) {
-        let now = self.epoch.elapsed();
-        let mut guard = lock(&self.guard);
-        guard.record(now, fell_back);
-        metrics::gauge!(crate::metrics::FALLBACK_RATE).set(guard.fallback_rate(now));
-        let open = matches!(guard.state(now), BreakerState::Open { .. });
-        metrics::gauge!(crate::metrics::BREAKER_OPEN).set(if open { 1.0 } else { 0.0 });
+        let status = self.guard.record(self.epoch.elapsed(), fell_back);
+        metrics::gauge!(crate::metrics::FALLBACK_RATE).set(status.fallback_rate);
+        let open = if status.breaker_open { 1.0 } else { 0.0 };
+        metrics::gauge!(crate::metrics::BREAKER_OPEN).set(open);
     }
-}
-
-/// See [`crate::watcher`]: a poisoned lock still holds usable numbers.
-pub(crate) fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    mutex
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner())
 }

@@ -1,6 +1,8 @@
 //! The background monitor: every poll interval, ask the primary for its WAL position and
 //! timeline (the WAL clock that turns replay positions into time lag) and each replica for its
-//! role, replay position and timeline, feeding the watcher and the per-replica gauges.
+//! role, replay position and timeline, feeding the watcher and the per-replica gauges. Every node
+//! gets the same statement, `lsngate_core::probe::POLL_SQL`, read by `lsngate_core::Poll` (the
+//! proxy's monitor sends and reads the same).
 //!
 //! It is only an accelerator and a health check: reads never depend on it for correctness
 //! (an unknown position just means a wait on the read's own connection). Every probe is
@@ -9,18 +11,14 @@
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
-use lsngate_core::Role;
+use lsngate_core::probe::POLL_SQL;
+use lsngate_core::{Poll, Role};
 use tokio::time::Instant;
 use tokio_postgres::SimpleQueryMessage;
 
-use crate::flight::{self, COMMIT_POSITION_SQL};
+use crate::flight;
 use crate::gate::Inner;
 use crate::pool::discard;
-
-/// On a replica: role, replay position and the timeline its WAL receiver streams (0 when the
-/// receiver runs but the timeline is hidden from unprivileged users, NULL when none runs).
-const REPLICA_PROBE_SQL: &str = "SELECT pg_is_in_recovery()::text, pg_last_wal_replay_lsn()::text, \
-     (SELECT coalesce(received_tli, 0)::text FROM pg_stat_wal_receiver)";
 
 /// Polls every node from now on, the first poll after one interval (the gate ran one itself).
 pub(crate) fn spawn(inner: Weak<Inner>) {
@@ -52,9 +50,15 @@ async fn probe_primary(inner: &Inner) {
         return;
     };
     let asked = Instant::now();
-    match tokio::time::timeout_at(deadline, conn.client.simple_query(COMMIT_POSITION_SQL)).await {
+    match tokio::time::timeout_at(deadline, conn.client.simple_query(POLL_SQL)).await {
         Ok(Ok(messages)) => {
-            if let Some((lsn, timeline)) = flight::commit_position(&messages) {
+            if let Some(Poll {
+                role: Role::Primary,
+                position: Some(insert),
+                timeline,
+            }) = poll(&messages)
+            {
+                let lsn = conn.facts.reachable(insert);
                 inner.watcher.observe_primary(asked, lsn, timeline);
             }
         }
@@ -74,8 +78,7 @@ async fn probe_replica(inner: &Inner, index: usize) {
             return;
         }
     };
-    let answer =
-        tokio::time::timeout_at(deadline, conn.client.simple_query(REPLICA_PROBE_SQL)).await;
+    let answer = tokio::time::timeout_at(deadline, conn.client.simple_query(POLL_SQL)).await;
     let messages = match answer {
         Ok(Ok(messages)) => messages,
         Ok(Err(error)) => {
@@ -87,17 +90,21 @@ async fn probe_replica(inner: &Inner, index: usize) {
             return discard(conn);
         }
     };
-    let (in_recovery, replayed) = flight::replica_position(&messages);
-    let received = third_column(&messages).and_then(|t| t.parse().ok());
-    let role = match in_recovery {
-        Some(false) => Role::Primary,
-        _ => Role::Standby,
-    };
-    if role == Role::Standby {
+    // An answer that does not say is taken as a replica's, as before a first poll.
+    let seen = poll(&messages);
+    let role = seen.map_or(Role::Replica, |p| p.role);
+    if let Some(Poll {
+        role: Role::Replica,
+        position,
+        timeline: received,
+    }) = seen
+    {
         // The timeline first: an orphan stops serving before its position counts.
         inner.watcher.observe_receiver(index, received);
-        if let Some(lsn) = replayed {
-            inner.watcher.observe_replayed(index, &conn.server, lsn);
+        if let Some(lsn) = position {
+            inner
+                .watcher
+                .observe_replayed(index, &conn.facts.server, lsn);
         }
     }
     inner.watcher.observe_role(index, role);
@@ -112,7 +119,7 @@ fn export(inner: &Inner, index: usize, role: Role) {
         .and_then(|r| inner.watcher.lag_behind(r, now));
     inner.watcher.observe_lag(index, lag);
     let replica = inner.replicas[index].name.clone();
-    let up = if role == Role::Standby { 1.0 } else { 0.0 };
+    let up = if role == Role::Replica { 1.0 } else { 0.0 };
     metrics::gauge!(crate::metrics::REPLICA_UP, "replica" => replica.clone()).set(up);
     if let Some(replayed) = state.replayed {
         metrics::gauge!(crate::metrics::REPLAYED_LSN, "replica" => replica.clone())
@@ -126,9 +133,7 @@ fn export(inner: &Inner, index: usize, role: Role) {
     }
 }
 
-fn third_column(messages: &[SimpleQueryMessage]) -> Option<String> {
-    messages.iter().find_map(|m| match m {
-        SimpleQueryMessage::Row(row) => row.get(2).map(str::to_owned),
-        _ => None,
-    })
+/// [`POLL_SQL`]'s answer.
+fn poll(messages: &[SimpleQueryMessage]) -> Option<Poll> {
+    Poll::from_row(&flight::columns(messages)?)
 }

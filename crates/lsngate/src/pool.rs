@@ -2,8 +2,8 @@
 //!
 //! A node is a libpq URL; what answers it may be one server or, behind a load balancer or DNS
 //! round robin, several. Everything lsngate knows about replay positions is keyed by
-//! [`ServerId`] — learned once per connection, when it is opened — never by the URL, so
-//! "replica 1 has replayed X" is only ever applied to the server that said so.
+//! `lsngate_core::ServerId` — learned once per connection, when it is opened — never by the URL,
+//! so "replica 1 has replayed X" is only ever applied to the server that said so.
 //!
 //! This is a thin [`deadpool`] manager over `tokio_postgres` connections (TLS as each URL's
 //! `sslmode` says, through lsngate-pgconn's rustls connector, or the caller's own connector), with
@@ -18,6 +18,7 @@ use std::time::Duration;
 
 use deadpool::managed::{self, Metrics, RecycleError, RecycleResult};
 use futures_util::future::BoxFuture;
+use lsngate_core::ServerFacts;
 use tokio::time::Instant;
 use tokio_postgres::tls::{MakeTlsConnect, TlsConnect};
 use tokio_postgres::{Client, SimpleQueryMessage, Socket, Statement};
@@ -66,50 +67,12 @@ impl fmt::Debug for Connector {
     }
 }
 
-/// Who a connection really reached: replicas of one primary share `system_identifier`, so the
-/// address, port and postmaster start time tell them (and a restarted server) apart.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub(crate) struct ServerId {
-    system_identifier: String,
-    address: String,
-    port: String,
-    started: String,
-}
-
-impl ServerId {
-    /// A made-up identity for unit tests.
-    #[cfg(test)]
-    pub(crate) fn test(port: &str) -> ServerId {
-        ServerId {
-            system_identifier: "7".into(),
-            address: "127.0.0.1".into(),
-            port: port.into(),
-            started: "today".into(),
-        }
-    }
-}
-
-impl fmt::Display for ServerId {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "{}:{} (started {})",
-            self.address, self.port, self.started
-        )
-    }
-}
-
 /// One pooled connection and what was learned about its server when it was opened.
 pub(crate) struct Conn {
     pub client: Client,
-    pub server: Arc<ServerId>,
-    /// `server_version_num`, e.g. 190000.
-    pub version_num: u32,
-    /// `wal_block_size` and `wal_segment_size` in bytes (0 when unknown).
-    pub wal_block_size: u64,
-    pub wal_segment_size: u64,
-    /// The server's timeline when it was a primary at connect time.
-    pub primary_timeline: Option<u32>,
+    /// Who the server is, its version and WAL layout, and its timeline when it was a primary
+    /// at connect time (`lsngate_core::server`).
+    pub facts: ServerFacts,
     statements: HashMap<String, Statement>,
 }
 
@@ -139,18 +102,6 @@ impl fmt::Display for ConnectError {
     }
 }
 
-/// Who the server is, plus what stays fixed for the life of the connection and lets a commit
-/// token be read with a prepared one-column statement: the WAL page and segment sizes (set at
-/// initdb) and, on a primary, its timeline (a running primary never changes timeline; a
-/// standby's is left unknown, and its connections use the full position query).
-const IDENTITY_SQL: &str = "SELECT system_identifier::text, \
-     coalesce(host(inet_server_addr()), 'local'), coalesce(inet_server_port()::text, ''), \
-     pg_postmaster_start_time()::text, current_setting('server_version_num'), \
-     current_setting('wal_block_size'), pg_size_bytes(current_setting('wal_segment_size'))::text, \
-     CASE WHEN pg_is_in_recovery() THEN NULL \
-          ELSE substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8) END \
-     FROM pg_control_system()";
-
 /// Opens connections to one URL.
 pub(crate) struct NodeManager {
     config: tokio_postgres::Config,
@@ -174,7 +125,7 @@ impl managed::Manager for NodeManager {
                     .map_err(|e| ConnectError(lsngate_pgconn::describe(&e)))?,
             };
             let rows = client
-                .simple_query(IDENTITY_SQL)
+                .simple_query(lsngate_core::server::IDENTITY_SQL)
                 .await
                 .map_err(|e| ConnectError(format!("learning the server identity: {e}")))?;
             identify(client, &rows)
@@ -200,28 +151,11 @@ impl managed::Manager for NodeManager {
 }
 
 fn identify(client: Client, rows: &[SimpleQueryMessage]) -> Result<Conn, ConnectError> {
-    let row = rows
-        .iter()
-        .find_map(|m| match m {
-            SimpleQueryMessage::Row(row) => Some(row),
-            _ => None,
-        })
+    let row = crate::flight::columns(rows)
         .ok_or_else(|| ConnectError("identity query returned no row".into()))?;
-    let text = |i: usize| row.get(i).unwrap_or_default().to_string();
-    let version_num = text(4).parse().unwrap_or(0);
-    let number = |i: usize| text(i).parse::<u64>().unwrap_or(0);
     Ok(Conn {
         client,
-        server: Arc::new(ServerId {
-            system_identifier: text(0),
-            address: text(1),
-            port: text(2),
-            started: text(3),
-        }),
-        version_num,
-        wal_block_size: number(5),
-        wal_segment_size: number(6),
-        primary_timeline: row.get(7).and_then(|t| u32::from_str_radix(t, 16).ok()),
+        facts: ServerFacts::from_row(&row),
         statements: HashMap::new(),
     })
 }

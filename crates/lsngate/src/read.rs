@@ -9,14 +9,16 @@
 
 use std::time::Duration;
 
-use lsngate_core::{Decision, Fallback, Lsn, PrimaryReason, ReadRequest, Role, Token, route};
+use lsngate_core::{
+    Decision, Fallback, Lsn, PrimaryReason, ReadRequest, Role, Token, Verdict, route,
+};
 use tokio::time::Instant;
 use tokio_postgres::Row;
 use tracing::Instrument;
 
 use crate::config::WaitStrategy;
 use crate::error::{Error, FallbackReason};
-use crate::flight::{self, Answer, FlightError, Params, Verdict};
+use crate::flight::{self, Answer, FlightError, Params};
 use crate::gate::{Gate, Inner};
 use crate::pool::{Pooled, discard};
 
@@ -299,7 +301,7 @@ async fn on_connection(
     sql: &str,
     params: Params<'_>,
 ) -> Result<Attempt, FlightError> {
-    let server = conn.server.clone();
+    let server = conn.facts.server.clone();
     let known = inner.watcher.replayed(&server);
     let started = Instant::now();
     let Some(floor) = floor.filter(|&f| known.is_none_or(|k| k < f)) else {
@@ -320,7 +322,7 @@ async fn on_connection(
         });
     };
     let wait_for = match inner.config.wait_strategy {
-        WaitStrategy::Auto => conn.version_num >= 190_000,
+        WaitStrategy::Auto => conn.facts.has_wait_for(),
         WaitStrategy::WaitFor => true,
         WaitStrategy::Poll => false,
     };

@@ -16,9 +16,10 @@ use tokio_postgres::Client;
 
 use crate::error::Error;
 use crate::flight::Params;
-use crate::gate::{Gate, lock};
+use crate::gate::Gate;
 use crate::read::Read;
 use crate::write::Written;
+use lsngate_core::sync::lock;
 
 /// Monotonic reads over a [`Gate`]. Cheap; make one per user session or request chain.
 #[derive(Debug)]

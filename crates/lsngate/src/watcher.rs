@@ -1,21 +1,20 @@
-//! What the gate knows about its replicas: per *server* replayed positions (monotonic max), per
-//! replica URL health / role / lag, and the primary's WAL clock used to turn a replay position
-//! into a time lag.
+//! What the gate knows about its replicas: the replay knowledge shared with the proxy
+//! (`lsngate_core::replay::ReplayBook`: per *server* replayed positions, the servers seen behind
+//! each replica URL, the primary's WAL clock), plus what only the library keeps per replica URL —
+//! health, role, measured lag, timeline — and the newest primary timeline.
 //!
-//! Fed by every wait, check and read (their results), and by the background monitor. Only
-//! raises what a server itself reported, so a shortcut taken from it ("already replayed, read at
-//! once") is never wrong for that server. It does no I/O itself.
+//! Fed by every wait, check and read (their results), and by the background monitor. It does no
+//! I/O and holds no rule of its own beyond logging and metrics: the rules are core's.
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Mutex;
 use std::time::Duration;
 
+use lsngate_core::sync::lock;
 use lsngate_core::timeline::{Need, ReplicaTimeline, admits};
-use lsngate_core::{Lsn, ReplicaState, Role, WalClock};
+use lsngate_core::{Lsn, ReplayBook, ReplicaState, Role, ServerId};
 use tokio::time::Instant;
 
 use crate::error::ReplicaPosition;
-use crate::pool::ServerId;
 
 /// Health, role and lag of one replica URL.
 #[derive(Debug, Default)]
@@ -25,14 +24,7 @@ struct SlotState {
     lag: Option<Duration>,
     /// The timeline its WAL receiver streams, and whether one runs (see `lsngate_core::timeline`).
     timeline: ReplicaTimeline,
-    /// Servers seen behind the URL, with when they last reported.
-    servers: HashMap<Arc<ServerId>, Instant>,
 }
-
-/// A server not heard of for this long no longer counts for its URL (it was restarted — a new
-/// postmaster start time is a new server — or a load balancer stopped sending there). Only
-/// routing forgets it; a read that reaches it again is checked against its own position.
-const SERVER_FORGOTTEN_AFTER: Duration = Duration::from_secs(5);
 
 /// Public snapshot of one replica, for dashboards and tests.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -43,7 +35,7 @@ pub struct ReplicaStatus {
     pub address: String,
     /// Reachable at the last contact.
     pub healthy: bool,
-    /// `Standby`, `Primary` (promoted: no longer used as a replica) or `Unknown`.
+    /// `Replica`, `Primary` (promoted: no longer used as a replica) or `Unknown`.
     pub role: Role,
     /// Lowest known replay position over the servers reached through this URL.
     pub replayed: Option<Lsn>,
@@ -58,20 +50,17 @@ pub struct ReplicaStatus {
 /// Shared knowledge about replicas and the primary.
 #[derive(Debug)]
 pub(crate) struct Watcher {
-    replayed: Mutex<HashMap<Arc<ServerId>, Lsn>>,
+    /// Replay knowledge, its times since `origin`; slots are replica indexes.
+    book: Mutex<ReplayBook>,
     slots: Vec<Mutex<SlotState>>,
-    /// The primary's WAL clock, its times since `origin`.
-    clock: Mutex<WalClock>,
     origin: Instant,
     primary_timeline: Mutex<Option<u32>>,
 }
 
-const CLOCK_SAMPLES: usize = 2048;
-
 impl Watcher {
     pub fn new(replicas: usize) -> Watcher {
         Watcher {
-            replayed: Mutex::new(HashMap::new()),
+            book: Mutex::new(ReplayBook::default()),
             slots: (0..replicas)
                 .map(|_| {
                     Mutex::new(SlotState {
@@ -80,7 +69,6 @@ impl Watcher {
                     })
                 })
                 .collect(),
-            clock: Mutex::new(WalClock::new(CLOCK_SAMPLES)),
             origin: Instant::now(),
             primary_timeline: Mutex::new(None),
         }
@@ -88,21 +76,22 @@ impl Watcher {
 
     /// What `server` is known to have replayed.
     pub fn replayed(&self, server: &ServerId) -> Option<Lsn> {
-        lock(&self.replayed).get(server).copied()
+        lock(&self.book).replayed(server)
+    }
+
+    /// `now` as the book's time.
+    fn since_origin(&self, now: Instant) -> Duration {
+        now.saturating_duration_since(self.origin)
     }
 
     /// `server`, reached through replica `slot`, reported having replayed `lsn` (never lowers).
-    pub fn observe_replayed(&self, slot: usize, server: &Arc<ServerId>, lsn: Lsn) {
-        {
-            let mut map = lock(&self.replayed);
-            let known = map.entry(server.clone()).or_insert(lsn);
-            *known = (*known).max(lsn);
-        }
+    pub fn observe_replayed(&self, slot: usize, server: &ServerId, lsn: Lsn) {
+        let now = self.since_origin(Instant::now());
+        lock(&self.book).observe_replayed(slot, server, lsn, now);
         let mut state = lock(&self.slots[slot]);
-        state.servers.insert(server.clone(), Instant::now());
         state.healthy = true;
         if state.role == Role::Unknown {
-            state.role = Role::Standby;
+            state.role = Role::Replica;
         }
     }
 
@@ -154,8 +143,8 @@ impl Watcher {
 
     /// The primary was at `lsn` at `when`, on `timeline`.
     pub fn observe_primary(&self, when: Instant, lsn: Lsn, timeline: Option<u32>) {
-        let at = when.saturating_duration_since(self.origin);
-        lock(&self.clock).observe(at, lsn);
+        let at = self.since_origin(when);
+        lock(&self.book).observe_primary(at, lsn);
         if let Some(timeline) = timeline {
             // The newest seen: a connection opened before a failover reports the old one.
             let mut known = lock(&self.primary_timeline);
@@ -168,55 +157,39 @@ impl Watcher {
         *lock(&self.primary_timeline)
     }
 
-    /// The primary's last sampled position.
-    pub fn primary_position(&self) -> Option<Lsn> {
-        lock(&self.clock).latest()
-    }
-
     /// How long ago the primary first wrote past `replayed`: zero when the replica has all the
     /// primary's known WAL. Unlike `now() - pg_last_xact_replay_timestamp()` this does not grow
     /// while the primary is idle.
     pub fn lag_behind(&self, replayed: Lsn, now: Instant) -> Option<Duration> {
-        lock(&self.clock).lag_behind(replayed, now.saturating_duration_since(self.origin))
-    }
-
-    /// Lowest replayed position over the servers seen behind `slot`.
-    fn slot_replayed(&self, state: &SlotState) -> Option<Lsn> {
-        let map = lock(&self.replayed);
-        let now = Instant::now();
-        let mut positions = state
-            .servers
-            .iter()
-            .filter(|(_, seen)| now.saturating_duration_since(**seen) < SERVER_FORGOTTEN_AFTER)
-            .map(|(s, _)| map.get(s).copied());
-        let first = positions.next()??;
-        positions.try_fold(first, |low, p| p.map(|p| low.min(p)))
+        lock(&self.book).lag_behind(replayed, self.since_origin(now))
     }
 
     /// Routing input for every replica. A replica whose timeline does not admit `need` (an
     /// orphan of a failover, or one not known to be on the token's history) is reported
     /// unhealthy for this read: `WAIT FOR LSN` compares numbers only.
     pub fn states(&self, need: Need) -> Vec<ReplicaState> {
-        let primary = self.primary_position();
         let newest = self.primary_timeline();
+        let now = self.since_origin(Instant::now());
         self.slots
             .iter()
-            .map(|slot| {
+            .enumerate()
+            .map(|(index, slot)| {
+                let (replayed, lag_bytes) = {
+                    let book = lock(&self.book);
+                    let replayed = book.slot_replayed(index, now);
+                    (replayed, replayed.and_then(|r| book.lag_bytes(r)))
+                };
                 let state = lock(slot);
-                let replayed = self.slot_replayed(&state);
                 let timeline_ok = admits(state.timeline, newest, need);
                 ReplicaState {
                     healthy: state.healthy && timeline_ok,
                     role: if state.role == Role::Unknown {
-                        Role::Standby
+                        Role::Replica
                     } else {
                         state.role
                     },
                     replayed,
-                    lag_bytes: match (primary, replayed) {
-                        (Some(p), Some(r)) => Some(p.bytes_since(r)),
-                        _ => None,
-                    },
+                    lag_bytes,
                     lag: state.lag,
                     // Filled in by the read path, which holds the pools.
                     busy: 0,
@@ -233,12 +206,10 @@ impl Watcher {
             .zip(states)
             .enumerate()
             .map(|(i, ((name, address), state))| {
-                // One guard, dropped before the next slot: a second `lock()` in the same
-                // expression would deadlock on this non-reentrant mutex.
-                let (role, servers_seen) = {
-                    let slot = lock(&self.slots[i]);
-                    (slot.role, slot.servers.len())
-                };
+                // One guard at a time: a second `lock()` of the same non-reentrant mutex in one
+                // expression would deadlock.
+                let role = lock(&self.slots[i]).role;
+                let servers_seen = lock(&self.book).servers_seen(i);
                 ReplicaStatus {
                     name: name.clone(),
                     address: address.clone(),
@@ -265,14 +236,6 @@ impl Watcher {
     }
 }
 
-/// A poisoned lock only means another thread panicked mid-update of plain numbers; the data is
-/// still usable.
-fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    mutex
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -284,7 +247,7 @@ mod tests {
     #[test]
     fn replay_positions_only_rise_and_stay_with_their_server() {
         let watcher = Watcher::new(1);
-        let (a, b) = (Arc::new(ServerId::test("1")), Arc::new(ServerId::test("2")));
+        let (a, b) = (ServerId::from("7/1/a:1"), ServerId::from("7/1/b:1"));
         watcher.observe_replayed(0, &a, lsn(100));
         watcher.observe_replayed(0, &a, lsn(50));
         assert_eq!(watcher.replayed(&a), Some(lsn(100)));
@@ -305,7 +268,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_restarted_server_stops_holding_its_url_back() {
         let watcher = Watcher::new(1);
-        let (old, new) = (Arc::new(ServerId::test("1")), Arc::new(ServerId::test("2")));
+        let (old, new) = (ServerId::from("7/1/a:1"), ServerId::from("7/1/b:1"));
         watcher.observe_replayed(0, &old, lsn(70));
         watcher.observe_replayed(0, &new, lsn(100));
         assert_eq!(watcher.states(Need::Any)[0].replayed, Some(lsn(70)));
@@ -324,24 +287,21 @@ mod tests {
     }
 
     #[test]
-    fn lag_comes_from_the_primary_wal_clock() {
+    fn lag_is_measured_from_the_gate_start_and_the_newest_timeline_is_kept() {
         let watcher = Watcher::new(0);
         let start = Instant::now();
-        assert_eq!(watcher.lag_behind(lsn(10), start), None, "no clock yet");
-        watcher.observe_primary(start, lsn(100), Some(1));
+        watcher.observe_primary(start, lsn(100), Some(2));
         watcher.observe_primary(start + Duration::from_secs(1), lsn(200), Some(1));
-        watcher.observe_primary(start + Duration::from_secs(2), lsn(300), Some(1));
         let now = start + Duration::from_secs(3);
-        assert_eq!(watcher.lag_behind(lsn(300), now), Some(Duration::ZERO));
         assert_eq!(
             watcher.lag_behind(lsn(150), now),
             Some(Duration::from_secs(2))
         );
         assert_eq!(
-            watcher.lag_behind(lsn(50), now),
-            Some(Duration::from_secs(3))
+            watcher.primary_timeline(),
+            Some(2),
+            "a connection opened before a failover reports the old timeline: never lowered"
         );
-        assert_eq!(watcher.primary_timeline(), Some(1));
     }
 
     #[test]
@@ -350,7 +310,7 @@ mod tests {
         watcher.mark_unreachable(0, "test");
         watcher.observe_role(1, Role::Primary);
         for slot in [2, 3] {
-            watcher.observe_role(slot, Role::Standby);
+            watcher.observe_role(slot, Role::Replica);
         }
         watcher.observe_receiver(2, Some(2));
         watcher.observe_receiver(3, Some(1));
@@ -367,7 +327,7 @@ mod tests {
             assert!(!watcher.states(need)[3].is_serving(), "{need:?}");
         }
         // A receiver that is down and never seen streaming: maybe an orphan, no floor read.
-        watcher.observe_role(0, Role::Standby);
+        watcher.observe_role(0, Role::Replica);
         watcher.observe_receiver(0, None);
         assert!(!watcher.states(Need::Floor(None))[0].is_serving());
     }

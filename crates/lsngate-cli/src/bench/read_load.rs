@@ -107,7 +107,7 @@ async fn phase_with(
                 .prepare("UPDATE lsngate_readload SET v = md5(random()::text) WHERE id = $1")
                 .await?;
             let position = client
-                .prepare("SELECT pg_current_wal_insert_lsn()::text")
+                .prepare(lsngate_core::probe::INSERT_POSITION_SQL)
                 .await?;
             let mut tick = tokio::time::interval(WRITE_TICK);
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -159,7 +159,7 @@ async fn phase_with(
 
 async fn current_lsn(client: &tokio_postgres::Client) -> anyhow::Result<Lsn> {
     let text: String = client
-        .query_one("SELECT pg_current_wal_insert_lsn()::text", &[])
+        .query_one(lsngate_core::probe::INSERT_POSITION_SQL, &[])
         .await?
         .get(0);
     Ok(Lsn::parse(&text)?)

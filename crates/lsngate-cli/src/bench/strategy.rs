@@ -7,7 +7,8 @@
 
 use std::time::{Duration, Instant};
 
-use lsngate_core::Lsn;
+use lsngate_core::probe::INSERT_POSITION_SQL;
+use lsngate_core::{Lsn, Verdict};
 use tokio_postgres::{Client, SimpleQueryMessage, Statement};
 
 use super::proxy::ProxyClients;
@@ -130,7 +131,6 @@ pub struct Session {
 
 pub const INSERT: &str = "INSERT INTO lsngate_bench (payload) VALUES ($1) RETURNING id";
 pub const READ: &str = "SELECT payload FROM lsngate_bench WHERE id = $1";
-const CURRENT_LSN: &str = "SELECT pg_current_wal_insert_lsn()::text";
 const REPLAYED: &str = "SELECT coalesce(pg_last_wal_replay_lsn() >= $1::text::pg_lsn, false)";
 
 impl Session {
@@ -150,7 +150,7 @@ impl Session {
             gate,
             insert: primary.prepare(INSERT).await?,
             read_primary: primary.prepare(READ).await?,
-            current_lsn: primary.prepare(CURRENT_LSN).await?,
+            current_lsn: primary.prepare(INSERT_POSITION_SQL).await?,
             primary,
             replicas,
             proxy: None,
@@ -207,16 +207,13 @@ impl Session {
         budget: Duration,
     ) -> anyhow::Result<bool> {
         // The LSN must be a literal (no bind parameters); its text comes from the number.
-        let sql = format!(
-            "WAIT FOR LSN '{lsn}' WITH (MODE 'standby_replay', TIMEOUT '{}', NO_THROW)",
-            budget.as_millis().max(1)
-        );
+        let sql = lsngate_core::probe::wait_for_sql(lsn, budget);
         let messages = self.replicas[replica].simple_query(&sql).await?;
         let status = messages.iter().find_map(|m| match m {
             SimpleQueryMessage::Row(row) => row.get(0).map(str::to_string),
             _ => None,
         });
-        Ok(status.as_deref() == Some("success"))
+        Ok(Verdict::of_wait(status.as_deref()) == Verdict::Passed)
     }
 
     /// Polls the replica's replay position until it reaches `lsn` or the budget is spent.

@@ -161,7 +161,7 @@ impl Target {
             )
             .await?;
         let position: String = primary
-            .query_one("SELECT pg_current_wal_insert_lsn()::text", &[])
+            .query_one(lsngate_core::probe::INSERT_POSITION_SQL, &[])
             .await?
             .get(0);
         for url in &self.replica_urls {

@@ -47,7 +47,7 @@ pub fn status(proxy: &Proxy) -> serde_json::Value {
             serde_json::json!({
                 "index": n.index,
                 "address": n.url.address(),
-                "role": n.role(),
+                "role": n.role().as_str(),
                 "healthy": n.healthy(),
                 "last_error": *n.last_error.lock().expect("error lock"),
                 "polls": n.polls.load(std::sync::atomic::Ordering::Relaxed),
@@ -146,7 +146,7 @@ fn refresh_gauges(proxy: &Proxy) {
     proxy.causal.stats.report();
     for n in proxy.nodes.all().iter() {
         let address = n.url.address();
-        let role = format!("{:?}", n.role()).to_lowercase();
+        let role = n.role().as_str();
         metrics::gauge!("lsngate_proxy_node_up", "node" => address.clone(), "role" => role)
             .set(if n.healthy() { 1.0 } else { 0.0 });
         metrics::gauge!("lsngate_proxy_node_busy_connections", "node" => address.clone())

@@ -186,45 +186,9 @@ pub struct BackendConn {
     pub severable: Option<Arc<super::sever::Severable>>,
 }
 
-/// What the proxy learns about the server behind a connection once, right after login.
-#[derive(Debug, Clone, Default)]
-pub struct ServerFacts {
-    /// System identifier, postmaster start time and address: the same for every connection to
-    /// one running server, different behind a load balancer that switches servers.
-    pub server: crate::causal::ServerId,
-    /// `server_version_num` (190000 and up have `WAIT FOR LSN`).
-    pub version_num: u32,
-    /// `wal_block_size` in bytes.
-    pub wal_block: u64,
-    /// `wal_segment_size` in bytes.
-    pub wal_segment: u64,
-    /// The timeline a primary writes (`None` on a replica).
-    pub timeline: Option<u32>,
-}
-
-impl ServerFacts {
-    /// Reads the answer to [`crate::causal::sql::SERVER_FACTS_SQL`].
-    pub fn from_row(row: &[Option<String>]) -> ServerFacts {
-        let text = |i: usize| row.get(i).cloned().flatten().unwrap_or_default();
-        ServerFacts {
-            server: text(0).into(),
-            version_num: text(1).parse().unwrap_or(0),
-            wal_block: text(2).parse().unwrap_or(0),
-            wal_segment: text(3).parse().unwrap_or(0),
-            timeline: u32::from_str_radix(&text(4), 16).ok(),
-        }
-    }
-
-    /// Whether `WAIT FOR LSN` exists on this server.
-    pub fn has_wait_for(&self) -> bool {
-        self.version_num >= 190_000
-    }
-
-    /// The smallest position standing for the same writes as insert position `insert`.
-    pub fn reachable(&self, insert: lsngate_core::Lsn) -> lsngate_core::Lsn {
-        lsngate_core::reachable_insert_position(insert, self.wal_block, self.wal_segment)
-    }
-}
+/// What the proxy learns about the server behind a connection once, right after login
+/// (`lsngate_core::server`, shared with the library).
+pub use lsngate_core::ServerFacts;
 
 /// Whom a new connection logs in as, and where those credentials are configured.
 struct Login<'a> {
@@ -322,16 +286,14 @@ impl Target<'_> {
                 node: conn.address.clone(),
                 why: format!("login timed out after {timeout:?}"),
             })??;
-        let facts = crate::timer::timeout(
-            timeout,
-            conn.query_row(crate::causal::sql::SERVER_FACTS_SQL),
-        )
-        .await
-        .map_err(|_| BackendError::Connect {
-            node: conn.address.clone(),
-            why: format!("no answer to the identity query within {timeout:?}"),
-        })??;
-        conn.facts = ServerFacts::from_row(&facts);
+        let facts =
+            crate::timer::timeout(timeout, conn.query_row(lsngate_core::server::IDENTITY_SQL))
+                .await
+                .map_err(|_| BackendError::Connect {
+                    node: conn.address.clone(),
+                    why: format!("no answer to the identity query within {timeout:?}"),
+                })??;
+        conn.facts = ServerFacts::from_row(&crate::causal::sql::columns(&facts));
         Ok(conn)
     }
 }

@@ -20,17 +20,8 @@ pub use pool::{Pool, PoolError, PoolLimits, PooledConn};
 
 use crate::config::{NodeUrl, ServerLogin};
 
-/// A node's detected role.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Role {
-    /// Not yet checked, or unreachable since start.
-    Unknown,
-    /// Not in recovery: takes writes.
-    Primary,
-    /// In recovery: a streaming replica.
-    Replica,
-}
+/// A node's detected role: core's one role model (`Unknown`, `Primary`, `Replica`).
+pub use lsngate_core::Role;
 
 /// What the router needs: the primary, or a replica (falling back to the primary).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -1,14 +1,16 @@
 //! The node monitor: on every node, every poll interval, one prepared query over a dedicated
 //! connection answers role (`pg_is_in_recovery()`), position (replay position on a replica,
-//! insert position on the primary) and timeline. A failed poll marks the node down (the router
-//! skips it; a later poll may bring it back); a replica that answers `false` has been promoted
-//! and becomes the primary without a restart. Positions feed the causal watcher, tagged with the
+//! insert position on the primary) and timeline: `lsngate_core::probe::POLL_SQL`, read by
+//! `lsngate_core::Poll` (the library's monitor sends and reads the same). A failed poll marks
+//! the node down (the router skips it; a later poll may bring it back); a replica that answers
+//! `false` has been promoted and becomes the primary without a restart. Positions feed the causal watcher, tagged with the
 //! identity of the server this connection reached. It routes nothing itself.
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use lsngate_core::Lsn;
+use lsngate_core::probe::POLL_SQL;
+use lsngate_core::{Poll, ServerFacts};
 use tokio::sync::watch;
 use tokio::time::Instant;
 
@@ -16,25 +18,17 @@ use super::{NodeState, Role};
 use crate::causal::{ServerId, Watcher};
 use crate::config::NodeUrl;
 
-/// Role, position, and timeline: on a replica its WAL receiver's (`0` when the receiver runs but
-/// the role may not see its timeline, NULL when there is no receiver), on a primary the one it
-/// writes (hex, from the WAL file name).
-const POLL_SQL: &str = "SELECT pg_is_in_recovery(), \
-     (CASE WHEN pg_is_in_recovery() THEN pg_last_wal_replay_lsn() ELSE pg_current_wal_insert_lsn() END)::text, \
-     CASE WHEN pg_is_in_recovery() THEN (SELECT coalesce(received_tli, 0) FROM pg_stat_wal_receiver)::text \
-          ELSE substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8) END";
-
 /// The monitor's connection to one node: client, prepared poll, and the server it reached.
 pub struct Probe {
     client: tokio_postgres::Client,
     poll: tokio_postgres::Statement,
-    server: ServerId,
+    facts: ServerFacts,
 }
 
 impl std::fmt::Debug for Probe {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Probe")
-            .field("server", &self.server)
+            .field("server", &self.facts.server)
             .finish()
     }
 }
@@ -55,13 +49,6 @@ fn pg_config(url: &NodeUrl) -> tokio_postgres::Config {
         config.password(password);
     }
     config
-}
-
-/// What one poll saw.
-struct Poll {
-    role: Role,
-    position: Option<Lsn>,
-    timeline: Option<u32>,
 }
 
 /// Polls one node once and records the result on the node, in the node list (the newest primary
@@ -94,7 +81,8 @@ pub async fn check(
     };
     match outcome {
         Ok(seen) => {
-            let server = &probe.as_ref().expect("polled").server;
+            let facts = &probe.as_ref().expect("polled").facts;
+            let server = &facts.server;
             watcher.observe_monitored(node.index, server);
             // Timelines first: a replica found behind the newest primary stops serving before
             // its position is recorded, and a promoted node's timeline is known before it is
@@ -114,7 +102,9 @@ pub async fn check(
             }
             match (seen.role, seen.position) {
                 (Role::Replica, Some(lsn)) => watcher.observe_replayed(node.index, server, lsn),
-                (Role::Primary, Some(lsn)) => watcher.observe_primary(Instant::now(), lsn),
+                (Role::Primary, Some(lsn)) => {
+                    watcher.observe_primary(Instant::now(), facts.reachable(lsn))
+                }
                 _ => {}
             }
             node.set_health(Some(seen.role), None);
@@ -134,21 +124,26 @@ async fn poll(node: &NodeState, probe: &mut Option<Probe>) -> Result<Poll, Strin
         // TLS as the URL's sslmode says, like the pooled connections.
         let client = lsngate_pgconn::connect(&pg_config(&node.url), &node.url.tls).await?;
         let facts = client
-            .simple_query(crate::causal::sql::SERVER_FACTS_SQL)
+            .simple_query(lsngate_core::server::IDENTITY_SQL)
             .await
             .map_err(|e| format!("learning the server identity: {e}"))?;
-        let server = facts
+        let facts = facts
             .iter()
             .find_map(|m| match m {
-                tokio_postgres::SimpleQueryMessage::Row(row) => row.get(0).map(ServerId::from),
+                tokio_postgres::SimpleQueryMessage::Row(row) => Some(ServerFacts::from_row(
+                    &(0..row.len()).map(|i| row.get(i)).collect::<Vec<_>>(),
+                )),
                 _ => None,
             })
-            .unwrap_or_else(|| "unknown".into());
+            .unwrap_or_else(|| ServerFacts {
+                server: ServerId::from("unknown"),
+                ..ServerFacts::default()
+            });
         let poll = client.prepare(POLL_SQL).await.map_err(|e| e.to_string())?;
         *probe = Some(Probe {
             client,
             poll,
-            server,
+            facts,
         });
     }
     let p = probe.as_ref().expect("connected above");
@@ -157,24 +152,9 @@ async fn poll(node: &NodeState, probe: &mut Option<Probe>) -> Result<Poll, Strin
         .query_one(&p.poll, &[])
         .await
         .map_err(|e| describe(&e))?;
-    let in_recovery: bool = row.get(0);
-    let position: Option<String> = row.get(1);
-    let timeline: Option<String> = row.get(2);
-    Ok(Poll {
-        role: if in_recovery {
-            Role::Replica
-        } else {
-            Role::Primary
-        },
-        position: position.and_then(|t| Lsn::parse(&t).ok()),
-        timeline: timeline.and_then(|t| {
-            if in_recovery {
-                t.parse().ok()
-            } else {
-                u32::from_str_radix(&t, 16).ok()
-            }
-        }),
-    })
+    let columns: Vec<Option<&str>> = (0..row.len()).map(|i| row.get(i)).collect();
+    Poll::from_row(&columns)
+        .ok_or_else(|| "the poll did not say whether the node is in recovery".into())
 }
 
 /// The error with its causes (see [`lsngate_pgconn::describe`]).

@@ -14,7 +14,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime};
 
 use lsngate_core::{
-    Fallback, GuardConfig, Lsn, PrimaryGuard, Refusal, Token, TokenCodec, WhenGuarded,
+    Fallback, GuardConfig, Lsn, Refusal, SharedGuard, Token, TokenCodec, WhenGuarded,
 };
 use tokio::time::Instant;
 
@@ -77,10 +77,7 @@ impl CausalConfig {
             .tokens
             .verify(value, SystemTime::now())
             .map_err(|e| format!("invalid lsngate.min_lsn {value:?}: {e}"))?;
-        Ok(Floor {
-            lsn: token.lsn,
-            timeline: token.timeline,
-        })
+        Ok(token.floor())
     }
 
     /// The token for a commit floor: its position with the primary's timeline (`X/Y.tN`), signed
@@ -105,7 +102,7 @@ pub struct Causal {
     pub watcher: Watcher,
     /// Read outcomes and waits.
     pub stats: Stats,
-    guard: Mutex<PrimaryGuard>,
+    guard: SharedGuard,
     origin: Instant,
     global: Mutex<Option<Floor>>,
     universal: tokio::sync::Mutex<Option<(u64, Floor)>>,
@@ -119,7 +116,7 @@ impl Causal {
         Causal {
             watcher: Watcher::default(),
             stats: Stats::default(),
-            guard: Mutex::new(PrimaryGuard::new(config.guard)),
+            guard: SharedGuard::new(config.guard),
             origin: Instant::now(),
             global: Mutex::new(None),
             universal: tokio::sync::Mutex::new(None),
@@ -141,17 +138,12 @@ impl Causal {
         if outcome == Outcome::NoReplica {
             return;
         }
-        let now = self.now();
-        self.guard
-            .lock()
-            .expect("guard lock")
-            .record(now, outcome == Outcome::Fallback);
+        self.guard.record(self.now(), outcome == Outcome::Fallback);
     }
 
     /// Asks for a primary slot for one fallback read; on `Ok` call [`Causal::release`] after.
     pub fn admit(&self) -> Result<(), Refusal> {
-        let now = self.now();
-        let result = self.guard.lock().expect("guard lock").try_admit(now);
+        let result = self.guard.try_admit(self.now());
         if let Err(refusal) = &result {
             tracing::warn!("primary guard refused a fallback read: {refusal}");
             metrics::counter!("lsngate_proxy_guard_refusals_total").increment(1);
@@ -161,15 +153,13 @@ impl Causal {
 
     /// Returns a slot from [`Causal::admit`].
     pub fn release(&self) {
-        self.guard.lock().expect("guard lock").release();
+        self.guard.release();
     }
 
     /// `(breaker open, fallbacks in flight, fallback rate)` for status and metrics.
     pub fn guard_state(&self) -> (bool, usize, f64) {
-        let now = self.now();
-        let mut guard = self.guard.lock().expect("guard lock");
-        let open = matches!(guard.state(now), lsngate_core::BreakerState::Open { .. });
-        (open, guard.in_flight(), guard.fallback_rate(now))
+        let status = self.guard.status(self.now());
+        (status.breaker_open, status.in_flight, status.fallback_rate)
     }
 
     /// Raises the proxy-wide floor with a commit made through the proxy.
@@ -228,7 +218,10 @@ impl Causal {
                 *slot = Some(conn);
             }
             let conn = slot.as_mut().expect("connected");
-            match conn.query_row(sql::PRIMARY_POSITION_SQL).await {
+            match conn
+                .query_row(lsngate_core::probe::INSERT_POSITION_SQL)
+                .await
+            {
                 Ok(row) => {
                     let lsn = row
                         .first()

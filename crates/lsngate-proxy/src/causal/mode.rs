@@ -1,9 +1,10 @@
-//! Consistency modes and read floors: what a client's read must see. Pure values; the session
-//! decides when a floor rises and `causal::plan` where a read goes.
+//! Consistency modes: which writes a client's read must see. Pure values; the floors themselves
+//! and their merge rule are `lsngate_core::Floor` (re-exported here), the session decides when a
+//! floor rises and `frontend::causal` where a read goes.
 
 use std::fmt;
 
-use lsngate_core::Lsn;
+pub use lsngate_core::Floor;
 
 /// Which writes a read must see.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -100,52 +101,6 @@ impl fmt::Display for Consistency {
     }
 }
 
-/// A position reads must see, with the primary timeline it was taken on when known.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Floor {
-    /// The WAL position.
-    pub lsn: Lsn,
-    /// Timeline of the primary that produced it; `None` for replica replay positions.
-    pub timeline: Option<u32>,
-}
-
-impl Floor {
-    /// A floor without timeline.
-    pub fn at(lsn: Lsn) -> Floor {
-        Floor {
-            lsn,
-            timeline: None,
-        }
-    }
-
-    /// The stricter of two floors: the larger position and the newer timeline, each on its own
-    /// (the rule of `lsngate_core::Token::merge`). Letting a newer timeline's floor replace an
-    /// older one outright would lose the older position when the new timeline forked *after* it:
-    /// `(tl 1, 900)` and `(tl 2, 500)` with the fork at 950 must still wait for 900. Where the fork
-    /// is below the older position, the writes past it were lost with the old primary, and
-    /// waiting for the new timeline to pass the number only routes more reads to the primary.
-    pub fn max(self, other: Floor) -> Floor {
-        Floor {
-            lsn: self.lsn.max(other.lsn),
-            timeline: self.timeline.max(other.timeline),
-        }
-    }
-
-    /// `max` over optional floors.
-    pub fn merge(a: Option<Floor>, b: Option<Floor>) -> Option<Floor> {
-        match (a, b) {
-            (Some(a), Some(b)) => Some(a.max(b)),
-            (a, b) => a.or(b),
-        }
-    }
-}
-
-impl fmt::Display for Floor {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}", self.lsn)
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -180,32 +135,5 @@ mod tests {
         let err = Consistency::parse("strong").unwrap_err();
         assert!(err.contains("strong") && err.contains("universal"), "{err}");
         assert!(Consistency::parse("fast_eventual").is_err());
-    }
-
-    #[test]
-    fn floors_merge_position_and_timeline_each_by_max() {
-        let old = Floor {
-            lsn: Lsn::new(900),
-            timeline: Some(1),
-        };
-        let new = Floor {
-            lsn: Lsn::new(500),
-            timeline: Some(2),
-        };
-        let both = Floor {
-            lsn: Lsn::new(900),
-            timeline: Some(2),
-        };
-        assert_eq!(old.max(new), both, "the older position is not forgotten");
-        assert_eq!(new.max(old), both);
-        let replayed = Floor::at(Lsn::new(600));
-        assert_eq!(
-            new.max(replayed),
-            Floor {
-                lsn: Lsn::new(600),
-                timeline: Some(2)
-            }
-        );
-        assert_eq!(Floor::merge(None, Some(replayed)), Some(replayed));
     }
 }

@@ -2,29 +2,17 @@
 //! Position statements are prepared once per server connection (a named statement the
 //! connection's `prepared` map tracks, so `DISCARD ALL` and resets forget it like any other) and
 //! run through a named portal, so they never touch the client's unnamed statement or portal.
-//! LSN text in SQL always comes from `Lsn`'s `Display`, never from client text.
+//! The statement texts and how their answers read are `lsngate_core::probe`'s (shared with the
+//! library); this module only frames them and decodes DataRows into text columns.
 
 use std::collections::HashMap;
 use std::time::Duration;
 
 use bytes::Bytes;
 use lsngate_core::Lsn;
+use lsngate_core::probe::{INSERT_POSITION_SQL, REPLAY_SQL, wait_for_sql};
 
 use crate::net::{Frame, FrontendMessage};
-
-/// Identity of a server and the WAL facts a commit position needs, learned once per connection.
-pub const SERVER_FACTS_SQL: &str = "SELECT system_identifier::text || '/' || extract(epoch FROM pg_postmaster_start_time())::text || '/' || \
-     coalesce(host(inet_server_addr()), 'local') || ':' || coalesce(inet_server_port()::text, ''), \
-     current_setting('server_version_num'), current_setting('wal_block_size'), \
-     pg_size_bytes(current_setting('wal_segment_size'))::text, \
-     CASE WHEN pg_is_in_recovery() THEN NULL ELSE substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8) END \
-     FROM pg_control_system()";
-
-/// The primary's insert position (mapped back from page headers before use).
-pub const PRIMARY_POSITION_SQL: &str = "SELECT pg_current_wal_insert_lsn()::text";
-
-/// On a replica: still in recovery, and how far replay got.
-pub const REPLAY_SQL: &str = "SELECT pg_is_in_recovery()::text, pg_last_wal_replay_lsn()::text";
 
 const POSITION_STATEMENT: &str = "lsngate_position";
 const REPLAY_STATEMENT: &str = "lsngate_replayed";
@@ -49,7 +37,7 @@ pub enum Probe {
 /// of named statements (the probe's statement is parsed when missing).
 pub fn probe_segment(probe: Probe, prepared: &mut HashMap<String, String>) -> Vec<Frame> {
     let (name, sql) = match probe {
-        Probe::Position => (POSITION_STATEMENT, PRIMARY_POSITION_SQL),
+        Probe::Position => (POSITION_STATEMENT, INSERT_POSITION_SQL),
         Probe::Replay => (REPLAY_STATEMENT, REPLAY_SQL),
     };
     let mut frames = Vec::with_capacity(6);
@@ -105,8 +93,9 @@ pub fn forget_probes(prepared: &mut HashMap<String, String>) {
     prepared.remove(REPLAY_STATEMENT);
 }
 
-/// `WAIT FOR LSN` (PostgreSQL ≥ 19) for `floor`, at most `timeout` (never less than 1 ms:
-/// 0 would mean forever), answering a status row instead of raising. Sent over the extended
+/// `WAIT FOR LSN` (PostgreSQL ≥ 19) for `floor`, at most `timeout` (see
+/// `lsngate_core::probe::wait_for_sql`: never less than 1 ms), answering a status row instead of
+/// raising. Sent over the extended
 /// protocol as a named statement (the LSN is a literal: no parameters), so the client's unnamed
 /// statement and portal survive it; a simple Query would drop them.
 pub fn wait_for(floor: Lsn, timeout: Duration) -> Vec<Frame> {
@@ -142,10 +131,9 @@ pub fn wait_for(floor: Lsn, timeout: Duration) -> Vec<Frame> {
     ]
 }
 
-/// The text of [`wait_for`].
-pub fn wait_for_sql(floor: Lsn, timeout: Duration) -> String {
-    let millis = timeout.as_millis().clamp(1, u128::from(u32::MAX));
-    format!("WAIT FOR LSN '{floor}' WITH (MODE 'standby_replay', TIMEOUT '{millis}ms', NO_THROW)")
+/// A decoded row as the text columns `lsngate_core::probe` reads.
+pub fn columns(row: &[Option<String>]) -> Vec<Option<&str>> {
+    row.iter().map(Option::as_deref).collect()
 }
 
 /// The values of a DataRow body as text (`None` for NULL); `None` when malformed.

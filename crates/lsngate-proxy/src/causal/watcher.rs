@@ -1,51 +1,41 @@
-//! What the proxy knows about replay: per *server* replayed positions (monotonic max), the
-//! servers seen behind each configured replica address, their timelines, and the primary's WAL
-//! clock (position samples over time) that turns a replay position into a time lag. Timelines are
-//! the nodes' own (`backend::timeline`): routing asks them first which replicas may serve.
+//! What the proxy knows about replay: the replay knowledge shared with the library
+//! (`lsngate_core::replay::ReplayBook`: per *server* replayed positions, the servers seen behind
+//! each node, the primary's WAL clock), plus what only the proxy needs — which server each node's
+//! monitor polls, reads waiting on those polls (PostgreSQL ≤ 18), and whether routing asked for
+//! positions lately (the monitors' poll rate). Timelines are the nodes' own (`backend::timeline`):
+//! routing asks them first which replicas may serve.
 //!
 //! Fed by the node monitor's polls and by every wait, check and trailing position of a client
-//! read. A position is only ever recorded for the server that reported it (a server id is its
-//! system identifier, postmaster start time and address), so an address that fronts several
-//! servers (a load balancer) cannot make a read skip its wait: routing sees the lowest position
-//! over the servers behind an address, and the read checks the server its connection reached.
-//! No I/O here.
+//! read. No I/O here, and no replay rule of its own: those are core's.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use lsngate_core::{Lsn, ReplicaState, Role as CoreRole, WalClock};
+use lsngate_core::sync::lock;
+use lsngate_core::{Lsn, ReplayBook, ReplicaState};
 use tokio::time::Instant;
 
 use crate::backend::timeline::Need;
 use crate::backend::{NodeState, Nodes};
 
-/// A server's identity: `system_identifier/postmaster start/address:port`.
-pub type ServerId = Arc<str>;
+pub use lsngate_core::ServerId;
 
 #[derive(Debug, Default)]
 struct NodeView {
-    /// Servers seen behind the address, with when they last reported.
-    servers: HashMap<ServerId, Instant>,
     /// The server the node monitor's own connection reached.
     monitored: Option<ServerId>,
     /// Reads waiting for this node's monitor to see their floor (PostgreSQL ≤ 18).
     waiters: usize,
 }
 
-/// A server not heard of for this long no longer counts for its address (it was restarted, or
-/// the load balancer stopped sending there). Only routing forgets it: a read that reaches it
-/// again is still checked against its own position.
-const SERVER_FORGOTTEN_AFTER: Duration = Duration::from_secs(5);
-
 /// Replay knowledge shared by every session of a proxy.
 #[derive(Debug)]
 pub struct Watcher {
-    replayed: Mutex<HashMap<ServerId, Lsn>>,
+    /// Replay knowledge, its times since `origin`; slots are node indexes.
+    book: Mutex<ReplayBook>,
     nodes: Mutex<HashMap<usize, NodeView>>,
-    /// The primary's WAL clock, its times since `origin`.
-    clock: Mutex<WalClock>,
     origin: Instant,
     /// Woken at every replay observation, for reads waiting on the monitor's polls.
     replay_seen: tokio::sync::Notify,
@@ -57,14 +47,11 @@ pub struct Watcher {
 /// `replay_poll`; after it they poll at the health interval (see [`Watcher::in_demand`]).
 pub const DEMAND_WINDOW: Duration = Duration::from_secs(10);
 
-const CLOCK_SAMPLES: usize = 4096;
-
 impl Default for Watcher {
     fn default() -> Self {
         Watcher {
-            replayed: Mutex::default(),
+            book: Mutex::default(),
             nodes: Mutex::default(),
-            clock: Mutex::new(WalClock::new(CLOCK_SAMPLES)),
             origin: Instant::now(),
             replay_seen: tokio::sync::Notify::new(),
             consulted: AtomicU64::new(0),
@@ -97,16 +84,8 @@ pub struct ReplicaView {
 impl Watcher {
     /// `server`, reached through node `node`, reported having replayed `lsn` (never lowers).
     pub fn observe_replayed(&self, node: usize, server: &ServerId, lsn: Lsn) {
-        {
-            let mut map = lock(&self.replayed);
-            let known = map.entry(server.clone()).or_insert(lsn);
-            *known = (*known).max(lsn);
-        }
-        lock(&self.nodes)
-            .entry(node)
-            .or_default()
-            .servers
-            .insert(server.clone(), Instant::now());
+        let now = self.since_origin(Instant::now());
+        lock(&self.book).observe_replayed(node, server, lsn, now);
         self.replay_seen.notify_waiters();
     }
 
@@ -153,6 +132,11 @@ impl Watcher {
         }
     }
 
+    /// `now` as the book's time.
+    fn since_origin(&self, now: Instant) -> Duration {
+        now.saturating_duration_since(self.origin)
+    }
+
     /// `now` as the `consulted` clock: ms since `origin`, plus one (0 means never).
     fn tick(&self, now: Instant) -> u64 {
         now.saturating_duration_since(self.origin).as_millis() as u64 + 1
@@ -188,39 +172,30 @@ impl Watcher {
 
     /// The primary was at `lsn` at `when`.
     pub fn observe_primary(&self, when: Instant, lsn: Lsn) {
-        let at = when.saturating_duration_since(self.origin);
-        lock(&self.clock).observe(at, lsn);
+        let at = self.since_origin(when);
+        lock(&self.book).observe_primary(at, lsn);
     }
 
     /// What `server` is known to have replayed.
     pub fn replayed(&self, server: &str) -> Option<Lsn> {
-        lock(&self.replayed).get(server).copied()
+        lock(&self.book).replayed(server)
     }
 
     /// The primary's last sampled position.
     pub fn primary_position(&self) -> Option<Lsn> {
-        lock(&self.clock).latest()
+        lock(&self.book).primary_position()
     }
 
     /// How long ago the primary first wrote past `replayed` (zero when caught up). Unlike
     /// `now() - pg_last_xact_replay_timestamp()` this does not grow while the primary is idle.
     pub fn lag_behind(&self, replayed: Lsn, now: Instant) -> Option<Duration> {
-        lock(&self.clock).lag_behind(replayed, now.saturating_duration_since(self.origin))
+        lock(&self.book).lag_behind(replayed, self.since_origin(now))
     }
 
     /// Lowest replayed position over the servers seen behind `node`.
     pub fn node_replayed(&self, node: usize) -> Option<Lsn> {
-        let nodes = lock(&self.nodes);
-        let view = nodes.get(&node)?;
-        let map = lock(&self.replayed);
-        let now = Instant::now();
-        let mut positions = view
-            .servers
-            .iter()
-            .filter(|(_, seen)| now.saturating_duration_since(**seen) < SERVER_FORGOTTEN_AFTER)
-            .map(|(s, _)| map.get(s).copied());
-        let first = positions.next()??;
-        positions.try_fold(first, |low, p| p.map(|p| low.min(p)))
+        let now = self.since_origin(Instant::now());
+        lock(&self.book).slot_replayed(node, now)
     }
 
     /// Routing input: every node detected as a replica, with what is known of it (time lag only
@@ -240,22 +215,24 @@ impl Watcher {
             // positions (this one waits or checks, as any read does without them).
             all.iter().for_each(|n| n.request_check());
         }
-        let primary = self.primary_position();
+        let at = self.since_origin(now);
         all.iter()
             .filter(|n| n.role() == crate::backend::Role::Replica)
             .map(|n| {
-                let replayed = self.node_replayed(n.index);
+                let (replayed, lag_bytes, lag) = {
+                    let book = lock(&self.book);
+                    let replayed = book.slot_replayed(n.index, at);
+                    let lag = replayed
+                        .filter(|_| with_lag)
+                        .and_then(|r| book.lag_behind(r, at));
+                    (replayed, replayed.and_then(|r| book.lag_bytes(r)), lag)
+                };
                 let state = ReplicaState {
                     healthy: nodes.serves(n, need),
-                    role: CoreRole::Standby,
+                    role: crate::backend::Role::Replica,
                     replayed,
-                    lag_bytes: match (primary, replayed) {
-                        (Some(p), Some(r)) => Some(p.bytes_since(r)),
-                        _ => None,
-                    },
-                    lag: replayed
-                        .filter(|_| with_lag)
-                        .and_then(|r| self.lag_behind(r, now)),
+                    lag_bytes,
+                    lag,
                     busy: n.busy(),
                 };
                 (Arc::clone(n), state)
@@ -265,10 +242,6 @@ impl Watcher {
 
     /// Snapshot of every replica, for `/status`, metrics and the dashboard.
     pub fn views(&self, nodes: &Nodes) -> Vec<ReplicaView> {
-        let servers: HashMap<usize, usize> = lock(&self.nodes)
-            .iter()
-            .map(|(i, v)| (*i, v.servers.len()))
-            .collect();
         let now = Instant::now();
         self.replicas(nodes, Need::Any, false)
             .into_iter()
@@ -283,17 +256,10 @@ impl Watcher {
                     .map(|d| d.as_secs_f64() * 1000.0),
                 timeline: node.timeline.get().last_known,
                 receiver: node.timeline.get().receiver.as_str(),
-                servers_seen: servers.get(&node.index).copied().unwrap_or(0),
+                servers_seen: lock(&self.book).servers_seen(node.index),
             })
             .collect()
     }
-}
-
-/// A poisoned lock only means another thread panicked mid-update of plain numbers.
-fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    mutex
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 #[cfg(test)]

@@ -8,7 +8,8 @@
 
 use std::time::Duration;
 
-use lsngate_core::{Decision, Fallback, Lsn, PrimaryReason, ReadRequest, WhenGuarded, route};
+use lsngate_core::probe::{REPLAY_SQL, wait_for_sql};
+use lsngate_core::{Decision, Fallback, Lsn, PrimaryReason, ReadRequest, Verdict, route};
 use tokio::time::Instant;
 
 use super::flight::Route;
@@ -63,9 +64,9 @@ pub struct CausalRead {
     pub class: Option<Class>,
 }
 
-/// The wait or check sent in front of a replica read.
+/// The wait or check sent in front of a replica read, until its [`Verdict`] arrives.
 #[derive(Debug, Clone)]
-pub struct Verdict {
+pub struct PendingVerdict {
     /// The position waited for.
     pub floor: Floor,
     /// `WAIT FOR LSN` (true) or a replay check (false).
@@ -76,11 +77,11 @@ pub struct Verdict {
     pub deadline: Instant,
 }
 
-impl Verdict {
-    /// A verdict for `floor` sent now.
-    pub fn new(floor: Floor, wait: bool, budget: Duration) -> Verdict {
+impl PendingVerdict {
+    /// A wait or check for `floor` sent now.
+    pub fn new(floor: Floor, wait: bool, budget: Duration) -> PendingVerdict {
         let sent = Instant::now();
-        Verdict {
+        PendingVerdict {
             floor,
             wait,
             sent,
@@ -98,38 +99,6 @@ pub enum Discard {
     Poll(Floor, Instant),
     /// …the client gets this error: its cancel request hit the wait in front of its read.
     Cancelled(String),
-}
-
-/// What a verdict row said.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Answer {
-    /// The floor is replayed.
-    Passed,
-    /// Not (yet) replayed; the server's replay position when it said.
-    NotYet(Option<Lsn>),
-    /// The server is not in recovery: it was promoted.
-    Promoted,
-}
-
-/// Reads a verdict's DataRow: `WAIT FOR` gives a status, a check gives (in recovery, replayed).
-pub fn read_answer(row: Option<&[Option<String>]>, wait: bool, floor: Lsn) -> Answer {
-    let Some(row) = row else {
-        return Answer::NotYet(None);
-    };
-    let text = |i: usize| row.get(i).cloned().flatten();
-    if wait {
-        return match text(0).as_deref() {
-            Some("success") => Answer::Passed,
-            Some("not in recovery") => Answer::Promoted,
-            _ => Answer::NotYet(None),
-        };
-    }
-    let replayed = text(1).and_then(|t| Lsn::parse(&t).ok());
-    match text(0).as_deref() {
-        Some("false") => Answer::Promoted,
-        _ if replayed.is_some_and(|r| r >= floor) => Answer::Passed,
-        _ => Answer::NotYet(replayed),
-    }
 }
 
 impl Session {
@@ -333,8 +302,10 @@ impl Session {
             match causal.admit() {
                 Ok(()) => break,
                 Err(refusal) => {
-                    let wait = self.config.causal.when_guarded == WhenGuarded::Wait;
-                    if !wait || Instant::now() >= deadline {
+                    let left = deadline.saturating_duration_since(Instant::now());
+                    let when_guarded = self.config.causal.when_guarded;
+                    let Some(pause) = lsngate_core::pace::guard_queue_pause(when_guarded, left)
+                    else {
                         causal.record(Outcome::Error);
                         let message = format!(
                             "lsngate: this read needs position {} and no replica had it; {refusal}",
@@ -343,8 +314,8 @@ impl Session {
                         return self
                             .answer_flight_error(&read.flight, SQLSTATE_GUARDED, &message)
                             .await;
-                    }
-                    crate::timer::sleep(Duration::from_millis(2)).await;
+                    };
+                    crate::timer::sleep(pause).await;
                 }
             }
         }
@@ -458,7 +429,7 @@ impl Session {
     /// (`Settled::Lost`); a cancel request from the client ends it (`Settled::Cancelled`).
     pub(super) async fn settle_floor(&mut self, floor: Floor, deadline: Instant) -> Settled {
         let fast = self.floors.mode.fast;
-        let mut pause = Duration::from_millis(1);
+        let mut backoff = lsngate_core::pace::ReplayBackoff::default();
         let cancels = self.cancel_requests();
         loop {
             if self.cancel_requests() != cancels {
@@ -471,9 +442,9 @@ impl Session {
             let wait = attached.conn.facts.has_wait_for() && !fast;
             let sql = if wait {
                 let left = deadline.saturating_duration_since(Instant::now());
-                crate::causal::sql::wait_for_sql(floor.lsn, left)
+                wait_for_sql(floor.lsn, left)
             } else {
-                crate::causal::sql::REPLAY_SQL.to_string()
+                REPLAY_SQL.to_string()
             };
             let row =
                 crate::timer::timeout_at(deadline + GRACE, attached.conn.query_row(&sql)).await;
@@ -491,18 +462,19 @@ impl Session {
             };
             let proxy = std::sync::Arc::clone(&self.proxy);
             let watcher = &proxy.causal.watcher;
-            match read_answer(Some(&row), wait, floor.lsn) {
-                Answer::Passed => {
+            let row = crate::causal::sql::columns(&row);
+            match Verdict::from_row(Some(&row), wait, floor.lsn) {
+                Verdict::Passed => {
                     watcher.observe_replayed(node, &server, floor.lsn);
                     return Settled::Passed;
                 }
-                Answer::Promoted => {
+                Verdict::NotInRecovery => {
                     if let Some(n) = proxy.nodes.get(node) {
                         n.request_check();
                     }
                     return Settled::NotYet;
                 }
-                Answer::NotYet(replayed) => {
+                Verdict::NotYet { replayed } => {
                     if let Some(r) = replayed {
                         watcher.observe_replayed(node, &server, r);
                     }
@@ -517,10 +489,8 @@ impl Session {
                         let until = deadline.min(Instant::now() + Duration::from_millis(100));
                         watcher.wait_replayed(node, &server, floor.lsn, until).await;
                     } else {
-                        let now = Instant::now();
-                        crate::timer::sleep(pause.min(deadline.saturating_duration_since(now)))
-                            .await;
-                        pause = (pause * 2).min(Duration::from_millis(10));
+                        let left = deadline.saturating_duration_since(Instant::now());
+                        crate::timer::sleep(backoff.next_pause(left)).await;
                     }
                 }
             }
@@ -608,40 +578,4 @@ pub enum Settled {
     NotYet,
     /// The replica failed or went silent; the backend was dropped.
     Lost,
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn verdict_rows_read_right() {
-        let floor = Lsn::new(100);
-        let row = |a: &str, b: Option<&str>| vec![Some(a.to_string()), b.map(str::to_string)];
-        assert_eq!(
-            read_answer(Some(&row("success", None)), true, floor),
-            Answer::Passed
-        );
-        assert_eq!(
-            read_answer(Some(&row("timeout", None)), true, floor),
-            Answer::NotYet(None)
-        );
-        assert_eq!(
-            read_answer(Some(&row("not in recovery", None)), true, floor),
-            Answer::Promoted
-        );
-        assert_eq!(
-            read_answer(Some(&row("true", Some("0/64"))), false, floor),
-            Answer::Passed
-        );
-        assert_eq!(
-            read_answer(Some(&row("true", Some("0/63"))), false, floor),
-            Answer::NotYet(Some(Lsn::new(99)))
-        );
-        assert_eq!(
-            read_answer(Some(&row("false", None)), false, floor),
-            Answer::Promoted
-        );
-        assert_eq!(read_answer(None, true, floor), Answer::NotYet(None));
-    }
 }

@@ -10,7 +10,7 @@ use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::Arc;
 
 use super::Proxy;
-use super::causal::{CausalRead, Discard, Verdict};
+use super::causal::{CausalRead, Discard, PendingVerdict};
 use super::copy::CopyGate;
 use super::pipeline::{At, Effect, Unconfirmed};
 use super::router::{Class, session_set, setting_reset};
@@ -130,7 +130,7 @@ pub struct Attached {
     /// The causal read in flight on this backend (its flight, for a fallback re-run).
     pub read: Option<CausalRead>,
     /// The wait or check in front of the read, until decided.
-    pub verdict: Option<Verdict>,
+    pub verdict: Option<PendingVerdict>,
     /// What happens to the client's replies after a failed verdict.
     pub discard: Option<Discard>,
     /// Values of the DataRow of the proxy segment in progress.
@@ -1510,7 +1510,7 @@ impl Session {
                     frames.extend(probe_segment(Probe::Replay, &mut attached.conn.prepared));
                 }
                 attached.expect.push_back(Owner::Proxy(Duty::Verdict));
-                attached.verdict = Some(Verdict::new(floor, wait, budget));
+                attached.verdict = Some(PendingVerdict::new(floor, wait, budget));
             }
         }
         match client_frames {

@@ -3,10 +3,10 @@
 //! replica reply is released or — on 25006 — discarded and its flight re-run on the primary, and
 //! a broken backend turns into errors for the replies still due. Sending is `flight.rs`.
 
-use lsngate_core::{Fallback, Lsn};
+use lsngate_core::{Fallback, Lsn, Replay, Verdict};
 use tokio::time::Instant;
 
-use super::causal::{Answer, Discard, read_answer};
+use super::causal::Discard;
 use super::flight::{Attached, Duty, Owner, RESYNC_SQL};
 use super::session::Session;
 use crate::backend::{BackendError, Target};
@@ -672,11 +672,13 @@ impl Session {
             }
             Duty::Verdict => return self.on_verdict(row).await,
             Duty::Served => {
-                if let Some(lsn) = text(1).and_then(|t| Lsn::parse(&t).ok()) {
+                let columns = row.as_deref().map(crate::causal::sql::columns);
+                let replay = columns.map(|r| Replay::from_row(&r)).unwrap_or_default();
+                if let Some(lsn) = replay.replayed {
                     causal.watcher.observe_replayed(node, &server, lsn);
                     self.on_served(lsn);
                 }
-                if text(0).as_deref() == Some("false")
+                if replay.in_recovery == Some(false)
                     && let Some(n) = self.proxy.nodes.get(node)
                 {
                     n.request_check();
@@ -694,7 +696,7 @@ impl Session {
                         lsn: facts.reachable(lsn),
                         timeline: facts.timeline,
                     };
-                    causal.watcher.observe_primary(Instant::now(), lsn);
+                    causal.watcher.observe_primary(Instant::now(), floor.lsn);
                     if let Some(timeline) = facts.timeline {
                         self.proxy.nodes.newest_timeline.observe(timeline);
                     }
@@ -731,7 +733,8 @@ impl Session {
         };
         let (node, server) = (attached.conn.node, attached.conn.facts.server.clone());
         let causal = &self.proxy.causal;
-        let answer = read_answer(row.as_deref(), verdict.wait, verdict.floor.lsn);
+        let columns = row.as_deref().map(crate::causal::sql::columns);
+        let answer = Verdict::from_row(columns.as_deref(), verdict.wait, verdict.floor.lsn);
         causal.stats.record_wait(verdict.sent.elapsed());
         if let Some(message) = attached.probe_cancelled.take() {
             attached.discard = Some(Discard::Cancelled(message));
@@ -739,7 +742,7 @@ impl Session {
             return Ok(());
         }
         match answer {
-            Answer::Passed => {
+            Verdict::Passed => {
                 causal
                     .watcher
                     .observe_replayed(node, &server, verdict.floor.lsn);
@@ -747,14 +750,14 @@ impl Session {
                 self.report_stale(false);
                 return Ok(());
             }
-            Answer::Promoted => {
+            Verdict::NotInRecovery => {
                 tracing::warn!(node = %attached.conn.address, "replica answered `not in recovery`; re-detecting roles");
                 if let Some(n) = self.proxy.nodes.get(node) {
                     n.request_check();
                 }
                 attached.discard = Some(Discard::Rerun);
             }
-            Answer::NotYet(replayed) => {
+            Verdict::NotYet { replayed } => {
                 if let Some(r) = replayed {
                     causal.watcher.observe_replayed(node, &server, r);
                 }

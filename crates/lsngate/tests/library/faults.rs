@@ -400,12 +400,12 @@ async fn promoted_replica_is_detected_and_routing_adapts() {
     // learnt about only by the monitor's first probe, which can land after the warm-up on a
     // loaded machine.
     let probed = tokio::time::Instant::now() + Duration::from_secs(20);
-    while gate.replicas()[1].role != Role::Standby && tokio::time::Instant::now() < probed {
+    while gate.replicas()[1].role != Role::Replica && tokio::time::Instant::now() < probed {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     assert_eq!(
         gate.replicas()[1].role,
-        Role::Standby,
+        Role::Replica,
         "{:?}",
         gate.replicas()
     );
@@ -429,7 +429,7 @@ async fn promoted_replica_is_detected_and_routing_adapts() {
         "{:?}",
         gate.replicas()
     );
-    assert_eq!(gate.replicas()[0].role, Role::Standby);
+    assert_eq!(gate.replicas()[0].role, Role::Replica);
     let after = support::insert_then_read(&gate, "rw_promote", 5000, 50).await;
     println!("promotion: {after:?} {:?}", gate.replicas());
     assert!(after.errors.is_empty(), "{:?}", after.errors);
