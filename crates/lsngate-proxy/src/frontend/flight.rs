@@ -1174,7 +1174,12 @@ impl Session {
         let alone = self.status == b'I' && effects.len() == 1 && executes <= 1;
         let mut doubt = false;
         let simple = matches!(flight, [FrontendMessage::Query(_)]);
-        let pinned_before = self.pinned;
+        let pin_settled = self.pinned
+            && self
+                .backend
+                .as_ref()
+                .is_some_and(|b| b.pin_unconfirmed.is_none());
+        let pins = effects.iter().any(|(class, _)| *class == Class::Pin);
         for (class, sql) in effects {
             if let Some(understood) = self.note_session_effect(class, &sql, simple) {
                 doubt |= class == Class::SessionState && !(understood && alone);
@@ -1185,8 +1190,11 @@ impl Session {
                 }
             }
         }
-        if self.pinned && !pinned_before {
-            // The flight's last segment: the one still open when it ends in Flush.
+        if pins && !pin_settled {
+            // Until one of them is confirmed, the pin lasts to the last segment of the latest
+            // flight that sent a pinning statement (an earlier one the server skipped must not
+            // undo the pin of a later one that ran, seeds 777336 then 777338). The flight's last
+            // segment is the one still open when it ends in Flush.
             let attached = self.backend.as_mut().expect("attached");
             let ends = segment_ends(flight) as u64;
             let open_tail = !matches!(

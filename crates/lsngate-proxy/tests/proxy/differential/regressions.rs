@@ -949,5 +949,22 @@ pub fn known() -> Vec<(&'static str, Case)> {
                 q("SHOW application_name"),
             ]),
         ),
+        (
+            // Seeds 777336 then 777338: a PREPARE the server skipped (behind a Bind of no
+            // statement) and, in the same write, one that ran. The first one's ReadyForQuery undid
+            // the pin the second had made, and the connection went back to the pool holding q1:
+            // the next client's EXECUTE q1 found it (42601) where PostgreSQL says 26000.
+            "a PREPARE that ran stays pinned behind one the server skipped",
+            case(vec![
+                bind("s9"),
+                parse("", "PREPARE q2 (int) AS SELECT v FROM {t} WHERE id = $1"),
+                bind(""),
+                execute(),
+                sync(),
+                q("PREPARE q1 (int) AS SELECT v FROM {t} WHERE id = $1"),
+                Step::Reconnect,
+                q("EXECUTE q1(1)"),
+            ]),
+        ),
     ]
 }
