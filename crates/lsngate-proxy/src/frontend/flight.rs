@@ -598,51 +598,7 @@ impl Session {
                 }
                 continue;
             }
-            if in_block
-                && !compatible
-                && want == Some(Target::Primary)
-                && b.target == Target::Replica
-                && !self.pinned
-                && !b.expect.is_empty()
-                && !b.open
-                && !b.copy_in
-            {
-                // A write behind a read-only block on a replica whose end (COMMIT, ROLLBACK) is
-                // still unanswered: the status the block is judged by is the last one heard. Once
-                // the answers are in, an ended block lets the write go to the primary; inside a
-                // block still open it fails on the replica as PostgreSQL fails it (25006).
-                self.drain().await?;
-                continue;
-            }
-            if b.pin_unconfirmed.is_some()
-                && !compatible
-                && !b.expect.is_empty()
-                && !b.open
-                && !b.copy_in
-            {
-                // Pinned by a statement the server may have skipped (`pin_unconfirmed`): its
-                // answer decides whether this flight must stay on the connection.
-                self.drain().await?;
-                continue;
-            }
-            if b.awaiting_replies()
-                && !b.open
-                && !b.copy_in
-                && !self.moved_statements(&flight).is_empty()
-            {
-                // The shape check before the flight (`recheck_moved`) needs the connection to
-                // itself, and the last reply due may hand it back to the pool: drained here,
-                // where a released connection is attached anew (the flight got 08006 "no
-                // primary is reachable" there, seed 111291).
-                self.drain().await?;
-                continue;
-            }
-            if b.reset_in_doubt && !b.expect.is_empty() && b.may_add_frames() {
-                // The read-back behind a Query that may have reset a setting, and the startup
-                // values it may apply again, go before this flight (`Session::on_resync`).
-                // Behind a COPY the client ended, its answer still to come (`copy_in`), too: a
-                // flight sent there made the Query's ReadyForQuery not the last due, and the
-                // read-back was never sent (seed 777188, under load).
+            if self.hear_first(b, &flight, want, compatible, in_block) {
                 self.drain().await?;
                 continue;
             }
@@ -663,6 +619,51 @@ impl Session {
             return self.no_backend(e, segment_ends(&flight)).await;
         }
         self.send_flight(flight, class, route.read).await
+    }
+
+    /// Whether the replies due on the attached connection `b` must come in before `flight` is
+    /// routed (the routing loop then looks again): what they say decides where the flight goes,
+    /// or what must go in front of it. Never into an extended batch the client left open, or a
+    /// COPY the client has not ended: the server answers nothing more until the client goes on.
+    fn hear_first(
+        &self,
+        b: &Attached,
+        flight: &[FrontendMessage],
+        want: Option<Target>,
+        compatible: bool,
+        in_block: bool,
+    ) -> bool {
+        if b.expect.is_empty() || b.open {
+            return false;
+        }
+        // The read-back behind a Query that may have reset a setting, and the startup values it
+        // may apply again, go before this flight (`Session::on_resync`). Behind a COPY the
+        // client ended whose answer is still to come (`copy_in`) too: a flight sent there made
+        // the Query's ReadyForQuery not the last due, and the read-back was never sent (seed
+        // 777188, under load).
+        if b.reset_in_doubt && b.may_add_frames() {
+            return true;
+        }
+        if b.copy_in {
+            return false;
+        }
+        // A write behind a read-only block on a replica whose end (COMMIT, ROLLBACK) is still
+        // unanswered: the status the block is judged by is the last one heard. Once the answers
+        // are in, an ended block lets the write go to the primary; inside a block still open it
+        // fails on the replica as PostgreSQL fails it (25006).
+        let replica_block_ending = in_block
+            && !compatible
+            && want == Some(Target::Primary)
+            && b.target == Target::Replica
+            && !self.pinned;
+        // Pinned by a statement the server may have skipped (`pin_unconfirmed`): its answer
+        // decides whether this flight must stay on the connection.
+        let pin_in_doubt = b.pin_unconfirmed.is_some() && !compatible;
+        // The shape check before the flight (`recheck_moved`) needs the connection to itself,
+        // and the last reply due may hand it back to the pool: heard here, where a released
+        // connection is attached anew (the flight got 08006 "no primary is reachable" there,
+        // seed 111291).
+        replica_block_ending || pin_in_doubt || !self.moved_statements(flight).is_empty()
     }
 
     /// Whether the extended batch open on the attached replica may end before `flight`, which
