@@ -72,6 +72,15 @@ pub fn admits(replica: ReplicaTimeline, newest: Option<u32>, need: Need) -> bool
     }
 }
 
+/// Whether a read with a floor taken on `taken_on` goes to the primary whatever the replicas
+/// say: the floor predates the newest primary timeline seen, so its write may have been lost at
+/// the fork and only the current primary's history answers for it. A floor from a timeline
+/// *newer* than any primary seen (the router has not seen the promotion yet) does not: [`admits`]
+/// lets only replicas already on that timeline serve it. The library and the proxy both ask this.
+pub fn floor_predates(taken_on: Option<u32>, newest: Option<u32>) -> bool {
+    matches!((taken_on, newest), (Some(taken_on), Some(newest)) if taken_on < newest)
+}
+
 impl Receiver {
     /// What a poll's `received_tli` said: `Some(timeline)` (0 when the timeline is hidden from
     /// the role asking) for a running receiver, `None` for none.
@@ -137,6 +146,27 @@ mod tests {
             Some(2),
             Need::Any
         ));
+    }
+
+    #[test]
+    fn only_a_floor_older_than_the_newest_primary_timeline_predates_it() {
+        assert!(floor_predates(Some(1), Some(2)));
+        assert!(!floor_predates(Some(2), Some(2)));
+        // Newer than any primary seen: replicas on it may serve (admits decides), not forced.
+        assert!(!floor_predates(Some(3), Some(2)));
+        assert!(!admits(
+            replica(Some(2), Receiver::Streaming),
+            Some(2),
+            Need::Floor(Some(3))
+        ));
+        assert!(admits(
+            replica(Some(3), Receiver::Streaming),
+            Some(2),
+            Need::Floor(Some(3))
+        ));
+        // Unknown on either side: nothing to compare, the replica rules apply.
+        assert!(!floor_predates(None, Some(2)));
+        assert!(!floor_predates(Some(1), None));
     }
 
     #[test]

@@ -21,8 +21,9 @@ pub enum FallbackReason {
     NoReplica,
     /// Token-less read: every replica is over the lag bound.
     AllLagging,
-    /// The token was taken on another timeline than the primary's current one (a failover
-    /// happened since): only the primary is trusted with it.
+    /// The token was taken on an older timeline than the primary's current one (a failover
+    /// happened since): only the primary is trusted with it. Also when it is from a newer
+    /// timeline than any primary seen and no replica follows that timeline yet.
     TimelineChanged,
 }
 

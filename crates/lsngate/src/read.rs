@@ -141,18 +141,24 @@ async fn execute(inner: &Inner, plan: &Plan, sql: &str, params: Params<'_>) -> R
     let hard = deadline + inner.config.io_grace;
     let floor = plan.token.map(|t| t.lsn);
     let token_timeline = plan.token.and_then(|t| t.timeline);
-    if let (Some(token), Some(primary)) = (token_timeline, inner.watcher.primary_timeline())
-        && token != primary
-    {
+    let primary_timeline = inner.watcher.primary_timeline();
+    if lsngate_core::timeline::floor_predates(token_timeline, primary_timeline) {
         let why = FallbackReason::TimelineChanged;
         return fall_back(inner, plan, why, None, start, sql, params).await;
     }
+    // A token from a timeline newer than any primary seen: only replicas on it qualify, and
+    // when none does the honest reason is still the timeline.
+    let newer_timeline = token_timeline > primary_timeline && primary_timeline.is_some();
     let mut excluded = vec![false; inner.replicas.len()];
     let mut reason = None;
     let mut stale = None;
     loop {
         let index = match next_replica(inner, plan, &excluded, deadline) {
             Ok(index) => index,
+            Err(FallbackReason::NoReplica) if newer_timeline && reason.is_none() => {
+                let why = FallbackReason::TimelineChanged;
+                return fall_back(inner, plan, why, stale, start, sql, params).await;
+            }
             Err(why) => {
                 let why = reason.unwrap_or(why);
                 return fall_back(inner, plan, why, stale, start, sql, params).await;

@@ -121,7 +121,10 @@ async fn tampered_expired_and_malformed_tokens_get_their_errors() {
     );
 }
 
-/// A token from another timeline (a failover since) is only trusted to the primary.
+/// A token from a timeline newer than any primary the gate has seen (a failover it has not
+/// noticed yet) is served only by replicas on that timeline; here none is, so the primary
+/// answers, and the reason names the timeline. (Older timelines: `lsngate_core::timeline`'s
+/// `floor_predates`, and the promotion tests in `faults.rs`.)
 #[tokio::test]
 async fn token_from_another_timeline_reads_the_primary() {
     let cluster = shared_cluster();

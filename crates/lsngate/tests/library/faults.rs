@@ -775,4 +775,17 @@ async fn an_orphan_ahead_of_the_fork_point_serves_no_read() {
             }
         }
     }
+    // A token taken on the old timeline predates the new primary's: only the primary answers.
+    let old = lsngate::Token {
+        timeline: Some(1),
+        ..written.token
+    };
+    let read = gate
+        .read()
+        .after(Some(old))
+        .query(select, &[])
+        .await
+        .unwrap();
+    assert_eq!(read.served.by, ServedBy::Primary, "{:?}", read.served);
+    assert_eq!(read.served.fallback, Some(FallbackReason::TimelineChanged));
 }
