@@ -17,7 +17,10 @@ pub mod causal;
 pub mod config;
 pub mod frontend;
 pub mod net;
+pub mod proxy;
+mod serve;
 pub mod socket;
+pub mod tally;
 pub mod timer;
 
 use std::net::SocketAddr;
@@ -28,7 +31,7 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 
 pub use config::{Config, ConfigError, FileConfig, NodeUrl, PoolMode, TlsMode};
-pub use frontend::Proxy;
+pub use proxy::Proxy;
 
 /// Options of `lsngate proxy`. Flags override the config file; the file overrides defaults.
 #[derive(Debug, Clone, Default, clap::Args)]

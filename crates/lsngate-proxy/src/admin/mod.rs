@@ -4,37 +4,18 @@
 //! A deliberately tiny HTTP/1.1 responder — one request per connection, GET only — not a web
 //! framework.
 
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 
-use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 
-use crate::frontend::Proxy;
+use crate::proxy::Proxy;
+use crate::tally::prometheus;
 
 /// The live dashboard: one static page (markup, style and script inline, nothing fetched from
 /// elsewhere) that polls `/status` every 500 ms; see `dashboard.html`.
 const DASHBOARD: &str = include_str!("dashboard.html");
-
-static PROMETHEUS: OnceLock<Option<PrometheusHandle>> = OnceLock::new();
-
-/// Installs the process-wide Prometheus recorder (once); None if another recorder won.
-pub fn prometheus() -> Option<&'static PrometheusHandle> {
-    PROMETHEUS
-        .get_or_init(|| {
-            let recorder = PrometheusBuilder::new()
-                .set_buckets_for_metric(
-                    metrics_exporter_prometheus::Matcher::Full("lsngate_proxy_wait_seconds".into()),
-                    &crate::causal::stats::WAIT_BUCKETS_MS.map(|ms| ms / 1000.0),
-                )
-                .expect("non-empty buckets")
-                .build_recorder();
-            let handle = recorder.handle();
-            metrics::set_global_recorder(recorder).ok().map(|_| handle)
-        })
-        .as_ref()
-}
 
 /// The /status document.
 pub fn status(proxy: &Proxy) -> serde_json::Value {
@@ -96,47 +77,6 @@ pub fn causal_status(proxy: &Proxy) -> serde_json::Value {
         },
         "replicas": causal.watcher.views(&proxy.nodes),
     })
-}
-
-/// A counter bumped on every statement: a plain atomic add on the hot path, handed to the
-/// metrics registry when /metrics is scraped (the registry's own counters cost a dynamic call
-/// and two atomic adds per bump). Several proxies in one process add up, as registry counters do.
-#[derive(Debug)]
-pub(crate) struct Tally {
-    count: std::sync::atomic::AtomicU64,
-    reported: std::sync::atomic::AtomicU64,
-    counter: metrics::Counter,
-}
-
-impl Tally {
-    /// A tally reported to `counter`.
-    pub(crate) fn new(counter: metrics::Counter) -> Tally {
-        Tally {
-            count: Default::default(),
-            reported: Default::default(),
-            counter,
-        }
-    }
-
-    /// Counts `n` more.
-    pub(crate) fn add(&self, n: u64) {
-        self.count
-            .fetch_add(n, std::sync::atomic::Ordering::Relaxed);
-    }
-
-    /// Everything counted so far.
-    pub(crate) fn count(&self) -> u64 {
-        self.count.load(std::sync::atomic::Ordering::Relaxed)
-    }
-
-    /// Hands what was counted since the last report to the registry.
-    pub(crate) fn report(&self) {
-        let count = self.count.load(std::sync::atomic::Ordering::Relaxed);
-        let before = self
-            .reported
-            .swap(count, std::sync::atomic::Ordering::Relaxed);
-        self.counter.increment(count.saturating_sub(before));
-    }
 }
 
 fn refresh_gauges(proxy: &Proxy) {

@@ -18,6 +18,7 @@ use lsngate_pgconn::{Attempt, Negotiated, PLAINTEXT_REFUSED_FIX, refuses_plainte
 
 use crate::config::{NodeUrl, ServerLogin, host_port};
 use crate::frontend::auth::{md5_response, md5_stored, scram_client_final, scram_server_final_ok};
+use crate::net::sqlstate;
 use crate::net::{BackendMessage, ErrorFields, Frame, FrontendMessage, StartupFrame, decode_frame};
 
 /// Why a backend connection failed; `retry_safe` tells the router whether another node may be
@@ -293,7 +294,7 @@ impl Target<'_> {
                     node: conn.address.clone(),
                     why: format!("no answer to the identity query within {timeout:?}"),
                 })??;
-        conn.facts = ServerFacts::from_row(&crate::causal::sql::columns(&facts));
+        conn.facts = ServerFacts::from_row(&crate::net::backend::columns(&facts));
         Ok(conn)
     }
 }
@@ -446,7 +447,10 @@ impl BackendConn {
             role: login.user.to_string(),
             check: login.check,
             message: e.get(b'M').unwrap_or("unknown error").to_string(),
-            sqlstate: e.sqlstate().unwrap_or("08000").to_string(),
+            sqlstate: e
+                .sqlstate()
+                .unwrap_or(sqlstate::CONNECTION_EXCEPTION)
+                .to_string(),
         }
     }
 
@@ -604,7 +608,7 @@ impl BackendConn {
             let frame = self.recv().await?;
             match self.parse(&frame)? {
                 BackendMessage::Other(b'D') if row.is_none() => {
-                    row = crate::causal::sql::data_row(&frame.body);
+                    row = crate::net::backend::data_row(&frame.body);
                 }
                 BackendMessage::ErrorResponse(e) => {
                     error = Some(e.get(b'M').unwrap_or("error").to_string())

@@ -1,5 +1,6 @@
-//! The server side: connections (`conn`), pools per (node, database, role) (`pool`) and the
-//! health/role monitor (`monitor`). `Nodes` holds what is known about every configured server —
+//! The server side: connections (`conn`), pools per (node, database, role) (`pool`), the
+//! health/role monitor (`monitor`) and what each server has replayed (`replay`, fed by the
+//! monitor and by client reads). `Nodes` holds what is known about every configured server —
 //! its role as detected with `pg_is_in_recovery()`, not as configured — and picks one for a
 //! target. It never parses client SQL.
 
@@ -7,6 +8,7 @@ pub mod clock;
 pub mod conn;
 pub mod monitor;
 pub mod pool;
+pub mod replay;
 pub mod settings;
 pub mod sever;
 pub mod timeline;

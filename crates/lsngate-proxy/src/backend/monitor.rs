@@ -14,8 +14,8 @@ use lsngate_core::{Poll, ServerFacts};
 use tokio::sync::watch;
 use tokio::time::Instant;
 
+use super::replay::{ServerId, Watcher};
 use super::{NodeState, Role};
-use crate::causal::{ServerId, Watcher};
 use crate::config::NodeUrl;
 
 /// The monitor's connection to one node: client, prepared poll, and the server it reached.
@@ -180,11 +180,22 @@ fn poll_period(config: &crate::config::Config, watcher: &Watcher, node: usize) -
     }
 }
 
+/// What a node's monitor needs from the proxy it serves (implemented by the shared proxy state,
+/// a layer above, so this layer names no type of it).
+pub trait Monitored: Send + Sync + 'static {
+    /// Every configured node.
+    fn nodes(&self) -> &super::Nodes;
+    /// The replay knowledge the polls feed.
+    fn watcher(&self) -> &Watcher;
+    /// The current config.
+    fn config(&self) -> Arc<crate::config::Config>;
+}
+
 /// Polls `node` (see [`poll_period`]; at once when a session asks for a re-check) until
 /// `shutdown` turns true.
 pub async fn watch_node(
     node: Arc<NodeState>,
-    proxy: Arc<crate::frontend::Proxy>,
+    proxy: Arc<impl Monitored>,
     timeout: Duration,
     mut shutdown: watch::Receiver<bool>,
 ) {
@@ -194,17 +205,10 @@ pub async fn watch_node(
             tracing::info!(node = %node.url.address(), "node removed from the config; its monitor stops");
             return;
         }
-        check(
-            &node,
-            &proxy.nodes,
-            &proxy.causal.watcher,
-            &mut probe,
-            timeout,
-        )
-        .await;
+        check(&node, proxy.nodes(), proxy.watcher(), &mut probe, timeout).await;
         // Reads waiting for this node's replay (PostgreSQL ≤ 18) are served by fast polls here,
         // one query for all of them instead of one per read.
-        let period = poll_period(&proxy.config(), &proxy.causal.watcher, node.index);
+        let period = poll_period(&proxy.config(), proxy.watcher(), node.index);
         node.poll_period_ms.store(
             period.as_millis() as u64,
             std::sync::atomic::Ordering::Relaxed,

@@ -1,5 +1,5 @@
 //! Causal reads: read-your-writes for every client of the proxy. This module holds what all
-//! sessions share — the consistency settings, the replay [`watcher::Watcher`], the primary guard,
+//! sessions share — the consistency settings, the replay [`Watcher`] (the server side's, `backend::replay`), the primary guard,
 //! the read statistics, the proxy-wide commit floor (`global`) and the coalesced primary
 //! position (`universal`) — plus the statements the proxy adds to a backend flight (`sql`).
 //! Per-client floors and the read path live in `frontend::causal`.
@@ -7,7 +7,6 @@
 pub mod mode;
 pub mod sql;
 pub mod stats;
-pub mod watcher;
 
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -20,8 +19,8 @@ use tokio::time::Instant;
 
 pub use mode::{Consistency, Floor, Level};
 pub use stats::{Outcome, Stats};
-pub use watcher::{ServerId, Watcher};
 
+use crate::backend::replay::Watcher;
 use crate::backend::{BackendConn, Nodes};
 
 /// SQLSTATE of "no replica reached the read's floor within the budget" (fallback = error).

@@ -3,7 +3,7 @@
 //! connection's `prepared` map tracks, so `DISCARD ALL` and resets forget it like any other) and
 //! run through a named portal, so they never touch the client's unnamed statement or portal.
 //! The statement texts and how their answers read are `lsngate_core::probe`'s (shared with the
-//! library); this module only frames them and decodes DataRows into text columns.
+//! library); this module only frames them (the DataRows they answer are decoded by `net::backend::data_row`).
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -131,32 +131,6 @@ pub fn wait_for(floor: Lsn, timeout: Duration) -> Vec<Frame> {
     ]
 }
 
-/// A decoded row as the text columns `lsngate_core::probe` reads.
-pub fn columns(row: &[Option<String>]) -> Vec<Option<&str>> {
-    row.iter().map(Option::as_deref).collect()
-}
-
-/// The values of a DataRow body as text (`None` for NULL); `None` when malformed.
-pub fn data_row(body: &[u8]) -> Option<Vec<Option<String>>> {
-    let count = i16::from_be_bytes(body.get(..2)?.try_into().ok()?);
-    let mut at = 2;
-    let mut values = Vec::with_capacity(count.max(0) as usize);
-    for _ in 0..count {
-        let len = i32::from_be_bytes(body.get(at..at + 4)?.try_into().ok()?);
-        at += 4;
-        if len < 0 {
-            values.push(None);
-        } else {
-            let end = at + len as usize;
-            values.push(Some(
-                String::from_utf8_lossy(body.get(at..end)?).into_owned(),
-            ));
-            at = end;
-        }
-    }
-    Some(values)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -176,16 +150,6 @@ mod tests {
         );
         forget_probes(&mut prepared);
         assert_eq!(probe_segment(Probe::Position, &mut prepared).len(), 6);
-    }
-
-    #[test]
-    fn data_rows_decode_and_garbage_does_not_panic() {
-        let mut body = vec![0, 2, 0, 0, 0, 4];
-        body.extend_from_slice(b"true");
-        body.extend_from_slice(&[0xff, 0xff, 0xff, 0xff]);
-        assert_eq!(data_row(&body), Some(vec![Some("true".into()), None]));
-        assert_eq!(data_row(&[0, 1, 0, 0, 0, 9, b'x']), None);
-        assert_eq!(data_row(&[]), None);
     }
 
     #[test]

@@ -4,6 +4,8 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
+use crate::tally::{Tally, WAIT_BUCKETS_MS};
+
 /// How one read with a floor (or a routed replica read) ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Outcome {
@@ -45,16 +47,11 @@ impl Outcome {
     }
 }
 
-/// Upper bounds (ms) of the wait-time histogram buckets.
-pub const WAIT_BUCKETS_MS: [f64; 12] = [
-    0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0, 200.0, 500.0, 1000.0, 5000.0,
-];
-
 /// Read outcomes and wait times.
 #[derive(Debug)]
 pub struct Stats {
     /// Reads per outcome, handed to `lsngate_proxy_causal_reads_total` at each scrape.
-    outcomes: [crate::admin::Tally; 6],
+    outcomes: [Tally; 6],
     waits: [AtomicU64; 13],
     wait_micros: AtomicU64,
     wait_histogram: metrics::Histogram,
@@ -64,7 +61,7 @@ impl Default for Stats {
     fn default() -> Self {
         Stats {
             outcomes: Outcome::ALL.map(|o| {
-                crate::admin::Tally::new(metrics::counter!(
+                Tally::new(metrics::counter!(
                     "lsngate_proxy_causal_reads_total",
                     "outcome" => o.as_str()
                 ))
@@ -98,7 +95,7 @@ impl Stats {
 
     /// Hands the outcomes counted since the last scrape to the metrics registry.
     pub fn report(&self) {
-        self.outcomes.iter().for_each(crate::admin::Tally::report);
+        self.outcomes.iter().for_each(Tally::report);
     }
 
     /// (outcome, count) pairs.

@@ -19,6 +19,7 @@ use crate::backend::Target;
 use crate::backend::timeline::Need;
 use crate::causal::{Consistency, Floor, Level, Outcome, SQLSTATE_GUARDED, SQLSTATE_NOT_CAUGHT_UP};
 use crate::net::backend::build;
+use crate::net::sqlstate;
 use crate::net::{ErrorFields, FrontendMessage};
 
 /// Extra time past the wait budget before a silent replica is given up (the server's own
@@ -160,7 +161,7 @@ impl Session {
             Ok(floor) => floor,
             Err(e) => {
                 return self
-                    .answer_flight_error(&flight, "08006", &e.to_string())
+                    .answer_flight_error(&flight, sqlstate::CONNECTION_FAILURE, &e.to_string())
                     .await;
             }
         };
@@ -185,13 +186,10 @@ impl Session {
             return self.dispatch_to(flight, class, route).await;
         }
         let causal = &self.proxy.causal;
-        let older_timeline = match (
+        let older_timeline = lsngate_core::timeline::floor_predates(
             floor.and_then(|f| f.timeline),
             self.proxy.nodes.newest_timeline.get(),
-        ) {
-            (Some(floor), Some(primary)) => floor < primary,
-            _ => false,
-        };
+        );
         let need = match floor {
             Some(floor) => Need::Floor(floor.timeline),
             None => Need::Any,
@@ -462,7 +460,7 @@ impl Session {
             };
             let proxy = std::sync::Arc::clone(&self.proxy);
             let watcher = &proxy.causal.watcher;
-            let row = crate::causal::sql::columns(&row);
+            let row = crate::net::backend::columns(&row);
             match Verdict::from_row(Some(&row), wait, floor.lsn) {
                 Verdict::Passed => {
                     watcher.observe_replayed(node, &server, floor.lsn);
@@ -518,7 +516,7 @@ impl Session {
             self.release_backend();
             let message = "canceling statement due to user request (while lsngate waited for a replica to replay the read's floor)";
             return self
-                .answer_flight_error(&read.flight, "57014", message)
+                .answer_flight_error(&read.flight, sqlstate::QUERY_CANCELED, message)
                 .await;
         }
         match (settled, node) {
@@ -562,7 +560,7 @@ impl Session {
             self.config.causal.wait_timeout.as_millis()
         );
         self.io
-            .queue(&ErrorFields::new("NOTICE", "01000", notice).to_frame(b'N'));
+            .queue(&ErrorFields::new("NOTICE", sqlstate::WARNING, notice).to_frame(b'N'));
         self.report_stale(true);
     }
 }

@@ -19,6 +19,7 @@ use super::session::Session;
 use crate::causal::Consistency;
 use crate::config::Config;
 use crate::net::backend::build;
+use crate::net::sqlstate;
 use crate::net::{ErrorFields, Frame, FrontendMessage};
 
 /// An error answer: SQLSTATE and message.
@@ -39,29 +40,38 @@ pub fn apply(
         ("route", Some(v)) => {
             *hint = RouteHint::parse(v).ok_or_else(|| {
                 (
-                    "22023",
+                    sqlstate::INVALID_PARAMETER_VALUE,
                     format!("invalid value {v:?} for lsngate.route; use primary, replica or auto"),
                 )
             })?
         }
         ("consistency", None) => floors.mode = config.causal.consistency,
         ("consistency", Some(v)) => {
-            floors.mode =
-                Consistency::parse(v).map_err(|e| ("22023", format!("lsngate.consistency: {e}")))?
+            floors.mode = Consistency::parse(v).map_err(|e| {
+                (
+                    sqlstate::INVALID_PARAMETER_VALUE,
+                    format!("lsngate.consistency: {e}"),
+                )
+            })?
         }
         ("min_lsn", None) => floors.explicit = None,
         ("min_lsn", Some(v)) => {
-            floors.explicit = Some(config.causal.parse_floor(v).map_err(|e| ("22023", e))?)
+            floors.explicit = Some(
+                config
+                    .causal
+                    .parse_floor(v)
+                    .map_err(|e| (sqlstate::INVALID_PARAMETER_VALUE, e))?,
+            )
         }
         ("floor" | "commit_lsn" | "commit_token" | "stale", _) => {
             return Err((
-                "55P02",
+                sqlstate::CANT_CHANGE_RUNTIME_PARAM,
                 format!("lsngate.{name} is reported by the proxy and cannot be set"),
             ));
         }
         _ => {
             return Err((
-                "42704",
+                sqlstate::UNDEFINED_OBJECT,
                 format!(
                     "unrecognized configuration parameter \"lsngate.{name}\"; the proxy knows {KNOWN}"
                 ),
@@ -88,7 +98,7 @@ fn show(session: &Session, name: &str) -> Result<String, Refused> {
         "stale" => (if floors.stale_reported { "on" } else { "off" }).to_string(),
         _ => {
             return Err((
-                "42704",
+                sqlstate::UNDEFINED_OBJECT,
                 format!(
                     "unrecognized configuration parameter \"lsngate.{name}\"; the proxy knows {KNOWN}"
                 ),
@@ -107,7 +117,7 @@ enum Answered {
 
 /// What the server says to anything but the end of an aborted transaction block.
 pub(super) const ABORTED: (&str, &str) = (
-    "25P02",
+    sqlstate::IN_FAILED_SQL_TRANSACTION,
     "current transaction is aborted, commands ignored until end of transaction block",
 );
 
@@ -233,8 +243,14 @@ impl Session {
                 FrontendMessage::Execute { portal, .. } => {
                     if spent.contains(&portal) {
                         let message = format!("portal \"{portal}\" cannot be run");
-                        self.io
-                            .queue(&ErrorFields::new("ERROR", "55000", message).to_frame(b'E'));
+                        self.io.queue(
+                            &ErrorFields::new(
+                                "ERROR",
+                                sqlstate::OBJECT_NOT_IN_PREREQUISITE_STATE,
+                                message,
+                            )
+                            .to_frame(b'E'),
+                        );
                         failed = true;
                         continue;
                     }
@@ -322,7 +338,7 @@ mod tests {
         assert_eq!(floors.explicit.unwrap().to_string(), "0/03000060");
         let (code, message) =
             apply(&mut floors, &mut hint, &config, "min_lsn", Some("'banana'")).unwrap_err();
-        assert_eq!(code, "22023");
+        assert_eq!(code, sqlstate::INVALID_PARAMETER_VALUE);
         assert!(message.contains("banana"), "{message}");
         assert_eq!(
             floors.explicit.unwrap().to_string(),
@@ -335,13 +351,13 @@ mod tests {
             apply(&mut floors, &mut hint, &config, "commit_lsn", Some("1"))
                 .unwrap_err()
                 .0,
-            "55P02"
+            sqlstate::CANT_CHANGE_RUNTIME_PARAM
         );
         assert_eq!(
             apply(&mut floors, &mut hint, &config, "nope", None)
                 .unwrap_err()
                 .0,
-            "42704"
+            sqlstate::UNDEFINED_OBJECT
         );
         apply(&mut floors, &mut hint, &config, "route", Some("primary")).unwrap();
         assert_eq!(hint, RouteHint::Primary);

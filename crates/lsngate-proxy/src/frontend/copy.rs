@@ -16,7 +16,7 @@
 
 use std::collections::VecDeque;
 
-use super::flight::Owner;
+use super::attached::Owner;
 use super::session::Session;
 use crate::net::{Frame, FrontendMessage};
 

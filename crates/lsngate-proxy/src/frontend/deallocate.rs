@@ -18,6 +18,7 @@
 
 use super::session::Session;
 use crate::net::backend::build;
+use crate::net::sqlstate;
 
 /// What a `DEALLOCATE` statement names.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -121,7 +122,8 @@ impl Session {
             return Ok(false);
         }
         let message = format!("prepared statement \"{name}\" does not exist");
-        self.answer_error("26000", &message).await?;
+        self.answer_error(sqlstate::INVALID_SQL_STATEMENT_NAME, &message)
+            .await?;
         Ok(true)
     }
 

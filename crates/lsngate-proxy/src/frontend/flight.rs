@@ -6,44 +6,21 @@
 //! Replies of a replica read outside a transaction are held back (up to `retry_buffer_size`) so
 //! a 25006 "read-only transaction" error can be re-run on the primary without the client seeing it.
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
-use super::Proxy;
-use super::causal::{CausalRead, Discard, PendingVerdict};
-use super::copy::CopyGate;
+use super::attached::{Attached, Duty, Owner, RetryBuffer};
+use super::causal::{CausalRead, PendingVerdict};
+use super::client_statement::ClientStatement;
 use super::pipeline::{At, Effect, Unconfirmed};
 use super::router::{Class, session_set, setting_reset};
-use super::session::{ClientStatement, Session};
+use super::session::Session;
 use crate::backend::{BackendConn, NodeState, PooledConn, Role, Settings, Target};
 use crate::causal::sql::{Probe, probe_segment, wait_for};
 use crate::config::ServerLogin;
+use crate::net::sqlstate;
 use crate::net::{ErrorFields, Frame, FrontendMessage};
-
-/// What a proxy-owned segment is for; its replies are consumed here, never relayed.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Duty {
-    /// Settings and prepared statements a fresh backend must carry.
-    Prepare,
-    /// The wait (or replay check) in front of a replica read.
-    Verdict,
-    /// The replay position after a replica read: the client's next floor.
-    Served,
-    /// The insert position after a primary flight (a commit, or a read there).
-    Position {
-        /// The flight may have written: the position is a commit token.
-        wrote: bool,
-    },
-    /// The server's session settings, read back when a transaction ends while the client's SETs
-    /// are in doubt (see [`Session::note_session_effects`]).
-    Resync,
-    /// The client's startup settings applied again behind its `RESET ALL` or `DISCARD ALL`
-    /// (see [`Session::note_session_effect`]).
-    Restore,
-    /// A statement that fails on purpose: the server's transaction block fails with an error the
-    /// proxy answered itself (see [`Session::abort_server_block`]).
-    Abort,
-}
+use crate::proxy::Proxy;
 
 /// What [`Duty::Abort`] sends: fails at once, and says why in the server's log.
 const ABORT_SQL: &str = "DO $$BEGIN RAISE EXCEPTION 'lsngate: the client''s transaction block failed at a statement the proxy answered'; END$$";
@@ -52,15 +29,6 @@ const ABORT_SQL: &str = "DO $$BEGIN RAISE EXCEPTION 'lsngate: the client''s tran
 /// exactly the client's (the proxy resets anyone else's before the client's first statement).
 pub(super) const RESYNC_SQL: &str =
     "SELECT name, setting FROM pg_catalog.pg_settings WHERE source = 'session'";
-
-/// Who is waiting for the replies of one segment.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Owner {
-    /// The proxy's own statements.
-    Proxy(Duty),
-    /// The client's: replies are relayed.
-    Client,
-}
 
 /// Where a flight should go.
 #[derive(Debug, Default)]
@@ -80,227 +48,6 @@ impl Route {
             target,
             ..Route::default()
         }
-    }
-}
-
-/// Replies held back while a replica read may still need a re-run on the primary.
-#[derive(Debug)]
-pub struct RetryBuffer {
-    pub(super) flight: Vec<FrontendMessage>,
-    pub(super) class: Option<Class>,
-    pub(super) frames: Vec<Frame>,
-    pub(super) bytes: usize,
-    pub(super) read_only_violation: bool,
-}
-
-/// The proxy's answer to a simple Query it took over, given in place of a stand-in Query's
-/// replies (`Session::answer_query`). A stand-in refused with 25P02 (an aborted block the
-/// client's unsynced messages did not end) is answered by that refusal instead, as the server
-/// would answer the client's Query.
-#[derive(Debug)]
-pub struct Substitute {
-    /// The replies up to, not including, ReadyForQuery.
-    pub answer: Vec<Frame>,
-    /// The client's floors and route hint once the answer holds (a proxy `SET` behind
-    /// unsynced messages that may have ended an aborted block takes effect only if they did).
-    pub installs: Option<(super::causal::ClientFloors, super::router::RouteHint)>,
-}
-
-/// A backend attached to the session.
-#[derive(Debug)]
-pub struct Attached {
-    /// The pooled connection.
-    pub conn: PooledConn,
-    /// What it serves as (by detected role at attach time).
-    pub target: Target,
-    /// One entry per ReadyForQuery still to come, oldest first.
-    pub expect: VecDeque<Owner>,
-    /// The server awaits a Sync (a flight ended with Flush, or an extended COPY finished).
-    pub open: bool,
-    /// COPY FROM STDIN in progress (the server sent CopyInResponse, and not its end yet).
-    pub copy_in: bool,
-    /// What the proxy sent of a COPY FROM STDIN, and its own frames held behind it.
-    pub copy: CopyGate,
-    /// Held-back replies of a replica read.
-    pub retry: Option<RetryBuffer>,
-    /// The client already got an error for the segment in progress (a FATAL before a crash).
-    pub error_relayed: bool,
-    /// The server sent FATAL: this connection is closing and takes no further flights.
-    pub doomed: bool,
-    /// The causal read in flight on this backend (its flight, for a fallback re-run).
-    pub read: Option<CausalRead>,
-    /// The wait or check in front of the read, until decided.
-    pub verdict: Option<PendingVerdict>,
-    /// What happens to the client's replies after a failed verdict.
-    pub discard: Option<Discard>,
-    /// Values of the DataRow of the proxy segment in progress.
-    pub probe_row: Option<Vec<Option<String>>>,
-    /// A cancel request (57014 "user request") hit the proxy segment in progress.
-    pub probe_cancelled: Option<String>,
-    /// A client ReadyForQuery held until the proxy segment trailing its flight (see
-    /// [`Attached::trailing_segment_next`]) has answered.
-    pub held_ready: Option<Frame>,
-    /// A write ran in an extended batch a later flight's Sync ends (a flight ending in Flush, a
-    /// COPY over the extended protocol): that flight takes the position behind it.
-    pub position_owed: bool,
-    /// The proxy's own answer to a simple Query it took over inside an extended batch still open
-    /// (see `Session::answer_query`): the server runs a stand-in Query, whose answer this
-    /// replaces, so its transaction moves as it would for the client's Query.
-    pub substitute: Option<Substitute>,
-    /// The client segment (by number, see `segments_done`) behind statements the proxy could
-    /// not prepare because the block was aborted (their Parse met 25P02): the server's 26000
-    /// for a Bind or Describe of one is relayed as the 25P02 PostgreSQL gives (it finds the
-    /// statement before it refuses the message for the aborted block).
-    pub unprepared_in_aborted_block: Option<u64>,
-    /// What the Executes sent since the last Sync (while `open`) ran: `None` when there were
-    /// none, else whether one of them was a BEGIN (see `Session::answer_query`).
-    pub unsynced_executed: Option<bool>,
-    /// `name, setting` rows of a [`Duty::Resync`] under way, and whether it failed.
-    pub resync_rows: Vec<Vec<Option<String>>>,
-    pub resync_failed: bool,
-    /// A flight sent here may commit (it ran outside a transaction block, or may end one): if
-    /// the connection is lost before its replies, its outcome is unknown.
-    pub may_commit: bool,
-    /// Answers still due to the extended-protocol messages sent since the last Sync (while
-    /// `open`): one per Parse, Bind, Describe, Close and Execute.
-    pub unsynced_due: usize,
-    /// One of those failed: the server now skips every message up to the next Sync — a simple
-    /// Query included.
-    pub skipping: bool,
-    /// Per Describe of the client's still to be answered, the statement whose result shape
-    /// its answer shows, when the proxy wants to know it (see `shapes.rs`).
-    pub describing: VecDeque<Option<String>>,
-    /// A Bind of a changed statement was sent (see `shapes.rs`).
-    pub plan_changed_sent: bool,
-    /// Client segments (ending in Sync or a Query) sent here since the connection was attached;
-    /// those not due any more (see [`Attached::segments_done`]) are answered.
-    pub segments_sent: u64,
-    /// The client's Parses and Closes not answered yet, oldest first (see `pipeline.rs`).
-    pub unconfirmed: VecDeque<super::pipeline::Unconfirmed>,
-    /// The client segment in flight is a RESET (or `SET ... TO DEFAULT`) sent as `set_config`
-    /// (see `Session::reset_to_startup`): its row is dropped and its tag relayed as this.
-    pub reset_rewritten: Option<&'static str>,
-    /// Per Execute of the client's still to be answered, whether its portal runs a RESET sent
-    /// as SET (its CommandComplete is relayed as `RESET`); `None` marks the end of a segment
-    /// (Sync or Query). Empty unless a flight ran such a portal.
-    pub reset_tags: VecDeque<Option<bool>>,
-    /// A flight whose settings the session recorded as the server's before the server answered
-    /// is still due: an error among its replies puts them in doubt (`Session::settings_in_doubt`).
-    pub effects_due: bool,
-    /// The statements other clients left on the connection were closed (see `preparation`).
-    pub foreign_closed: bool,
-    /// A simple Query under way may have returned a setting to the server login's value among its
-    /// statements (see `router::may_reset_in_parts`): the client's next flight waits for the
-    /// read-back behind it, and for the startup values applied again (`Session::on_resync`).
-    pub reset_in_doubt: bool,
-    /// The `conn.reported_version` the client's reported values were last compared with (see
-    /// `Session::report_changes`); none yet on a fresh attachment.
-    pub reported_seen: Option<u64>,
-    /// A statement that pins the session (SQL `PREPARE`, `LISTEN`, `DECLARE`) was sent and the
-    /// session pinned, but the server has not said it ran: the last client segment of its flight
-    /// (see `segments_done`). If that segment ends without the statement's CommandComplete (the
-    /// server skipped it after an earlier error, or refused it), the pin is undone.
-    pub pin_unconfirmed: Option<u64>,
-}
-
-impl Attached {
-    /// Sends `sql` as a simple Query whose replies `owner` is due, behind what was sent: the
-    /// server drops its unnamed statement for it.
-    pub async fn send_query(
-        &mut self,
-        sql: &str,
-        owner: Owner,
-    ) -> Result<(), crate::backend::BackendError> {
-        self.conn.unnamed = None;
-        self.expect.push_back(owner);
-        let query = FrontendMessage::Query(sql.to_string()).to_frame();
-        self.conn.send(std::slice::from_ref(&query)).await
-    }
-
-    /// `expect` is an empty queue to reuse (it keeps its allocation from client to client).
-    fn new(conn: PooledConn, target: Target, expect: VecDeque<Owner>) -> Attached {
-        debug_assert!(expect.is_empty());
-        Attached {
-            conn,
-            target,
-            expect,
-            open: false,
-            copy_in: false,
-            copy: CopyGate::default(),
-            retry: None,
-            error_relayed: false,
-            doomed: false,
-            read: None,
-            verdict: None,
-            discard: None,
-            probe_row: None,
-            probe_cancelled: None,
-            held_ready: None,
-            position_owed: false,
-            substitute: None,
-            unprepared_in_aborted_block: None,
-            unsynced_executed: None,
-            resync_rows: Vec::new(),
-            resync_failed: false,
-            may_commit: false,
-            unsynced_due: 0,
-            skipping: false,
-            describing: VecDeque::new(),
-            plan_changed_sent: false,
-            segments_sent: 0,
-            unconfirmed: VecDeque::new(),
-            reset_rewritten: None,
-            reported_seen: None,
-            reset_tags: VecDeque::new(),
-            reset_in_doubt: false,
-            pin_unconfirmed: None,
-            effects_due: false,
-            foreign_closed: false,
-        }
-    }
-
-    /// Whether replies are still due (the backend must not be reused or released yet).
-    pub fn awaiting_replies(&self) -> bool {
-        !self.expect.is_empty() || self.open || self.copy_in
-    }
-
-    /// Whether the next reply due belongs to the segment the proxy put behind a client flight
-    /// (the replay position behind a replica read, the primary's position behind a write or a
-    /// transaction's end). The client's ReadyForQuery just before it is held until it answers:
-    /// the client then never sees a floor-raising reply before the floor is raised, nor a
-    /// backend still busy after its ReadyForQuery (transaction pooling hands it on at once).
-    /// The read-back of the client's settings ([`Duty::Resync`]) and the startup settings applied
-    /// again behind a `RESET ALL` ([`Duty::Restore`]) trail it the same way: a client that heard
-    /// its transaction is over before the read-back answered could send its next SET ahead of
-    /// the answer, which would then undo it in the proxy's books.
-    /// Read off the queue, not kept as a flag: a client that pipelines its next flight before
-    /// this one's replies arrive has its own segments queued behind the trailing one.
-    pub fn trailing_segment_next(&self) -> bool {
-        matches!(
-            self.expect.front(),
-            Some(Owner::Proxy(
-                Duty::Served | Duty::Position { .. } | Duty::Restore | Duty::Resync
-            ))
-        )
-    }
-
-    /// Client segments still due.
-    pub fn client_segments_due(&self) -> usize {
-        self.expect.iter().filter(|o| **o == Owner::Client).count()
-    }
-
-    /// Whether the proxy may send frames of its own in front of the client's next flight: the
-    /// server is neither in the middle of the client's extended batch nor in a COPY the client
-    /// has not ended (behind the client's CopyDone or CopyFail, frames reach the server after
-    /// the COPY, even before its CommandComplete came back).
-    pub fn may_add_frames(&self) -> bool {
-        !(self.open || self.copy.inside(self.copy_in))
-    }
-
-    /// Client segments answered (or dropped, as the Syncs a COPY ignores): the number of the one
-    /// being answered now.
-    pub fn segments_done(&self) -> u64 {
-        self.segments_sent - self.client_segments_due() as u64
     }
 }
 
@@ -385,7 +132,10 @@ fn unnamed_preparation(
                 param_types,
             } if statement.is_empty() => {
                 checked = true;
-                conn.unnamed = Some(super::session::statement_identity(param_types, query))
+                conn.unnamed = Some(super::client_statement::statement_identity(
+                    param_types,
+                    query,
+                ))
             }
             FrontendMessage::Bind { statement, .. }
             | FrontendMessage::Describe {
@@ -709,8 +459,10 @@ impl Session {
     ) -> anyhow::Result<()> {
         metrics::counter!("lsngate_proxy_errors_total", "kind" => "no_backend").increment(1);
         for _ in 0..segments.max(1) {
-            self.io
-                .queue(&ErrorFields::new("ERROR", "08006", e.to_string()).to_frame(b'E'));
+            self.io.queue(
+                &ErrorFields::new("ERROR", sqlstate::CONNECTION_FAILURE, e.to_string())
+                    .to_frame(b'E'),
+            );
             self.io.queue_ready(self.status);
         }
         self.io.flush().await?;
@@ -956,7 +708,7 @@ impl Session {
                         statements.push(close_statement(statement));
                         held_before = None;
                     }
-                    let identity = super::session::statement_identity(param_types, query);
+                    let identity = super::client_statement::statement_identity(param_types, query);
                     conn.prepared.insert(statement.clone(), identity.clone());
                     note(
                         segment,
@@ -1308,7 +1060,7 @@ impl Session {
             .filter_map(|row| match row.as_slice() {
                 [Some(name), Some(value)] => {
                     let name = name.to_ascii_lowercase();
-                    let statement = super::session::set_config_statement(&name, value);
+                    let statement = super::startup::set_config_statement(&name, value);
                     Some((name, statement))
                 }
                 _ => None,

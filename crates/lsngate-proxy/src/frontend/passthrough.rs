@@ -89,7 +89,7 @@ impl Session {
         }
         // A simple Query drops the server's unnamed statement.
         attached.conn.unnamed = None;
-        attached.expect.push_back(super::flight::Owner::Client);
+        attached.expect.push_back(super::attached::Owner::Client);
         attached.segments_sent += 1;
         attached.open = false;
         attached.read = None;

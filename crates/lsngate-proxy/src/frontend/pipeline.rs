@@ -13,7 +13,7 @@
 
 use std::collections::HashMap;
 
-use super::session::ClientStatement;
+use super::client_statement::ClientStatement;
 use crate::net::FrontendMessage;
 
 /// What the messages of the flight being assembled changed in the client's view.
@@ -106,7 +106,7 @@ pub fn statements_at<'a>(
                 query,
                 param_types,
             } => {
-                let identity = super::session::statement_identity(param_types, query);
+                let identity = super::client_statement::statement_identity(param_types, query);
                 let own = match parsed.next() {
                     Some((name, s)) if name == statement && s.identity() == identity => Some(s),
                     _ => None,

@@ -6,11 +6,13 @@
 use lsngate_core::{Fallback, Lsn, Replay, Verdict};
 use tokio::time::Instant;
 
+use super::attached::{Attached, Duty, Owner};
 use super::causal::Discard;
-use super::flight::{Attached, Duty, Owner, RESYNC_SQL};
+use super::flight::RESYNC_SQL;
 use super::session::Session;
 use crate::backend::{BackendError, Target};
 use crate::causal::{Floor, Outcome};
+use crate::net::sqlstate;
 use crate::net::{BackendMessage, ErrorFields, Frame, FrontendMessage};
 
 /// Waits until the attached backend has sent a whole frame. While a wait's answer is due, only
@@ -243,7 +245,7 @@ impl Session {
             // raise) is replaced, its ReadyForQuery relayed as the server's transaction status.
             // Refused as in an aborted block, it is the server's refusal the client hears.
             let refused = matches!(message, BackendMessage::ErrorResponse(ref e)
-                if e.sqlstate() == Some("25P02"));
+                if e.sqlstate() == Some(sqlstate::IN_FAILED_SQL_TRANSACTION));
             match frame.tag {
                 b'E' if refused => attached.substitute = None,
                 b'I' | b'E' | b'C' => {
@@ -378,14 +380,16 @@ impl Session {
                     retry.frames.iter().for_each(|f| self.io.queue(f));
                 }
             }
-            BackendMessage::ErrorResponse(ref e) if e.sqlstate() == Some("25006") => {
+            BackendMessage::ErrorResponse(ref e)
+                if e.sqlstate() == Some(sqlstate::READ_ONLY_SQL_TRANSACTION) =>
+            {
                 if let Some(retry) = attached.retry.as_mut() {
                     retry.read_only_violation = true;
                 }
                 attached.error_relayed = true;
             }
             BackendMessage::ErrorResponse(ref e)
-                if e.sqlstate() == Some("26000")
+                if e.sqlstate() == Some(sqlstate::INVALID_SQL_STATEMENT_NAME)
                     && attached.unprepared_in_aborted_block == Some(attached.segments_done()) =>
             {
                 attached.unprepared_in_aborted_block = None;
@@ -598,7 +602,7 @@ impl Session {
         let attached = self.backend.as_mut().expect("attached");
         let status = match message {
             BackendMessage::Other(b'D') => {
-                let row = crate::causal::sql::data_row(&frame.body);
+                let row = crate::net::backend::data_row(&frame.body);
                 if duty == Duty::Resync {
                     attached.resync_rows.extend(row);
                 } else {
@@ -615,7 +619,8 @@ impl Session {
             // The failure it was sent for.
             BackendMessage::ErrorResponse(_) if duty == Duty::Abort => return Ok(()),
             BackendMessage::ErrorResponse(ref e)
-                if duty == Duty::Prepare && e.sqlstate() == Some("25P02") =>
+                if duty == Duty::Prepare
+                    && e.sqlstate() == Some(sqlstate::IN_FAILED_SQL_TRANSACTION) =>
             {
                 // Statements put in front of the client's next segment inside a block that had
                 // failed meanwhile: none of them was parsed. What the connection holds is in
@@ -638,7 +643,7 @@ impl Session {
                 // (A statement_timeout, also 57014, falls back like a timed-out wait.)
                 let message = e.get(b'M').unwrap_or_default();
                 if duty == Duty::Verdict
-                    && e.sqlstate() == Some("57014")
+                    && e.sqlstate() == Some(sqlstate::QUERY_CANCELED)
                     && message.contains("user request")
                 {
                     attached.probe_cancelled = Some(message.to_string());
@@ -672,7 +677,7 @@ impl Session {
             }
             Duty::Verdict => return self.on_verdict(row).await,
             Duty::Served => {
-                let columns = row.as_deref().map(crate::causal::sql::columns);
+                let columns = row.as_deref().map(crate::net::backend::columns);
                 let replay = columns.map(|r| Replay::from_row(&r)).unwrap_or_default();
                 if let Some(lsn) = replay.replayed {
                     causal.watcher.observe_replayed(node, &server, lsn);
@@ -733,7 +738,7 @@ impl Session {
         };
         let (node, server) = (attached.conn.node, attached.conn.facts.server.clone());
         let causal = &self.proxy.causal;
-        let columns = row.as_deref().map(crate::causal::sql::columns);
+        let columns = row.as_deref().map(crate::net::backend::columns);
         let answer = Verdict::from_row(columns.as_deref(), verdict.wait, verdict.floor.lsn);
         causal.stats.record_wait(verdict.sent.elapsed());
         if let Some(message) = attached.probe_cancelled.take() {
@@ -772,8 +777,9 @@ impl Session {
                         verdict.floor,
                         self.config.causal.wait_timeout.as_millis()
                     );
-                    self.io
-                        .queue(&ErrorFields::new("NOTICE", "01000", notice).to_frame(b'N'));
+                    self.io.queue(
+                        &ErrorFields::new("NOTICE", sqlstate::WARNING, notice).to_frame(b'N'),
+                    );
                     self.report_stale(true);
                     return Ok(());
                 } else {
@@ -799,7 +805,7 @@ impl Session {
                 Box::pin(self.poll_then_read(read, floor, started)).await
             }
             Some(Discard::Cancelled(message)) => {
-                self.answer_flight_error(&read.flight, "57014", &message)
+                self.answer_flight_error(&read.flight, sqlstate::QUERY_CANCELED, &message)
                     .await?;
                 self.maybe_release();
                 Ok(())
@@ -890,14 +896,19 @@ impl Session {
             // The server's own FATAL, relayed as an ERROR, already answered the statement in
             // progress: it gets its ReadyForQuery, not a second error.
             if !(segment == 0 && attached.error_relayed) {
-                self.io
-                    .queue(&ErrorFields::new("ERROR", "08006", message.clone()).to_frame(b'E'));
+                self.io.queue(
+                    &ErrorFields::new("ERROR", sqlstate::CONNECTION_FAILURE, message.clone())
+                        .to_frame(b'E'),
+                );
             }
             self.io.queue_ready(b'I');
         }
         self.status = b'I';
         if waiting == 0 && self.pinned {
-            self.io.queue(&super::listener::fatal("08006", &message));
+            self.io.queue(&crate::net::backend::build::fatal(
+                sqlstate::CONNECTION_FAILURE,
+                &message,
+            ));
             self.io.flush().await?;
             anyhow::bail!(message);
         }

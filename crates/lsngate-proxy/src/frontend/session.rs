@@ -6,248 +6,29 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::task::{Context, Poll, ready};
 
-use bytes::{Buf, BytesMut};
-use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 use tokio::sync::watch;
 
+use super::attached::{Attached, Substitute};
 use super::causal::ClientFloors;
-use super::flight::{Attached, Substitute};
+use super::client_io::{ClientIo, Incoming};
+use super::client_statement::{ClientStatement, statement_identity};
 use super::router::{
     Class, Hints, LocalCommand, RouteHint, comment_hints, local_command, setting_reset,
 };
-use super::{CancelSlot, Proxy};
+use super::startup::{
+    LIST_QUOTED, is_setting_name, quote_literal, startup_lsngate, startup_settings, startup_values,
+};
 use crate::backend::Target;
 use crate::causal::Floor;
 use crate::net::backend::build;
-use crate::net::{ErrorFields, Frame, FrontendMessage, ProtocolError, decode_frame, whole_frame};
-
-/// A client connection: plain TCP or TLS over it.
-pub trait ClientSocket: AsyncRead + AsyncWrite + Unpin + Send {
-    /// Writes what the socket takes right now without waiting (plain TCP); `WouldBlock` when it
-    /// cannot say without the async path (TLS).
-    fn write_now(&self, _buf: &[u8]) -> std::io::Result<usize> {
-        Err(std::io::ErrorKind::WouldBlock.into())
-    }
-
-    /// Reads what is there into `buf`'s spare room, once there is something; 0 at the end.
-    fn poll_recv(
-        &mut self,
-        cx: &mut Context<'_>,
-        buf: &mut BytesMut,
-    ) -> Poll<std::io::Result<usize>> {
-        crate::net::room_to_read(buf); // a read into no room would look like the end
-        let mut read = tokio::io::ReadBuf::uninit(buf.spare_capacity_mut());
-        ready!(std::pin::Pin::new(&mut *self).poll_read(cx, &mut read))?;
-        let n = read.filled().len();
-        // SAFETY: poll_read initialised the first `n` bytes of the spare room.
-        unsafe { buf.set_len(buf.len() + n) };
-        Poll::Ready(Ok(n))
-    }
-}
-
-impl ClientSocket for tokio::net::TcpStream {
-    fn write_now(&self, buf: &[u8]) -> std::io::Result<usize> {
-        crate::socket::try_send(self, buf)
-    }
-
-    fn poll_recv(
-        &mut self,
-        cx: &mut Context<'_>,
-        buf: &mut BytesMut,
-    ) -> Poll<std::io::Result<usize>> {
-        crate::socket::poll_recv(self, cx, buf)
-    }
-}
-
-impl<S: ClientSocket> ClientSocket for tokio_rustls::server::TlsStream<S> {}
-
-impl ClientSocket for Box<dyn ClientSocket> {
-    fn write_now(&self, buf: &[u8]) -> std::io::Result<usize> {
-        (**self).write_now(buf)
-    }
-
-    fn poll_recv(
-        &mut self,
-        cx: &mut Context<'_>,
-        buf: &mut BytesMut,
-    ) -> Poll<std::io::Result<usize>> {
-        (**self).poll_recv(cx, buf)
-    }
-}
-
-/// The client's socket with its read and write buffers.
-pub struct ClientIo {
-    stream: Box<dyn ClientSocket>,
-    read_buf: BytesMut,
-    write_buf: BytesMut,
-    max_len: usize,
-}
-
-impl std::fmt::Debug for ClientIo {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ClientIo")
-            .field("buffered", &self.read_buf.len())
-            .finish_non_exhaustive()
-    }
-}
-
-impl ClientIo {
-    /// Wraps an accepted socket; `read_buf` holds bytes already read during startup.
-    pub fn new(stream: Box<dyn ClientSocket>, read_buf: BytesMut, max_len: usize) -> ClientIo {
-        ClientIo {
-            stream,
-            read_buf,
-            write_buf: BytesMut::with_capacity(16 * 1024),
-            max_len,
-        }
-    }
-
-    /// The next message, `None` when the client closed the connection. Cancel-safe.
-    pub async fn recv(&mut self) -> Result<Option<Frame>, anyhow::Error> {
-        Ok(match self.incoming().await? {
-            Some(Incoming::Query(_)) => Some(self.take_buffered()),
-            Some(Incoming::Frame(frame)) => Some(frame),
-            None => None,
-        })
-    }
-
-    /// What the client sent next, `None` when it closed the connection. A simple Query stays in
-    /// the read buffer (see [`Incoming::Query`]). Cancel-safe.
-    // A plain poll_fn, not an async fn: no state machine of its own around the read loop, which
-    // runs for every message (about 50 instructions per statement under callgrind).
-    pub fn incoming(
-        &mut self,
-    ) -> impl Future<Output = Result<Option<Incoming>, anyhow::Error>> + Send + '_ {
-        std::future::poll_fn(move |cx| self.poll_next(cx))
-    }
-
-    /// [`ClientIo::incoming`] as a poll.
-    pub fn poll_next(
-        &mut self,
-        cx: &mut Context<'_>,
-    ) -> Poll<Result<Option<Incoming>, anyhow::Error>> {
-        loop {
-            if let Some(len) = whole_frame(&mut self.read_buf, self.max_len)? {
-                if self.read_buf[0] == b'Q' {
-                    return Poll::Ready(Ok(Some(Incoming::Query(len))));
-                }
-                let frame = decode_frame(&mut self.read_buf, self.max_len)?;
-                return Poll::Ready(Ok(Some(Incoming::Frame(frame.expect("a whole frame")))));
-            }
-            if ready!(self.stream.poll_recv(cx, &mut self.read_buf))? == 0 {
-                return Poll::Ready(Ok(None));
-            }
-        }
-    }
-
-    /// Takes the whole message at the front of the read buffer (after [`Incoming::Query`]).
-    fn take_buffered(&mut self) -> Frame {
-        decode_frame(&mut self.read_buf, usize::MAX)
-            .ok()
-            .flatten()
-            .expect("a whole message is buffered")
-    }
-
-    /// Buffers a frame for the client.
-    pub fn queue(&mut self, frame: &Frame) {
-        frame.encode(&mut self.write_buf);
-    }
-
-    /// Buffers a ReadyForQuery with transaction status `status` (written as bytes: one ends
-    /// every transaction).
-    pub fn queue_ready(&mut self, status: u8) {
-        self.write_buf
-            .extend_from_slice(&[b'Z', 0, 0, 0, 5, status]);
-    }
-
-    /// The write buffer, for bytes relayed as they are.
-    pub fn out(&mut self) -> &mut BytesMut {
-        &mut self.write_buf
-    }
-
-    /// Bytes queued and not yet written.
-    pub fn queued(&self) -> usize {
-        self.write_buf.len()
-    }
-
-    /// Writes everything queued.
-    pub async fn flush(&mut self) -> std::io::Result<()> {
-        if self.write_buf.is_empty() {
-            return Ok(());
-        }
-        // A reply nearly always fits the socket buffer: one non-blocking write, no future.
-        let written = match self.stream.write_now(&self.write_buf) {
-            Ok(n) => n,
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => 0,
-            Err(e) => return Err(e),
-        };
-        if written < self.write_buf.len() {
-            self.stream.write_all(&self.write_buf[written..]).await?;
-        }
-        self.write_buf.clear();
-        Ok(())
-    }
-}
-
-/// A client message, as `ClientIo::incoming` found it.
-#[derive(Debug)]
-pub enum Incoming {
-    /// A whole simple Query of this many bytes (tag and length included) at the front of the
-    /// read buffer, not taken out yet: the pass-through sends it on from there.
-    Query(usize),
-    /// Any other message, taken out.
-    Frame(Frame),
-}
-
-/// A prepared statement as the client defined it.
-#[derive(Debug, Clone)]
-pub struct ClientStatement {
-    /// The SQL text (hint comment removed).
-    pub query: String,
-    /// Parameter type OIDs from Parse.
-    pub param_types: Vec<u32>,
-    /// Classification of the text.
-    pub class: Class,
-    /// A route hint found in the text.
-    pub hint: Option<RouteHint>,
-    /// A floor from a `lsngate_min_lsn` comment.
-    pub floor: Option<Floor>,
-    /// Why the comment's floor was refused (the statement then fails without running).
-    pub hint_error: Option<String>,
-    /// The text is a proxy command (`SET lsngate.…`), answered by the proxy.
-    pub local: Option<LocalCommand>,
-    /// The result columns a Describe showed the client (see `shapes.rs`).
-    pub shape: Option<super::shapes::Shape>,
-    /// The columns changed since: its Binds fail as PostgreSQL's would (`0A000`).
-    pub plan_changed: bool,
-    /// The client's text was `RESET name` of a startup setting, and `query` is the `SET` of its
-    /// startup value (see `Session::reset_sent_as_set`): its CommandComplete says `RESET`.
-    pub reset_as_set: bool,
-    /// [`ClientStatement::identity`], computed once.
-    identity: String,
-}
-
-impl ClientStatement {
-    /// The identity a backend's copy must match to be reused: parameter types and text, as
-    /// `flight.rs` records what each server connection holds.
-    pub fn identity(&self) -> &str {
-        &self.identity
-    }
-}
-
-/// The identity of a statement parsed with `param_types` and `query`.
-pub fn statement_identity(param_types: &[u32], query: &str) -> String {
-    format!("{param_types:?}|{query}")
-}
+use crate::net::sqlstate;
+use crate::net::{ErrorFields, Frame, FrontendMessage, ProtocolError};
+use crate::proxy::{CancelSlot, Proxy};
 
 /// How long a session that ended waits for replies still due before it gives up its server
 /// connection instead of returning it to the pool.
 const FINISH_DRAIN: std::time::Duration = std::time::Duration::from_secs(1);
-
-/// Startup parameters that are connection metadata, not settings to apply with SET.
-const NOT_SETTINGS: &[&str] = &["user", "database", "options", "replication"];
 
 /// A logged-in client.
 #[derive(Debug)]
@@ -276,7 +57,7 @@ pub struct Session {
     pub(super) backend: Option<Attached>,
     /// The reply queue of the last backend let go, kept for the next one (no allocation per
     /// transaction).
-    pub(super) spare_expect: std::collections::VecDeque<super::flight::Owner>,
+    pub(super) spare_expect: std::collections::VecDeque<super::attached::Owner>,
     /// Transaction status from the last ReadyForQuery the client got.
     pub(super) status: u8,
     /// Stay on one backend (session pooling, LISTEN).
@@ -321,136 +102,6 @@ pub struct Session {
     shutdown: watch::Receiver<bool>,
 }
 
-/// A string literal that reads the same whatever `standard_conforming_strings` is.
-fn quote_literal(value: &str) -> String {
-    let quoted = value.replace('\'', "''");
-    if value.contains('\\') {
-        format!("E'{}'", quoted.replace('\\', "\\\\"))
-    } else {
-        format!("'{quoted}'")
-    }
-}
-
-/// The statement that gives a setting a value as text: `set_config` parses it as the server
-/// parses startup parameters and `pg_settings` values (`search_path=a,b` is two schemas; `SET
-/// name = 'a,b'` would be one).
-pub(super) fn set_config_statement(name: &str, value: &str) -> String {
-    format!(
-        "SELECT pg_catalog.set_config({}, {}, false)",
-        quote_literal(name),
-        quote_literal(value)
-    )
-}
-
-fn is_setting_name(name: &str) -> bool {
-    !name.is_empty()
-        && name
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '.')
-}
-
-/// The words of a startup `options` string, split as the server splits them: on whitespace,
-/// with a backslash taking the next character literally (`a\ b` is the one word `a b`).
-fn option_words(options: &str) -> Vec<String> {
-    let mut words = Vec::new();
-    let mut chars = options.chars().peekable();
-    loop {
-        while chars.next_if(char::is_ascii_whitespace).is_some() {}
-        if chars.peek().is_none() {
-            return words;
-        }
-        let mut word = String::new();
-        while let Some(c) = chars.next_if(|c| !c.is_ascii_whitespace()) {
-            word.push(if c == '\\' {
-                chars.next().unwrap_or(c)
-            } else {
-                c
-            });
-        }
-        words.push(word);
-    }
-}
-
-/// The `name=value` pairs of a startup `options` string (`-c name=value`, `-cname=value`,
-/// `--name=value`).
-fn option_pairs(options: &str) -> Vec<(String, String)> {
-    let mut pairs = Vec::new();
-    let mut words = option_words(options).into_iter();
-    while let Some(word) = words.next() {
-        let pair = if word == "-c" {
-            words.next()
-        } else {
-            word.strip_prefix("--")
-                .or(word.strip_prefix("-c"))
-                .map(str::to_string)
-        };
-        if let Some((k, v)) = pair.as_deref().and_then(|p| p.split_once('=')) {
-            pairs.push((k.to_string(), v.to_string()));
-        }
-    }
-    pairs
-}
-
-/// `-c lsngate.name=value` pairs in the startup `options`: the proxy's own settings.
-fn startup_lsngate(params: &[(String, String)]) -> Vec<(String, String)> {
-    let mut found = Vec::new();
-    for (name, value) in params {
-        if name == "options" {
-            for (k, v) in option_pairs(value) {
-                if let Some(k) = k.to_ascii_lowercase().strip_prefix("lsngate.") {
-                    found.push((k.replace('-', "_"), v.clone()));
-                }
-            }
-        } else if let Some(k) = name.to_ascii_lowercase().strip_prefix("lsngate.") {
-            found.push((k.to_string(), value.clone()));
-        }
-    }
-    found
-}
-
-/// Settings from the startup packet, including `-c name=value` in `options`: (name, value),
-/// a later one of a name winning.
-fn startup_values(params: &[(String, String)]) -> HashMap<String, String> {
-    let mut values = HashMap::new();
-    for (name, value) in params {
-        if name == "options" {
-            for (k, v) in option_pairs(value) {
-                if is_setting_name(&k) && !k.to_ascii_lowercase().starts_with("lsngate.") {
-                    values.insert(k.to_ascii_lowercase().replace('-', "_"), v);
-                }
-            }
-        } else if !NOT_SETTINGS.contains(&name.as_str())
-            && is_setting_name(name)
-            && !name.starts_with("_pq_.")
-            && !name.to_ascii_lowercase().starts_with("lsngate.")
-        {
-            values.insert(name.to_ascii_lowercase(), value.clone());
-        }
-    }
-    values
-}
-
-/// Settings from the startup packet, applied with `set_config`.
-fn startup_settings(params: &[(String, String)]) -> crate::backend::Settings {
-    startup_values(params)
-        .into_iter()
-        .map(|(name, value)| {
-            let statement = set_config_statement(&name, &value);
-            (name, statement)
-        })
-        .collect()
-}
-
-/// Settings whose `SET name = 'text'` does not mean what the same text means at startup: for
-/// these list settings (`GUC_LIST_QUOTE`) SET quotes a string as one element, where the server
-/// splits a startup value into a list.
-const LIST_QUOTED: &[&str] = &[
-    "search_path",
-    "temp_tablespaces",
-    "session_preload_libraries",
-    "local_preload_libraries",
-];
-
 impl Session {
     /// Finishes login: reports server parameters and the cancel key, then ReadyForQuery.
     #[allow(clippy::too_many_arguments)]
@@ -480,7 +131,7 @@ impl Session {
             if let Err((code, message)) =
                 super::commands::apply(&mut floors, &mut hint, &config, &name, Some(&value))
             {
-                io.queue(&super::listener::fatal(
+                io.queue(&crate::net::backend::build::fatal(
                     code,
                     &format!("in the startup options: {message}"),
                 ));
@@ -492,7 +143,10 @@ impl Session {
         let server_params = match proxy.server_params(&database, server_login.as_ref()).await {
             Ok(p) => p,
             Err(e) => {
-                io.queue(&super::listener::fatal("08006", &e.to_string()));
+                io.queue(&crate::net::backend::build::fatal(
+                    sqlstate::CONNECTION_FAILURE,
+                    &e.to_string(),
+                ));
                 io.flush().await?;
                 return Err(e);
             }
@@ -594,8 +248,8 @@ impl Session {
                 && self.status == b'I'
                 && !self.backend.as_ref().is_some_and(|b| b.awaiting_replies())
             {
-                self.io.queue(&super::listener::fatal(
-                    "57P01",
+                self.io.queue(&crate::net::backend::build::fatal(
+                    sqlstate::ADMIN_SHUTDOWN,
                     "lsngate proxy is shutting down; reconnect",
                 ));
                 self.io.flush().await?;
@@ -621,8 +275,10 @@ impl Session {
                     metrics::counter!("lsngate_proxy_errors_total", "kind" => "protocol")
                         .increment(1);
                     if e.downcast_ref::<ProtocolError>().is_some() {
-                        self.io
-                            .queue(&super::listener::fatal("08P01", &e.to_string()));
+                        self.io.queue(&crate::net::backend::build::fatal(
+                            sqlstate::PROTOCOL_VIOLATION,
+                            &e.to_string(),
+                        ));
                         let _ = self.io.flush().await;
                     }
                     return Err(e);
@@ -648,11 +304,11 @@ impl Session {
                 }
                 // Lent out of the buffer for the call: the pass-through sends the message
                 // straight from it, and nothing else reads the client meanwhile.
-                let buffered = std::mem::take(&mut self.io.read_buf);
+                let buffered = self.io.lend_read_buf();
                 let passed = self.pass_through(&buffered[..len]).await;
-                self.io.read_buf = buffered;
+                self.io.restore_read_buf(buffered);
                 if passed? {
-                    self.io.read_buf.advance(len);
+                    self.io.skip(len);
                     return Ok(true);
                 }
                 self.io.take_buffered()
@@ -669,8 +325,10 @@ impl Session {
             Ok(m) => m,
             Err(e) => {
                 metrics::counter!("lsngate_proxy_errors_total", "kind" => "protocol").increment(1);
-                self.io
-                    .queue(&super::listener::fatal("08P01", &e.to_string()));
+                self.io.queue(&crate::net::backend::build::fatal(
+                    sqlstate::PROTOCOL_VIOLATION,
+                    &e.to_string(),
+                ));
                 let _ = self.io.flush().await;
                 return Err(e.into());
             }
@@ -784,8 +442,10 @@ impl Session {
                     tag: 'p',
                     why: "password message after authentication",
                 };
-                self.io
-                    .queue(&super::listener::fatal("08P01", &e.to_string()));
+                self.io.queue(&crate::net::backend::build::fatal(
+                    sqlstate::PROTOCOL_VIOLATION,
+                    &e.to_string(),
+                ));
                 let _ = self.io.flush().await;
                 return Err(e.into());
             }
@@ -951,11 +611,15 @@ impl Session {
             }
             self.drain().await?;
             let message = "lsngate commands (SET/SHOW/RESET lsngate.*) cannot share a pipeline with SQL statements; send them with their own Sync";
-            return self.answer_flight_error(&flight, "0A000", message).await;
+            return self
+                .answer_flight_error(&flight, sqlstate::FEATURE_NOT_SUPPORTED, message)
+                .await;
         }
         if let Some(error) = used.iter().flatten().find_map(|s| s.hint_error.clone()) {
             self.drain().await?;
-            return self.answer_flight_error(&flight, "22023", &error).await;
+            return self
+                .answer_flight_error(&flight, sqlstate::INVALID_PARAMETER_VALUE, &error)
+                .await;
         }
         let mut class: Option<Class> = None;
         let mut hint = None;
@@ -999,11 +663,13 @@ impl Session {
                 "cannot parse {:?} as a proxy command; use SET lsngate.<name> = 'value', RESET lsngate.<name> or SHOW lsngate.<name>",
                 sql.trim()
             );
-            return self.answer_error("42601", &message).await;
+            return self.answer_error(sqlstate::SYNTAX_ERROR, &message).await;
         }
         let (floor, error) = self.hinted_floor(&hints);
         if let Some(error) = error {
-            return self.answer_error("22023", &error).await;
+            return self
+                .answer_error(sqlstate::INVALID_PARAMETER_VALUE, &error)
+                .await;
         }
         if let Some(what) = super::deallocate::parse(&sql)
             && self.deallocate(&what).await?
@@ -1141,7 +807,7 @@ impl Session {
             attached.unsynced_executed = None;
             attached.substitute = Some(Substitute { answer, installs });
             attached.may_commit = true;
-            let sent = attached.send_query(stand_in, super::flight::Owner::Client);
+            let sent = attached.send_query(stand_in, super::attached::Owner::Client);
             if let Err(e) = sent.await {
                 return self.backend_lost(e).await;
             }
@@ -1215,49 +881,5 @@ impl Session {
             attached.conn.applied.clear();
             attached.conn.release();
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn options_split_like_the_server_splits_them() {
-        assert_eq!(
-            option_pairs(r"-c search_path=a,b  --work-mem=8MB -capplication_name=x\ y\\z"),
-            [
-                ("search_path".to_string(), "a,b".to_string()),
-                ("work-mem".to_string(), "8MB".to_string()),
-                ("application_name".to_string(), r"x y\z".to_string()),
-            ]
-        );
-        assert!(option_pairs("  ").is_empty());
-    }
-
-    #[test]
-    fn startup_settings_are_applied_with_set_config_and_safe_literals() {
-        let params = [
-            ("user".to_string(), "u".to_string()),
-            (
-                "options".to_string(),
-                "-c search_path=a,b -c lsngate.consistency=eventual".to_string(),
-            ),
-            ("application_name".to_string(), r"it's\here".to_string()),
-        ];
-        let settings = startup_settings(&params);
-        assert_eq!(
-            settings.get("search_path").unwrap(),
-            "SELECT pg_catalog.set_config('search_path', 'a,b', false)"
-        );
-        assert_eq!(
-            settings.get("application_name").unwrap(),
-            r"SELECT pg_catalog.set_config('application_name', E'it''s\\here', false)"
-        );
-        assert_eq!(
-            settings.len(),
-            2,
-            "user and lsngate.* are not settings: {settings:?}"
-        );
     }
 }

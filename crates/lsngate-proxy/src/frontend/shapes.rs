@@ -21,6 +21,7 @@ use bytes::{Bytes, BytesMut};
 
 use super::session::Session;
 use crate::backend::BackendError;
+use crate::net::sqlstate;
 use crate::net::{ErrorFields, Frame, FrontendMessage};
 
 /// The statement name Binds of a changed statement are sent with (never prepared anywhere).
@@ -270,11 +271,14 @@ impl Session {
     pub(super) fn changed_plan_error(&self, e: &ErrorFields) -> Option<ErrorFields> {
         let sent = self.backend.as_ref().is_some_and(|b| b.plan_changed_sent);
         let ours = sent
-            && e.sqlstate() == Some("26000")
+            && e.sqlstate() == Some(sqlstate::INVALID_SQL_STATEMENT_NAME)
             && e.get(b'M').is_some_and(|m| m.contains(CHANGED));
         ours.then(|| {
-            let mut error =
-                ErrorFields::new("ERROR", "0A000", "cached plan must not change result type");
+            let mut error = ErrorFields::new(
+                "ERROR",
+                sqlstate::FEATURE_NOT_SUPPORTED,
+                "cached plan must not change result type",
+            );
             // Drivers recognise the error by the server routine that raises it (pgjdbc heals
             // by re-preparing only when it is RevalidateCachedQuery).
             error.fields.push((b'F', "plancache.c".into()));

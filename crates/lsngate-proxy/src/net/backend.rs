@@ -143,6 +143,10 @@ pub mod build {
         };
         Frame::new(b'Z', body)
     }
+    /// A FATAL ErrorResponse: the proxy ends the client's connection after sending it.
+    pub fn fatal(code: &str, message: &str) -> Frame {
+        ErrorFields::new("FATAL", code, message).to_frame(b'E')
+    }
     /// CommandComplete.
     pub fn command_complete(tag: &str) -> Frame {
         let mut b = BytesMut::new();
@@ -174,6 +178,32 @@ pub mod build {
         r.put_slice(value.as_bytes());
         vec![Frame::new(b'T', d.freeze()), Frame::new(b'D', r.freeze())]
     }
+}
+
+/// A decoded row as the text columns `lsngate_core::probe` reads.
+pub fn columns(row: &[Option<String>]) -> Vec<Option<&str>> {
+    row.iter().map(Option::as_deref).collect()
+}
+
+/// The values of a DataRow body as text (`None` for NULL); `None` when malformed.
+pub fn data_row(body: &[u8]) -> Option<Vec<Option<String>>> {
+    let count = i16::from_be_bytes(body.get(..2)?.try_into().ok()?);
+    let mut at = 2;
+    let mut values = Vec::with_capacity(count.max(0) as usize);
+    for _ in 0..count {
+        let len = i32::from_be_bytes(body.get(at..at + 4)?.try_into().ok()?);
+        at += 4;
+        if len < 0 {
+            values.push(None);
+        } else {
+            let end = at + len as usize;
+            values.push(Some(
+                String::from_utf8_lossy(body.get(at..end)?).into_owned(),
+            ));
+            at = end;
+        }
+    }
+    Some(values)
 }
 
 #[cfg(test)]
@@ -209,5 +239,15 @@ mod tests {
         );
         assert!(BackendMessage::parse(&Frame::new(b'?', Bytes::new())).is_err());
         assert!(BackendMessage::parse(&Frame::new(b'Z', Bytes::new())).is_err());
+    }
+
+    #[test]
+    fn data_rows_decode_and_garbage_does_not_panic() {
+        let mut body = vec![0, 2, 0, 0, 0, 4];
+        body.extend_from_slice(b"true");
+        body.extend_from_slice(&[0xff, 0xff, 0xff, 0xff]);
+        assert_eq!(data_row(&body), Some(vec![Some("true".into()), None]));
+        assert_eq!(data_row(&[0, 1, 0, 0, 0, 9, b'x']), None);
+        assert_eq!(data_row(&[]), None);
     }
 }

@@ -9,6 +9,7 @@
 pub mod backend;
 pub mod error_fields;
 pub mod frontend;
+pub mod sqlstate;
 pub mod startup;
 
 use bytes::{Buf, BufMut, Bytes, BytesMut};

@@ -2,7 +2,7 @@
 //! (`lsngate_core::replay::ReplayBook`: per *server* replayed positions, the servers seen behind
 //! each node, the primary's WAL clock), plus what only the proxy needs — which server each node's
 //! monitor polls, reads waiting on those polls (PostgreSQL ≤ 18), and whether routing asked for
-//! positions lately (the monitors' poll rate). Timelines are the nodes' own (`backend::timeline`):
+//! positions lately (the monitors' poll rate). Timelines are the nodes' own (`super::timeline`):
 //! routing asks them first which replicas may serve.
 //!
 //! Fed by the node monitor's polls and by every wait, check and trailing position of a client
@@ -17,8 +17,8 @@ use lsngate_core::sync::lock;
 use lsngate_core::{Lsn, ReplayBook, ReplicaState};
 use tokio::time::Instant;
 
-use crate::backend::timeline::Need;
-use crate::backend::{NodeState, Nodes};
+use super::timeline::Need;
+use super::{NodeState, Nodes};
 
 pub use lsngate_core::ServerId;
 

@@ -1,0 +1,241 @@
+//! A client's handshake, before a session exists (the accept loop that calls it is the
+//! crate's top, `serve`) — SSLRequest and GSSENCRequest declined with 'N',
+//! CancelRequest forwarded to the backend running the client's query, StartupMessage and
+//! password exchange. A client that sends garbage gets a FATAL and loses only its own connection.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::{Bytes, BytesMut};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio::sync::watch;
+
+use super::auth::{Credential, ScramExchange, md5_response};
+use super::client_io::{ClientIo, ClientSocket};
+use super::session::Session;
+use crate::net::backend::build::{self, fatal};
+use crate::net::sqlstate;
+use crate::net::{FrontendMessage, StartupFrame, startup::decode_startup};
+use crate::proxy::Proxy;
+
+/// Serves one accepted client connection: the handshake, then its session until it ends.
+pub(crate) async fn handle_client(
+    proxy: Arc<Proxy>,
+    stream: TcpStream,
+    shutdown: watch::Receiver<bool>,
+) -> anyhow::Result<()> {
+    let _ = stream.set_nodelay(true);
+    let config = proxy.config();
+    let mut socket: Box<dyn ClientSocket> = Box::new(stream);
+    let mut buf = BytesMut::with_capacity(1024);
+    let mut encrypted = false;
+    let (minor, params) = loop {
+        match read_startup(&mut socket, &mut buf, config.max_message_size).await? {
+            StartupFrame::SslRequest => match config.tls.as_ref().filter(|_| !encrypted) {
+                Some(tls) => {
+                    if !buf.is_empty() {
+                        // Bytes sent before the TLS handshake could be injected by a
+                        // man in the middle; PostgreSQL refuses them too.
+                        anyhow::bail!("client sent data after SSLRequest before the TLS handshake");
+                    }
+                    socket.write_all(b"S").await?;
+                    socket = Box::new(tls.acceptor.accept(socket).await?);
+                    encrypted = true;
+                }
+                None => socket.write_all(b"N").await?,
+            },
+            StartupFrame::GssEncRequest => socket.write_all(b"N").await?,
+            StartupFrame::Cancel { pid, secret } => {
+                return forward_cancel(&proxy, pid, &secret).await;
+            }
+            StartupFrame::Startup { minor, params } => break (minor, params),
+        }
+    };
+    if config.tls.as_ref().is_some_and(|t| t.required) && !encrypted {
+        let message = "lsngate requires TLS for every client: connect with sslmode=require";
+        socket
+            .write_all(&fatal(sqlstate::INVALID_AUTHORIZATION_SPECIFICATION, message).to_bytes())
+            .await?;
+        anyhow::bail!(message);
+    }
+    if proxy.client_joined() > config.max_client_connections {
+        proxy.client_left();
+        socket
+            .write_all(
+                &fatal(
+                    sqlstate::TOO_MANY_CONNECTIONS,
+                    "too many clients connected to lsngate; raise max_client_connections",
+                )
+                .to_bytes(),
+            )
+            .await?;
+        anyhow::bail!("client limit reached");
+    }
+    let result = login_and_run(&proxy, socket, buf, minor, params, shutdown).await;
+    proxy.client_left();
+    result
+}
+
+async fn login_and_run(
+    proxy: &Arc<Proxy>,
+    stream: Box<dyn ClientSocket>,
+    buf: BytesMut,
+    minor: u16,
+    params: Vec<(String, String)>,
+    shutdown: watch::Receiver<bool>,
+) -> anyhow::Result<()> {
+    let config = proxy.config();
+    let mut io = ClientIo::new(stream, buf, config.max_message_size);
+    let user = StartupFrame::param(&params, "user").unwrap_or_default();
+    let database = StartupFrame::param(&params, "database").unwrap_or_else(|| user.clone());
+    if minor > 0 || params.iter().any(|(k, _)| k.starts_with("_pq_.")) {
+        let unsupported: Vec<String> = params
+            .iter()
+            .filter(|(k, _)| k.starts_with("_pq_."))
+            .map(|(k, _)| k.clone())
+            .collect();
+        io.queue(&build::negotiate_protocol_version(&unsupported));
+    }
+    let Some(credential) = config.credential(&user).cloned() else {
+        let message =
+            format!("no such user \"{user}\" in the lsngate config; add it under [[users]]");
+        io.queue(&fatal(
+            sqlstate::INVALID_AUTHORIZATION_SPECIFICATION,
+            &message,
+        ));
+        io.flush().await?;
+        anyhow::bail!(message);
+    };
+    if let Err(e) = authenticate(&mut io, &user, &credential).await {
+        io.queue(&fatal(sqlstate::INVALID_PASSWORD, &e.to_string()));
+        let _ = io.flush().await;
+        return Err(e);
+    }
+    let (key, slot) = proxy.register_cancel();
+    let session = Session::start(
+        Arc::clone(proxy),
+        io,
+        user,
+        database,
+        params,
+        key,
+        slot,
+        shutdown,
+    )
+    .await;
+    let result = match session {
+        Ok(session) => session.run().await,
+        Err(e) => Err(e),
+    };
+    proxy.unregister_cancel(key);
+    result
+}
+
+async fn forward_cancel(proxy: &Proxy, pid: i32, secret: &[u8]) -> anyhow::Result<()> {
+    if secret.len() != 4 {
+        return Ok(());
+    }
+    let key = (
+        pid,
+        i32::from_be_bytes([secret[0], secret[1], secret[2], secret[3]]),
+    );
+    let Some(target) = proxy.cancel_target(key) else {
+        return Ok(());
+    };
+    metrics::counter!("lsngate_proxy_cancels_total").increment(1);
+    // Over TLS when the cancelled connection used it.
+    target.send().await?;
+    Ok(())
+}
+
+/// Reads the next untagged startup-phase packet; garbage gets a FATAL and ends the connection.
+async fn read_startup(
+    socket: &mut Box<dyn ClientSocket>,
+    buf: &mut BytesMut,
+    max_len: usize,
+) -> anyhow::Result<StartupFrame> {
+    loop {
+        match decode_startup(buf, max_len) {
+            Ok(Some(frame)) => return Ok(frame),
+            Ok(None) => {}
+            Err(e) => {
+                metrics::counter!("lsngate_proxy_errors_total", "kind" => "protocol").increment(1);
+                let _ = socket
+                    .write_all(&fatal(sqlstate::PROTOCOL_VIOLATION, &e.to_string()).to_bytes())
+                    .await;
+                anyhow::bail!(e);
+            }
+        }
+        if crate::timer::timeout(Duration::from_secs(30), socket.read_buf(buf)).await?? == 0 {
+            anyhow::bail!("client left during startup");
+        }
+    }
+}
+
+async fn read_auth_response(io: &mut ClientIo) -> anyhow::Result<Bytes> {
+    match io.recv().await? {
+        Some(frame) => match FrontendMessage::parse(&frame)? {
+            FrontendMessage::AuthResponse(body) => Ok(body),
+            other => anyhow::bail!("expected a password message, got {other:?}"),
+        },
+        None => anyhow::bail!("client left during authentication"),
+    }
+}
+
+fn cstring(body: &[u8]) -> String {
+    String::from_utf8_lossy(body.strip_suffix(&[0]).unwrap_or(body)).into_owned()
+}
+
+async fn authenticate(
+    io: &mut ClientIo,
+    user: &str,
+    credential: &Credential,
+) -> anyhow::Result<()> {
+    match credential {
+        Credential::Trust => {}
+        Credential::Md5 { hash } => {
+            let salt: [u8; 4] = rand::random();
+            io.queue(&build::auth_md5(salt));
+            io.flush().await?;
+            let answer = cstring(&read_auth_response(io).await?);
+            if answer != md5_response(hash, salt) {
+                anyhow::bail!(super::auth::AuthError::BadPassword(user.to_string()));
+            }
+        }
+        Credential::Scram(verifier) => {
+            io.queue(&build::auth_sasl());
+            io.flush().await?;
+            let initial = read_auth_response(io).await?;
+            let client_first = sasl_initial_data(&initial)?;
+            let exchange = ScramExchange::start(verifier, &client_first)?;
+            io.queue(&build::auth_sasl_continue(
+                exchange.server_first().as_bytes(),
+            ));
+            io.flush().await?;
+            let client_final = String::from_utf8_lossy(&read_auth_response(io).await?).into_owned();
+            let server_final = exchange.finish(user, verifier, &client_final)?;
+            io.queue(&build::auth_sasl_final(server_final.as_bytes()));
+        }
+    }
+    io.queue(&build::auth_ok());
+    Ok(())
+}
+
+fn sasl_initial_data(body: &[u8]) -> anyhow::Result<String> {
+    let nul = body
+        .iter()
+        .position(|&b| b == 0)
+        .ok_or_else(|| anyhow::anyhow!("malformed SASLInitialResponse"))?;
+    if &body[..nul] != b"SCRAM-SHA-256" {
+        anyhow::bail!(
+            "unsupported SASL mechanism {:?}; use SCRAM-SHA-256",
+            String::from_utf8_lossy(&body[..nul])
+        );
+    }
+    let rest = &body[nul + 1..];
+    if rest.len() < 4 {
+        anyhow::bail!("malformed SASLInitialResponse");
+    }
+    Ok(String::from_utf8_lossy(&rest[4..]).into_owned())
+}

@@ -1,0 +1,187 @@
+//! The state every session of one proxy shares — the config snapshot (swapped whole on
+//! SIGHUP), the nodes and their pools, the statement classification cache, the causal state and
+//! the cancel-key registry — passed to sessions explicitly, never read from a global. Serving it
+//! (accepting clients, starting monitors and the admin port) is `serve`'s.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+
+use crate::backend::Nodes;
+use crate::config::Config;
+use crate::frontend::router::ClassCache;
+
+/// Where a client's query is running right now, for CancelRequest routing.
+pub type CancelTarget = Arc<crate::backend::CancelKey>;
+
+/// What a client's cancel key leads to.
+#[derive(Debug, Default)]
+pub struct CancelState {
+    /// The server connection running the client's statement, if any.
+    pub target: Option<CancelTarget>,
+    /// Cancel requests received so far (the proxy's own waits and polls watch this).
+    pub requests: u64,
+}
+
+/// A client's slot in the cancel registry.
+pub type CancelSlot = Arc<Mutex<CancelState>>;
+
+/// State shared by every session of one proxy.
+#[derive(Debug)]
+pub struct Proxy {
+    config: RwLock<Arc<Config>>,
+    /// Bumped by every reload, so sessions re-read the config only when it changed.
+    config_version: AtomicU64,
+    /// Every configured node with its pools.
+    pub nodes: Nodes,
+    /// Statement classifications by text.
+    pub classes: ClassCache,
+    cancels: Mutex<HashMap<(i32, i32), CancelSlot>>,
+    clients: AtomicUsize,
+    /// `lsngate_proxy_queries_total` for route primary and replica, tallied because they are bumped
+    /// on every flight.
+    pub(crate) queries: [crate::tally::Tally; 2],
+    /// `lsngate_proxy_passthrough_total`: simple queries sent on as they came (`passthrough.rs`).
+    pub(crate) passed_through: crate::tally::Tally,
+    /// Causal-read state shared by the sessions (watcher, guard, statistics, floors).
+    pub causal: crate::causal::Causal,
+    /// Shutdown signal for node monitors, once serving (monitors of nodes a reload adds use it).
+    pub(crate) monitors:
+        Mutex<Option<(tokio::sync::watch::Receiver<bool>, tokio::runtime::Handle)>>,
+}
+
+impl Proxy {
+    /// A proxy for `config`; nothing runs until `serve`.
+    pub fn new(config: Config) -> Arc<Proxy> {
+        crate::tally::prometheus();
+        Arc::new(Proxy {
+            queries: [
+                crate::tally::Tally::new(
+                    metrics::counter!("lsngate_proxy_queries_total", "route" => "primary"),
+                ),
+                crate::tally::Tally::new(
+                    metrics::counter!("lsngate_proxy_queries_total", "route" => "replica"),
+                ),
+            ],
+            passed_through: crate::tally::Tally::new(metrics::counter!(
+                "lsngate_proxy_passthrough_total"
+            )),
+            nodes: Nodes::new(&config.nodes),
+            causal: crate::causal::Causal::new(&config.causal),
+            monitors: Mutex::new(None),
+            config: RwLock::new(Arc::new(config)),
+            config_version: AtomicU64::new(0),
+            classes: ClassCache::default(),
+            cancels: Mutex::new(HashMap::new()),
+            clients: AtomicUsize::new(0),
+        })
+    }
+
+    /// The current config (a snapshot; SIGHUP swaps it).
+    pub fn config(&self) -> Arc<Config> {
+        Arc::clone(&self.config.read().expect("config lock"))
+    }
+
+    /// The current config when it changed since `seen` (which is updated), else None.
+    pub fn config_if_changed(&self, seen: &mut u64) -> Option<Arc<Config>> {
+        let version = self.config_version.load(Ordering::Acquire);
+        if version == *seen {
+            return None;
+        }
+        *seen = version;
+        Some(self.config())
+    }
+
+    /// Swaps in a new config. Users, pool limits, timeouts, routing functions and the node list
+    /// take effect at once: added nodes are checked and monitored, removed ones retired (their
+    /// connections in use finish their work). Causal modes and budgets apply to new clients; the
+    /// fallback guard's limits stay as started.
+    pub fn reload(self: &Arc<Self>, config: Config) {
+        if config.nodes != self.config().nodes {
+            let (added, retired) = self.nodes.replace(&config.nodes);
+            for node in &retired {
+                tracing::warn!(node = %node.url.address(), "SIGHUP: node removed from the config");
+            }
+            for node in added {
+                tracing::warn!(node = %node.url.address(), "SIGHUP: node added to the config");
+                self.watch(node);
+            }
+        }
+        *self.config.write().expect("config lock") = Arc::new(config);
+        self.config_version.fetch_add(1, Ordering::Release);
+        self.classes.clear();
+        tracing::info!("configuration reloaded");
+    }
+
+    /// Starts the monitor of `node` (once serving; before that `serve` starts them all).
+    pub(crate) fn watch(self: &Arc<Self>, node: Arc<crate::backend::NodeState>) {
+        let Some((stop, runtime)) = self.monitors.lock().expect("monitors lock").clone() else {
+            return;
+        };
+        let config = self.config();
+        runtime.spawn(crate::backend::monitor::watch_node(
+            node,
+            Arc::clone(self),
+            config.connect_timeout,
+            stop,
+        ));
+    }
+
+    /// Connected clients right now.
+    pub fn client_count(&self) -> usize {
+        self.clients.load(Ordering::Relaxed)
+    }
+
+    pub(crate) fn client_joined(&self) -> usize {
+        metrics::gauge!("lsngate_proxy_clients").increment(1.0);
+        self.clients.fetch_add(1, Ordering::Relaxed) + 1
+    }
+
+    pub(crate) fn client_left(&self) {
+        metrics::gauge!("lsngate_proxy_clients").decrement(1.0);
+        self.clients.fetch_sub(1, Ordering::Relaxed);
+    }
+
+    pub(crate) fn register_cancel(&self) -> ((i32, i32), CancelSlot) {
+        let slot: CancelSlot = Arc::new(Mutex::new(CancelState::default()));
+        let mut cancels = self.cancels.lock().expect("cancel lock");
+        loop {
+            let key = (rand::random::<i32>() & 0x7fff_ffff, rand::random::<i32>());
+            if let std::collections::hash_map::Entry::Vacant(e) = cancels.entry(key) {
+                e.insert(Arc::clone(&slot));
+                return (key, slot);
+            }
+        }
+    }
+
+    pub(crate) fn unregister_cancel(&self, key: (i32, i32)) {
+        self.cancels.lock().expect("cancel lock").remove(&key);
+    }
+
+    pub(crate) fn cancel_target(&self, key: (i32, i32)) -> Option<CancelTarget> {
+        let slot = self
+            .cancels
+            .lock()
+            .expect("cancel lock")
+            .get(&key)
+            .cloned()?;
+
+        let mut state = slot.lock().expect("cancel slot lock");
+        state.requests += 1;
+        state.target.clone()
+    }
+}
+
+impl crate::backend::monitor::Monitored for Proxy {
+    fn nodes(&self) -> &Nodes {
+        &self.nodes
+    }
+
+    fn watcher(&self) -> &crate::backend::replay::Watcher {
+        &self.causal.watcher
+    }
+
+    fn config(&self) -> Arc<Config> {
+        Proxy::config(self)
+    }
+}
