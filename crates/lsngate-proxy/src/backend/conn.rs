@@ -18,6 +18,7 @@ use lsngate_pgconn::{Attempt, Negotiated, PLAINTEXT_REFUSED_FIX, refuses_plainte
 
 use crate::config::{NodeUrl, ServerLogin, host_port};
 use crate::frontend::auth::{md5_response, md5_stored, scram_client_final, scram_server_final_ok};
+use crate::net::backend::TxStatus;
 use crate::net::sqlstate;
 use crate::net::{BackendMessage, ErrorFields, Frame, FrontendMessage, StartupFrame, decode_frame};
 
@@ -737,11 +738,12 @@ impl BackendConn {
         end
     }
 
-    /// Takes a buffered ReadyForQuery off the front; its transaction status.
-    pub fn take_ready(&mut self) -> Option<u8> {
+    /// Takes a buffered ReadyForQuery off the front; its transaction status. One with a status
+    /// byte PostgreSQL never sends stays, for the frame parser to refuse.
+    pub fn take_ready(&mut self) -> Option<TxStatus> {
         let b = &self.read_buf;
         if b.len() >= 6 && b[0] == b'Z' && b[1..5] == [0, 0, 0, 5] {
-            let status = b[5];
+            let status = TxStatus::from_byte(b[5])?;
             self.read_buf.advance(6);
             return Some(status);
         }

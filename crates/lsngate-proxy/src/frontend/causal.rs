@@ -18,6 +18,7 @@ use super::session::Session;
 use crate::backend::Target;
 use crate::backend::timeline::Need;
 use crate::causal::{Consistency, Floor, Level, Outcome, SQLSTATE_GUARDED, SQLSTATE_NOT_CAUGHT_UP};
+use crate::net::backend::TxStatus;
 use crate::net::backend::build;
 use crate::net::sqlstate;
 use crate::net::{ErrorFields, FrontendMessage};
@@ -112,7 +113,7 @@ impl Session {
         statement_floor: Option<Floor>,
     ) -> anyhow::Result<()> {
         let want = self.target_for(class, hint);
-        let standalone = self.status == b'I'
+        let standalone = self.status == TxStatus::Idle
             && !self.pinned
             && !self.backend.as_ref().is_some_and(|b| b.open || b.copy_in);
         if want == Some(Target::Replica) && standalone {

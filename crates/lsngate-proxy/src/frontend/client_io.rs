@@ -7,6 +7,7 @@ use std::task::{Context, Poll, ready};
 use bytes::{Buf, BytesMut};
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 
+use crate::net::backend::TxStatus;
 use crate::net::{Frame, decode_frame, whole_frame};
 
 /// A client connection: plain TCP or TLS over it.
@@ -159,9 +160,9 @@ impl ClientIo {
 
     /// Buffers a ReadyForQuery with transaction status `status` (written as bytes: one ends
     /// every transaction).
-    pub fn queue_ready(&mut self, status: u8) {
+    pub fn queue_ready(&mut self, status: TxStatus) {
         self.write_buf
-            .extend_from_slice(&[b'Z', 0, 0, 0, 5, status]);
+            .extend_from_slice(&[b'Z', 0, 0, 0, 5, status.byte()]);
     }
 
     /// The write buffer, for bytes relayed as they are.

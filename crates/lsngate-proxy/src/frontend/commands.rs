@@ -18,6 +18,7 @@ use super::router::{LocalCommand, RouteHint, Verb};
 use super::session::Session;
 use crate::causal::Consistency;
 use crate::config::Config;
+use crate::net::backend::TxStatus;
 use crate::net::backend::build;
 use crate::net::sqlstate;
 use crate::net::{ErrorFields, Frame, FrontendMessage};
@@ -153,7 +154,7 @@ impl Session {
         // In an aborted block the server refuses it, unless unsynced messages in front of it
         // end the block (`END` over the extended protocol): then the server's answer to a
         // stand-in says which, and a SET takes effect only if the block has ended.
-        let judged = self.status == b'E';
+        let judged = self.status == TxStatus::Failed;
         if judged && !self.stand_in_due() {
             return self.answer_error(ABORTED.0, ABORTED.1).await;
         }
@@ -207,7 +208,7 @@ impl Session {
             match m {
                 // In an aborted transaction block the server refuses Parse, Bind and Execute.
                 FrontendMessage::Parse { .. } | FrontendMessage::Bind { .. }
-                    if self.status == b'E' =>
+                    if self.status == TxStatus::Failed =>
                 {
                     aborted(self, &mut failed)
                 }
@@ -257,7 +258,7 @@ impl Session {
                     let Some(command) = self.local_portals.get(&portal).cloned() else {
                         continue;
                     };
-                    if self.status == b'E' {
+                    if self.status == TxStatus::Failed {
                         aborted(self, &mut failed);
                         continue;
                     }
@@ -286,7 +287,7 @@ impl Session {
                     self.io.queue(&empty(b'3'));
                 }
                 FrontendMessage::Sync => {
-                    if std::mem::take(&mut failed) && self.status == b'T' {
+                    if std::mem::take(&mut failed) && self.status == TxStatus::InBlock {
                         self.abort_server_block().await?;
                     }
                     self.io.queue_ready(self.status);

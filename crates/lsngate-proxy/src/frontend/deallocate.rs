@@ -17,6 +17,7 @@
 //!   server answers `26000` as it would directly (`flight.rs`).
 
 use super::session::Session;
+use crate::net::backend::TxStatus;
 use crate::net::backend::build;
 use crate::net::sqlstate;
 
@@ -103,7 +104,7 @@ impl Session {
             self.drain().await?;
         }
         // In an aborted transaction the server refuses everything with 25P02: let it say so.
-        if self.status == b'E' {
+        if self.status == TxStatus::Failed {
             return Ok(false);
         }
         if self.statements.remove(name).is_some() {
@@ -115,7 +116,7 @@ impl Session {
         if self.pinned {
             return Ok(false);
         }
-        if self.status != b'I' {
+        if self.status != TxStatus::Idle {
             // The server says 26000 and aborts the transaction, as it would directly, once a
             // stale copy of the name there (another client's) is closed in front.
             self.close_later(name.clone());

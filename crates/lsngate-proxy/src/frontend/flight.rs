@@ -18,6 +18,7 @@ use super::session::Session;
 use crate::backend::{BackendConn, NodeState, PooledConn, Role, Settings, Target};
 use crate::causal::sql::{Probe, probe_segment, wait_for};
 use crate::config::ServerLogin;
+use crate::net::backend::TxStatus;
 use crate::net::sqlstate;
 use crate::net::{ErrorFields, Frame, FrontendMessage};
 use crate::proxy::Proxy;
@@ -314,7 +315,7 @@ impl Session {
                 }
                 continue;
             }
-            let in_block = self.status != b'I' || b.open || b.copy_in || self.pinned;
+            let in_block = self.status != TxStatus::Idle || b.open || b.copy_in || self.pinned;
             let same_node = route.node.as_ref().is_none_or(|n| n.index == b.conn.node);
             // Not behind a read whose wait is undecided: if it fails, that read's answer is
             // thrown away and the read runs again, and what went behind it would be lost with
@@ -426,7 +427,7 @@ impl Session {
         let Some(b) = self.backend.as_ref() else {
             return false;
         };
-        if !(b.open && b.target == Target::Replica && self.status == b'I')
+        if !(b.open && b.target == Target::Replica && self.status == TxStatus::Idle)
             || b.copy_in
             || b.doomed
             || self.pinned
@@ -577,7 +578,7 @@ impl Session {
             .backend
             .as_ref()
             .is_some_and(|b| !b.awaiting_replies() && b.retry.is_none() && b.discard.is_none());
-        if idle && self.status == b'I' && !self.pinned {
+        if idle && self.status == TxStatus::Idle && !self.pinned {
             self.release_backend();
         }
     }
@@ -924,7 +925,7 @@ impl Session {
             .iter()
             .filter(|m| matches!(m, FrontendMessage::Execute { .. }))
             .count();
-        let alone = self.status == b'I' && effects.len() == 1 && executes <= 1;
+        let alone = self.status == TxStatus::Idle && effects.len() == 1 && executes <= 1;
         let mut doubt = false;
         let simple = matches!(flight, [FrontendMessage::Query(_)]);
         let pin_settled = self.pinned
@@ -1048,11 +1049,13 @@ impl Session {
     /// block (behind such a Query there, `client_ready`), only that comes of it: SET is undone by
     /// a ROLLBACK just as the client's RESET is, and the read at the block's end settles the
     /// settings.
-    pub(super) fn on_resync(&mut self, status: u8) -> Option<Settings> {
+    pub(super) fn on_resync(&mut self, status: TxStatus) -> Option<Settings> {
         let attached = self.backend.as_mut().expect("attached");
         attached.reset_in_doubt = false;
         let rows = std::mem::take(&mut attached.resync_rows);
-        if std::mem::take(&mut attached.resync_failed) || !matches!(status, b'I' | b'T') {
+        if std::mem::take(&mut attached.resync_failed)
+            || !matches!(status, TxStatus::Idle | TxStatus::InBlock)
+        {
             return None;
         }
         let settings: Settings = rows
@@ -1072,7 +1075,7 @@ impl Session {
             .filter(|(name, _)| !settings.contains_key(name))
             .map(|(name, statement)| (name.clone(), statement.clone()))
             .collect();
-        if status == b'I' {
+        if status == TxStatus::Idle {
             let mut wanted = settings.clone();
             for (name, statement) in &missing {
                 wanted.insert(name.clone(), statement.clone());
@@ -1093,10 +1096,10 @@ impl Session {
         let Some(attached) = self.backend.as_mut() else {
             return Ok(false);
         };
-        if self.status != b'T' || !attached.may_add_frames() || attached.copy_in {
+        if self.status != TxStatus::InBlock || !attached.may_add_frames() || attached.copy_in {
             return Ok(false);
         }
-        self.status = b'E';
+        self.status = TxStatus::Failed;
         if let Err(e) = attached
             .send_query(ABORT_SQL, Owner::Proxy(Duty::Abort))
             .await
@@ -1119,7 +1122,7 @@ impl Session {
         let Some(sql) = settings_sql(&missing, &Settings::new()) else {
             return Ok(());
         };
-        if self.status == b'I' {
+        if self.status == TxStatus::Idle {
             // In a transaction block the books stay as they were until its end's read-back.
             for (name, statement) in &missing {
                 attached
@@ -1247,7 +1250,8 @@ impl Session {
         }
         let attached = self.backend.as_mut().expect("attached before send");
         self.proxy.queries[usize::from(attached.target == Target::Replica)].add(ends.max(1) as u64);
-        let standalone_read = matches!(class, Some(Class::Read)) && ends == 1 && status == b'I';
+        let standalone_read =
+            matches!(class, Some(Class::Read)) && ends == 1 && status == TxStatus::Idle;
         if retry_allowed
             && standalone_read
             && attached.target == Target::Replica
@@ -1336,7 +1340,7 @@ impl Session {
         let batch_goes_on = attached.open || (attached.copy.closed && attached.copy.extended);
         if tracks && batch_goes_on {
             // Its transaction ends, and its position can be taken, behind a later flight's Sync.
-            attached.position_owed |= status == b'I'
+            attached.position_owed |= status == TxStatus::Idle
                 && attached.target == Target::Primary
                 && class == Some(Class::Write)
                 && (copy_start.is_some()
@@ -1344,7 +1348,7 @@ impl Session {
                         .iter()
                         .any(|m| matches!(m, FrontendMessage::Execute { .. })));
         } else if tracks && synced {
-            let ends_block = status != b'I' && class == Some(Class::TransactionControl);
+            let ends_block = status != TxStatus::Idle && class == Some(Class::TransactionControl);
             // Not while a COPY may still be running: its data is still to come.
             let owed = !attached.copy.closed && std::mem::take(&mut attached.position_owed);
             let probe = match attached.target {
@@ -1355,7 +1359,7 @@ impl Session {
                 Target::Primary
                     if ends_block
                         || owed
-                        || (status == b'I'
+                        || (status == TxStatus::Idle
                             && matches!(class, Some(Class::Read | Class::Write))) =>
                 {
                     let wrote = ends_block || owed || class == Some(Class::Write);
@@ -1378,7 +1382,7 @@ impl Session {
         if let Some(tag) = self.reset_rewritten.take() {
             attached.reset_rewritten = Some(tag);
         }
-        attached.may_commit |= status == b'I'
+        attached.may_commit |= status == TxStatus::Idle
             || !matches!(
                 class,
                 Some(

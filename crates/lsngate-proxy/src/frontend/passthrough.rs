@@ -11,6 +11,7 @@ use super::router::{Class, RouteHint};
 use super::session::Session;
 use crate::backend::{Role, Target};
 use crate::causal::{Level, Outcome};
+use crate::net::backend::TxStatus;
 
 /// The text of a whole simple Query message (tag and length included): the bytes before its
 /// closing NUL; None when it does not end with one.
@@ -26,7 +27,7 @@ impl Session {
     /// the primary when nothing about it needs the general path; false when it does (nothing was
     /// sent then, though a server connection may have been attached for it).
     pub(super) async fn pass_through(&mut self, message: &[u8]) -> anyhow::Result<bool> {
-        let idle_session = self.status == b'I'
+        let idle_session = self.status == TxStatus::Idle
             && !self.pinned
             && self.pending.is_empty()
             && self.hint == RouteHint::Auto

@@ -12,6 +12,7 @@ use super::flight::RESYNC_SQL;
 use super::session::Session;
 use crate::backend::{BackendError, Target};
 use crate::causal::{Floor, Outcome};
+use crate::net::backend::TxStatus;
 use crate::net::sqlstate;
 use crate::net::{BackendMessage, ErrorFields, Frame, FrontendMessage};
 
@@ -224,7 +225,7 @@ impl Session {
                 {
                     attached.unconfirmed.pop_front();
                 }
-                if status != b'I' {
+                if status != TxStatus::Idle {
                     // It opened a transaction block the client never heard of (`BEGIN READ
                     // ONLY`): ended here, before the flight runs again, on this connection or
                     // (once it is back in the pool) on another client's.
@@ -512,10 +513,10 @@ impl Session {
         Ok(())
     }
 
-    async fn client_ready(&mut self, frame: Frame, status: u8) -> anyhow::Result<()> {
+    async fn client_ready(&mut self, frame: Frame, status: TxStatus) -> anyhow::Result<()> {
         let attached = self.backend.as_mut().expect("attached");
         if let Some(retry) = attached.retry.take() {
-            if retry.read_only_violation && status == b'I' {
+            if retry.read_only_violation && status == TxStatus::Idle {
                 metrics::counter!("lsngate_proxy_retries_total", "reason" => "read_only")
                     .increment(1);
                 tracing::debug!("replica refused a write (25006); re-running on the primary");
@@ -552,8 +553,8 @@ impl Session {
         // server login's value: read back now too, to apply the startup value in the block
         // before the client hears the Query is done (`on_resync`).
         let read_back = match status {
-            b'I' => self.settings_in_doubt,
-            b'T' => attached.reset_in_doubt,
+            TxStatus::Idle => self.settings_in_doubt,
+            TxStatus::InBlock => attached.reset_in_doubt,
             _ => false,
         };
         if last
@@ -875,7 +876,8 @@ impl Session {
             .iter()
             .filter(|o| **o == Owner::Client)
             .count();
-        let waiting = if waiting == 0 && (attached.open || attached.copy_in || self.status != b'I')
+        let waiting = if waiting == 0
+            && (attached.open || attached.copy_in || self.status != TxStatus::Idle)
         {
             1
         } else {
@@ -884,7 +886,7 @@ impl Session {
         // Inside a transaction block, anything but its end leaves the transaction to be rolled
         // back by the server when it finds the connection closed; a statement outside one, or
         // a COMMIT, may have committed or not, and the proxy cannot tell which.
-        let outcome = if self.status != b'I' && !attached.may_commit {
+        let outcome = if self.status != TxStatus::Idle && !attached.may_commit {
             "it was not retried; the open transaction is rolled back (nothing of it was committed)"
         } else {
             "its outcome is unknown: it may or may not have been committed, so it was not retried; check before running it again"
@@ -901,9 +903,9 @@ impl Session {
                         .to_frame(b'E'),
                 );
             }
-            self.io.queue_ready(b'I');
+            self.io.queue_ready(TxStatus::Idle);
         }
-        self.status = b'I';
+        self.status = TxStatus::Idle;
         if waiting == 0 && self.pinned {
             self.io.queue(&crate::net::backend::build::fatal(
                 sqlstate::CONNECTION_FAILURE,

@@ -21,6 +21,7 @@ use super::startup::{
 };
 use crate::backend::Target;
 use crate::causal::Floor;
+use crate::net::backend::TxStatus;
 use crate::net::backend::build;
 use crate::net::sqlstate;
 use crate::net::{ErrorFields, Frame, FrontendMessage, ProtocolError};
@@ -59,7 +60,7 @@ pub struct Session {
     /// transaction).
     pub(super) spare_expect: std::collections::VecDeque<super::attached::Owner>,
     /// Transaction status from the last ReadyForQuery the client got.
-    pub(super) status: u8,
+    pub(super) status: TxStatus,
     /// Stay on one backend (session pooling, LISTEN).
     pub(super) pinned: bool,
     /// A change of settings may have been undone (see `Session::note_session_effects`): the
@@ -162,7 +163,7 @@ impl Session {
             reported.insert(name.clone(), value.to_string());
         }
         io.queue(&build::backend_key_data(cancel_key.0, cancel_key.1));
-        io.queue_ready(b'I');
+        io.queue_ready(TxStatus::Idle);
         io.flush().await?;
         tracing::debug!(%user, %database, role = ?server_login.as_ref().map(|l| &l.user), "client logged in");
         Ok(Session {
@@ -182,7 +183,7 @@ impl Session {
             unnamed: None,
             hint,
             backend: None,
-            status: b'I',
+            status: TxStatus::Idle,
             pending: Vec::new(),
             settings_in_doubt: false,
             cancel_slot,
@@ -245,7 +246,7 @@ impl Session {
                 .as_ref()
                 .is_some_and(|b| b.awaiting_replies() || self.pinned);
             if draining
-                && self.status == b'I'
+                && self.status == TxStatus::Idle
                 && !self.backend.as_ref().is_some_and(|b| b.awaiting_replies())
             {
                 self.io.queue(&crate::net::backend::build::fatal(
@@ -703,7 +704,7 @@ impl Session {
             return sql;
         };
         match self.startup_settings.get(&name) {
-            Some(statement) if self.status != b'E' => {
+            Some(statement) if self.status != TxStatus::Failed => {
                 self.reset_rewritten = Some(tag);
                 statement.clone()
             }
@@ -788,7 +789,7 @@ impl Session {
         let stand_in_safe = |b: &Attached| {
             failed
                 || !b.conn.facts.has_wait_for()
-                || status != b'I'
+                || status != TxStatus::Idle
                 || b.unsynced_executed.is_none_or(|begun| begun)
         };
         if let Some(attached) = self
@@ -798,7 +799,7 @@ impl Session {
         {
             let stand_in = match (failed, status) {
                 (true, _) => "SELECT 1/0",
-                (false, b'E') => "SELECT 1",
+                (false, TxStatus::Failed) => "SELECT 1",
                 (false, _) => "",
             };
             // What a Query does to the server's state: the batch needs no Sync any more.
@@ -863,7 +864,11 @@ impl Session {
                     let frame = attached.conn.recv().await?;
                     if frame.tag == b'Z' {
                         attached.expect.pop_front();
-                        status = frame.body.first().copied().unwrap_or(b'E');
+                        status = frame
+                            .body
+                            .first()
+                            .and_then(|b| TxStatus::from_byte(*b))
+                            .unwrap_or(TxStatus::Failed);
                     }
                 }
                 Ok::<(), crate::backend::BackendError>(())
@@ -873,7 +878,7 @@ impl Session {
                 return;
             }
         }
-        if attached.awaiting_replies() || status != b'I' {
+        if attached.awaiting_replies() || status != TxStatus::Idle {
             return;
         }
         if matches!(attached.conn.run_simple("DISCARD ALL").await, Ok(None)) {

@@ -7,6 +7,38 @@ use bytes::{BufMut, Bytes, BytesMut};
 
 use super::{ErrorFields, Fields, Frame, ProtocolError, put_cstr};
 
+/// The transaction status a ReadyForQuery reports.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TxStatus {
+    /// `I`: not in a transaction block.
+    Idle,
+    /// `T`: in a transaction block.
+    InBlock,
+    /// `E`: in a failed transaction block (statements are refused until its end).
+    Failed,
+}
+
+impl TxStatus {
+    /// The status a ReadyForQuery's byte reports; `None` for a byte PostgreSQL never sends.
+    pub fn from_byte(byte: u8) -> Option<TxStatus> {
+        match byte {
+            b'I' => Some(TxStatus::Idle),
+            b'T' => Some(TxStatus::InBlock),
+            b'E' => Some(TxStatus::Failed),
+            _ => None,
+        }
+    }
+
+    /// The byte a ReadyForQuery carries for it.
+    pub fn byte(self) -> u8 {
+        match self {
+            TxStatus::Idle => b'I',
+            TxStatus::InBlock => b'T',
+            TxStatus::Failed => b'E',
+        }
+    }
+}
+
 /// A server message.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[allow(missing_docs)] // variant fields are described by the variant docs
@@ -18,8 +50,8 @@ pub enum BackendMessage {
     ParameterStatus { name: String, value: String },
     /// 'K': the key a CancelRequest must present.
     BackendKeyData { pid: i32, secret: Bytes },
-    /// 'Z': ready for the next query; `b'I'` idle, `b'T'` in a transaction, `b'E'` failed transaction.
-    ReadyForQuery(u8),
+    /// 'Z': ready for the next query, in this transaction status.
+    ReadyForQuery(TxStatus),
     /// 'E'.
     ErrorResponse(ErrorFields),
     /// 'N'.
@@ -59,7 +91,12 @@ impl BackendMessage {
                     secret: frame.body.slice(4..),
                 });
             }
-            b'Z' => BackendMessage::ReadyForQuery(f.u8()?),
+            b'Z' => BackendMessage::ReadyForQuery(TxStatus::from_byte(f.u8()?).ok_or(
+                ProtocolError::Malformed {
+                    tag: 'Z',
+                    why: "transaction status is not I, T or E",
+                },
+            )?),
             b'E' => {
                 return Ok(BackendMessage::ErrorResponse(ErrorFields::parse(
                     b'E',
@@ -133,13 +170,12 @@ pub mod build {
         Frame::new(b'K', b.freeze())
     }
     /// ReadyForQuery.
-    pub fn ready_for_query(status: u8) -> Frame {
+    pub fn ready_for_query(status: TxStatus) -> Frame {
         // Static bodies: one of these goes to a client at the end of every transaction.
         let body = match status {
-            b'I' => Bytes::from_static(b"I"),
-            b'T' => Bytes::from_static(b"T"),
-            b'E' => Bytes::from_static(b"E"),
-            other => Bytes::copy_from_slice(&[other]),
+            TxStatus::Idle => Bytes::from_static(b"I"),
+            TxStatus::InBlock => Bytes::from_static(b"T"),
+            TxStatus::Failed => Bytes::from_static(b"E"),
         };
         Frame::new(b'Z', body)
     }
@@ -213,8 +249,8 @@ mod tests {
     #[test]
     fn parses_what_the_proxy_builds() {
         assert_eq!(
-            BackendMessage::parse(&build::ready_for_query(b'T')).unwrap(),
-            BackendMessage::ReadyForQuery(b'T')
+            BackendMessage::parse(&build::ready_for_query(TxStatus::InBlock)).unwrap(),
+            BackendMessage::ReadyForQuery(TxStatus::InBlock)
         );
         assert_eq!(
             BackendMessage::parse(&build::parameter_status("TimeZone", "UTC")).unwrap(),
