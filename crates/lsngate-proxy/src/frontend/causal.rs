@@ -13,12 +13,12 @@ use lsngate_core::{Decision, Fallback, Lsn, PrimaryReason, ReadRequest, Verdict,
 use tokio::time::Instant;
 
 use super::flight::Route;
+use super::plan::{Plan, SessionView, plan};
 use super::router::{Class, RouteHint};
 use super::session::Session;
 use crate::backend::Target;
 use crate::backend::timeline::Need;
 use crate::causal::{Consistency, Floor, Level, Outcome, SQLSTATE_GUARDED, SQLSTATE_NOT_CAUGHT_UP};
-use crate::net::backend::TxStatus;
 use crate::net::backend::build;
 use crate::net::sqlstate;
 use crate::net::{ErrorFields, FrontendMessage};
@@ -112,14 +112,16 @@ impl Session {
         hint: Option<RouteHint>,
         statement_floor: Option<Floor>,
     ) -> anyhow::Result<()> {
-        let want = self.target_for(class, hint);
-        let standalone = self.status == TxStatus::Idle
-            && !self.pinned
-            && !self.backend.as_ref().is_some_and(|b| b.open || b.copy_in);
-        if want == Some(Target::Replica) && standalone {
-            return self.dispatch_read(flight, class, statement_floor).await;
+        let view = SessionView {
+            status: self.status,
+            pinned: self.pinned,
+            mid_batch: self.backend.as_ref().is_some_and(|b| b.open || b.copy_in),
+            hint: self.hint,
+        };
+        match plan(view, class, hint) {
+            Plan::ReplicaRead => self.dispatch_read(flight, class, statement_floor).await,
+            Plan::Send(target) => self.dispatch_to(flight, class, Route::to(target)).await,
         }
-        self.dispatch_to(flight, class, Route::to(want)).await
     }
 
     async fn dispatch_read(

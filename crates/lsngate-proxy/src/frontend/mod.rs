@@ -14,6 +14,7 @@ mod flight;
 pub mod handshake;
 mod passthrough;
 mod pipeline;
+mod plan;
 mod replies;
 pub mod router;
 pub mod session;

@@ -19,7 +19,6 @@ use super::router::{
 use super::startup::{
     LIST_QUOTED, is_setting_name, quote_literal, startup_lsngate, startup_settings, startup_values,
 };
-use crate::backend::Target;
 use crate::causal::Floor;
 use crate::net::backend::TxStatus;
 use crate::net::backend::build;
@@ -826,24 +825,6 @@ impl Session {
         self.io.queue_ready(status);
         self.io.flush().await?;
         Ok(())
-    }
-
-    /// Where a class should run, after hints.
-    pub(super) fn target_for(
-        &self,
-        class: Option<Class>,
-        hint: Option<RouteHint>,
-    ) -> Option<Target> {
-        match hint.unwrap_or(self.hint) {
-            RouteHint::Primary => return Some(Target::Primary),
-            RouteHint::Replica if class.is_some() => return Some(Target::Replica),
-            _ => {}
-        }
-        match class? {
-            Class::Read | Class::Begin { read_only: true } => Some(Target::Replica),
-            Class::TransactionControl | Class::TransactionLocal => None,
-            _ => Some(Target::Primary),
-        }
     }
 
     /// Ends the session: a backend that is mid-transaction is closed (the server rolls back);

@@ -247,6 +247,23 @@ mod tests {
     use super::*;
 
     #[test]
+    fn ready_for_query_reads_its_status_and_refuses_a_byte_postgresql_never_sends() {
+        for status in [TxStatus::Idle, TxStatus::InBlock, TxStatus::Failed] {
+            let frame = build::ready_for_query(status);
+            assert_eq!(frame.body.as_ref(), [status.byte()]);
+            assert_eq!(
+                BackendMessage::parse(&frame).unwrap(),
+                BackendMessage::ReadyForQuery(status)
+            );
+        }
+        let odd = Frame::new(b'Z', Bytes::from_static(b"X"));
+        assert!(matches!(
+            BackendMessage::parse(&odd),
+            Err(ProtocolError::Malformed { tag: 'Z', .. })
+        ));
+    }
+
+    #[test]
     fn parses_what_the_proxy_builds() {
         assert_eq!(
             BackendMessage::parse(&build::ready_for_query(TxStatus::InBlock)).unwrap(),
