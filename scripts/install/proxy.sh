@@ -2,7 +2,7 @@
 # Install what the lsngate-proxy test suite and benchmark need beyond the Rust toolchain and
 # PostgreSQL: the Python clients (psycopg 3, asyncpg), the Node clients (pg, pg-copy-streams,
 # pinned by crates/lsngate-proxy/clients/package-lock.json) and Debian's PgBouncer for the
-# benchmark, openssl for the TLS tests (the proxy's client TLS test, and the testkit's TLS-only
+# benchmark, openssl for the TLS tests (the proxy's client TLS test, and lsngate-cluster's TLS-only
 # clusters that the proxy and library tests use). Idempotent: re-running only checks.
 set -euo pipefail
 root="$(cd "$(dirname "$0")/../.." && pwd)"

@@ -1,11 +1,11 @@
 //! `lsngate cluster up|status|down`: a local primary + streaming replicas that outlive the
-//! command, for trying lsngate by hand. Built on the same testkit the tests use.
+//! command, for trying lsngate by hand. Built on the same lsngate-cluster crate the tests use.
 
 use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::{Args, Subcommand};
-use lsngate_testkit::{Cluster, ClusterConfig, SyncMode};
+use lsngate_cluster::{Cluster, ClusterConfig, SyncMode};
 
 #[derive(Debug, Subcommand)]
 pub enum ClusterCommand {
@@ -44,7 +44,7 @@ pub struct DirArgs {
     /// Cluster directory (data dirs, logs, cluster.json): $TMPDIR/lsngate-cluster-<user> unless
     /// given. As root, PostgreSQL runs as user `lsngate`, which must be able to enter every
     /// parent of it (so not under /root).
-    #[arg(long, default_value_os_t = lsngate_testkit::default_cluster_dir())]
+    #[arg(long, default_value_os_t = lsngate_cluster::default_cluster_dir())]
     dir: PathBuf,
 }
 

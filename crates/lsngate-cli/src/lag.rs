@@ -25,7 +25,7 @@ pub struct LagArgs {
     #[arg(long = "replica", env = "LSNGATE_REPLICA_URLS", value_delimiter = ',')]
     replicas: Vec<String>,
     /// Cluster directory of `lsngate cluster up`, used when --primary is not given.
-    #[arg(long, default_value_os_t = lsngate_testkit::default_cluster_dir())]
+    #[arg(long, default_value_os_t = lsngate_cluster::default_cluster_dir())]
     dir: PathBuf,
     /// Measure true lag with a heartbeat row (creates table lsngate_heartbeat on the primary).
     #[arg(long)]
@@ -230,7 +230,7 @@ pub async fn run(args: LagArgs) -> anyhow::Result<()> {
     let (primary_url, replica_urls) = match &args.primary {
         Some(url) => (url.clone(), args.replicas.clone()),
         None => {
-            let cluster = lsngate_testkit::Cluster::open(&args.dir)?;
+            let cluster = lsngate_cluster::Cluster::open(&args.dir)?;
             (cluster.primary_url(), cluster.replica_urls())
         }
     };

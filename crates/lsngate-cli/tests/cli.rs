@@ -9,7 +9,7 @@ use std::path::Path;
 use std::process::{Command, Output};
 use std::time::Duration;
 
-use lsngate_testkit::{Cluster, ClusterConfig, PgBin};
+use lsngate_cluster::{Cluster, ClusterConfig, PgBin};
 use serde_json::Value;
 
 fn lsngate(args: &[&str]) -> Output {

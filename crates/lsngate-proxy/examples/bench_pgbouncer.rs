@@ -19,7 +19,7 @@
 //! per-round ratios to PgBouncer, and the CPU time the pooler itself used per transaction (from
 //! /proc), which is far steadier than TPS on a machine where the pooler, pgbench and PostgreSQL
 //! share two cores.
-//! Needs pgbouncer (scripts/install/proxy.sh) and runs it as the testkit's server user.
+//! Needs pgbouncer (scripts/install/proxy.sh) and runs it as lsngate-cluster's server user.
 //!
 //! Every pooler runs as its own process in its own session, as a service would: PgBouncer, and
 //! each lsngate as this program re-run with `serve-proxy CONFIG` (the same code as `lsngate proxy
@@ -32,7 +32,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use lsngate_testkit::{Cluster, ClusterConfig, SERVER_USER};
+use lsngate_cluster::{Cluster, ClusterConfig, SERVER_USER};
 
 const MIXED: &str = "\\set aid random(1, 100000 * :scale)
 SELECT abalance FROM pgbench_accounts WHERE aid = :aid;

@@ -1,5 +1,5 @@
 //! Takes the README's screenshot of the admin port's `/dashboard` (not a test): starts a primary
-//! and 2 replicas (testkit; replay held back by `APPLY_DELAY_MS`, 20 by default, so waits and
+//! and 2 replicas (lsngate-cluster; replay held back by `APPLY_DELAY_MS`, 20 by default, so waits and
 //! lag show), a proxy on loopback ports, a small load of insert-then-read sessions, and while the
 //! load runs opens the page in Debian's headless Chromium driven by playwright-core from node
 //! (both from scripts/install/http.sh; the package is crates/lsngate-http/e2e's).
@@ -9,8 +9,8 @@
 use std::process::Command;
 use std::time::Duration;
 
+use lsngate_cluster::{Cluster, ClusterConfig};
 use lsngate_proxy::{Config, FileConfig, Proxy};
-use lsngate_testkit::{Cluster, ClusterConfig};
 
 /// Opens the page in Debian's Chromium with playwright-core (from crates/lsngate-http/e2e), waits
 /// in real time for 8 refreshes, and saves a 1200x800 screenshot. Arguments: URL, PNG path.

@@ -1,12 +1,12 @@
-//! Starts a throwaway cluster (primary + 2 replicas, from lsngate-testkit) and an lsngate proxy
+//! Starts a throwaway cluster (primary + 2 replicas, from lsngate-cluster) and an lsngate proxy
 //! in front of it, prints the URLs, and runs until Ctrl-C. For trying the proxy by hand:
 //! `cargo run -p lsngate-proxy --example demo_cluster [APPLY_DELAY_MS]` — a delay
 //! (`recovery_min_apply_delay` on the replicas) makes stale reads easy to see.
 
 use std::time::Duration;
 
+use lsngate_cluster::{Cluster, ClusterConfig};
 use lsngate_proxy::{Config, FileConfig, Proxy};
-use lsngate_testkit::{Cluster, ClusterConfig};
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {

@@ -1,4 +1,4 @@
-//! Integration tests of `lsngate proxy` against real PostgreSQL clusters from the testkit, with
+//! Integration tests of `lsngate proxy` against real PostgreSQL clusters from lsngate-cluster, with
 //! real clients (psql, pgbench, tokio-postgres, psycopg, asyncpg, node-postgres, pgjdbc, pgx).
 
 #[path = "proxy/causal.rs"]

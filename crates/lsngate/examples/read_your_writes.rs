@@ -1,5 +1,5 @@
 //! Runnable example: starts a throwaway cluster (primary + 2 streaming replicas) with the
-//! testkit, then does what an application does with lsngate — write, carry the token, read it
+//! lsngate-cluster, then does what an application does with lsngate — write, carry the token, read it
 //! back from a replica — and prints how each read was served.
 //!
 //! ```sh
@@ -27,8 +27,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             (None, primary, replicas)
         }
         Err(_) => {
-            let cluster = lsngate_testkit::Cluster::start(
-                &lsngate_testkit::ClusterConfig::default()
+            let cluster = lsngate_cluster::Cluster::start(
+                &lsngate_cluster::ClusterConfig::default()
                     .replicas(2)
                     .apply_delay(Duration::from_millis(30)),
             )?;

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use lsngate_testkit::{Cluster, ClusterConfig, SyncMode};
+use lsngate_cluster::{Cluster, ClusterConfig, SyncMode};
 use tokio_postgres::Client;
 
 use super::BenchArgs;

@@ -12,7 +12,7 @@ mod app;
 use std::sync::Arc;
 use std::time::Duration;
 
-use lsngate_testkit::{Cluster, ClusterConfig};
+use lsngate_cluster::{Cluster, ClusterConfig};
 use tokio::sync::watch;
 
 fn option(name: &str, default: u64) -> u64 {

@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use lsngate_testkit::{Cluster, ClusterConfig};
+use lsngate_cluster::{Cluster, ClusterConfig};
 use serde::Deserialize;
 use tokio::sync::watch;
 

@@ -5,8 +5,8 @@
 use std::time::Duration;
 
 use lsngate::{Config, FallbackReason, Gate};
+use lsngate_cluster::{Cluster, ClusterConfig};
 use lsngate_http::{JobContext, JobPayload};
-use lsngate_testkit::{Cluster, ClusterConfig};
 use serde::{Deserialize, Serialize};
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

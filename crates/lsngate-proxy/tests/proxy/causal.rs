@@ -8,8 +8,8 @@ use bytes::Bytes;
 
 use crate::statements::{Wire, execute_unnamed, parse_unnamed};
 use crate::support::*;
+use lsngate_cluster::{Cluster, ClusterConfig, shared_cluster};
 use lsngate_proxy::net::FrontendMessage;
-use lsngate_testkit::{Cluster, ClusterConfig, shared_cluster};
 
 /// One replica held 50 ms behind with `recovery_min_apply_delay`: a read right after a write
 /// on a naive replica always misses it.

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use std::process::Command;
 
 use crate::support::*;
-use lsngate_testkit::shared_cluster;
+use lsngate_cluster::shared_cluster;
 
 fn clients_dir() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("clients")
@@ -70,7 +70,7 @@ fn node_postgres_scripted_session() {
     );
 }
 
-fn pgbench(cluster: &lsngate_testkit::Cluster, args: &[&str], conninfo_port: u16) -> String {
+fn pgbench(cluster: &lsngate_cluster::Cluster, args: &[&str], conninfo_port: u16) -> String {
     let mut command = Command::new(cluster.pg_bin().tool("pgbench"));
     command.args(args).args([
         "-h",

@@ -7,7 +7,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use crate::support::*;
-use lsngate_testkit::shared_cluster;
+use lsngate_cluster::shared_cluster;
 
 const CHROMIUM: &str = "/usr/bin/chromium";
 

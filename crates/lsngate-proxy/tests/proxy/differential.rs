@@ -1,5 +1,5 @@
 //! The differential checker (issue #21): random but valid client message sequences, each sent
-//! once straight to PostgreSQL (the testkit cluster's primary) and once through the proxy, must
+//! once straight to PostgreSQL (the lsngate-cluster cluster's primary) and once through the proxy, must
 //! get the same reply stream — the same messages in the same order, command tags, rows,
 //! SQLSTATEs and transaction states. It keeps the whole class of ordering bugs fixed (a simple
 //! Query after unsynced extended messages, errors in the middle of a pipeline, Flush, COPY, the
@@ -37,8 +37,8 @@ use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use bytes::BytesMut;
+use lsngate_cluster::{Cluster, shared_cluster};
 use lsngate_proxy::net::FrontendMessage;
-use lsngate_testkit::{Cluster, shared_cluster};
 
 use crate::support::*;
 use case::{Case, END_QUERY, Exclusions, Msg, Step};

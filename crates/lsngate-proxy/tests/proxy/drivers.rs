@@ -13,7 +13,7 @@ use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use crate::support::*;
-use lsngate_testkit::{Cluster, shared_cluster};
+use lsngate_cluster::{Cluster, shared_cluster};
 
 const PGJDBC_JAR: &str = "/usr/share/java/postgresql.jar";
 /// Debian's Go sources (golang-github-jackc-pgx-v4-dev and its dependencies), built in GOPATH

@@ -3,7 +3,7 @@
 use std::time::{Duration, Instant};
 
 use crate::support::*;
-use lsngate_testkit::{Cluster, ClusterConfig, shared_cluster};
+use lsngate_cluster::{Cluster, ClusterConfig, shared_cluster};
 
 #[test]
 fn a_backend_dying_mid_statement_gives_an_error_and_nothing_is_replayed() {
@@ -236,7 +236,7 @@ fn a_reload_that_changes_the_node_list_applies_without_a_restart() {
 /// fail on command; health checks go through the forwarder too.
 fn proxy_through(
     cluster: &Cluster,
-    forwarded: &lsngate_testkit::Forwarder,
+    forwarded: &lsngate_cluster::Forwarder,
     replica: bool,
     change: impl FnOnce(&mut lsngate_proxy::FileConfig),
 ) -> TestProxy {
@@ -264,12 +264,12 @@ fn url_port(url: &str) -> u16 {
 #[test]
 fn a_replica_that_resets_new_connections_costs_reads_nothing() {
     let cluster = shared_cluster();
-    let forwarder = lsngate_testkit::Forwarder::start(cluster.replica(0).port()).unwrap();
+    let forwarder = lsngate_cluster::Forwarder::start(cluster.replica(0).port()).unwrap();
     // The monitor checks rarely: the reads meet the fault before it does.
     let proxy = proxy_through(cluster, &forwarder, true, |f| {
         f.health_interval_ms = Some(60_000)
     });
-    forwarder.set(lsngate_testkit::Fault::Reset);
+    forwarder.set(lsngate_cluster::Fault::Reset);
     rt().block_on(async {
         for mode in ["eventual", "session"] {
             let client = connect(&format!(
@@ -342,14 +342,14 @@ fn a_write_on_a_primary_that_stopped_answering_is_reported_unknown_not_hung() {
         .primary()
         .sql(&format!("CREATE TABLE {t} (id int)"))
         .unwrap();
-    let forwarder = lsngate_testkit::Forwarder::start(cluster.primary().port()).unwrap();
+    let forwarder = lsngate_cluster::Forwarder::start(cluster.primary().port()).unwrap();
     let proxy = proxy_through(cluster, &forwarder, false, |f| {
         f.connect_timeout_ms = Some(1000)
     });
     rt().block_on(async {
         let client = connect(&proxy.conninfo()).await;
         client.batch_execute("SELECT 1").await.unwrap();
-        forwarder.set(lsngate_testkit::Fault::Blackhole);
+        forwarder.set(lsngate_cluster::Fault::Blackhole);
         let insert = format!("INSERT INTO {t} VALUES (1)");
         let outcome = tokio::time::timeout(Duration::from_secs(30), client.batch_execute(&insert))
             .await
@@ -417,7 +417,7 @@ fn a_commit_whose_position_was_lost_with_the_primary_is_never_read_stale() {
         .sql(&format!("CREATE TABLE {t} (id int PRIMARY KEY)"))
         .unwrap();
     caught_up(&cluster);
-    let forwarder = lsngate_testkit::Forwarder::start(cluster.primary().port()).unwrap();
+    let forwarder = lsngate_cluster::Forwarder::start(cluster.primary().port()).unwrap();
     // The monitor's polls pass: only the session's connection meets the cut.
     forwarder.spare("lsngate-proxy-monitor");
     let mut file = file_config(&cluster);
@@ -437,7 +437,7 @@ fn a_commit_whose_position_was_lost_with_the_primary_is_never_read_stale() {
         cluster.replica(0).pause_replay().unwrap();
         // The INSERT's CommandComplete and ReadyForQuery pass, its position does not, and the
         // primary can then not be reached at all.
-        forwarder.set(lsngate_testkit::Fault::CutAfterReady);
+        forwarder.set(lsngate_cluster::Fault::CutAfterReady);
         client
             .batch_execute(&format!("INSERT INTO {t} VALUES (2)"))
             .await
@@ -447,7 +447,7 @@ fn a_commit_whose_position_was_lost_with_the_primary_is_never_read_stale() {
             Ok(row) => assert_eq!(row.get::<_, i64>(0), 1, "an acknowledged write was missed"),
             Err(e) => println!("read while the primary is unreachable: {e}"),
         }
-        forwarder.set(lsngate_testkit::Fault::None);
+        forwarder.set(lsngate_cluster::Fault::None);
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
             match client.query_one(&read, &[]).await {

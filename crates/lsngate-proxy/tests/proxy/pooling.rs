@@ -7,7 +7,7 @@
 use std::time::Duration;
 
 use crate::support::*;
-use lsngate_testkit::{Node, shared_cluster};
+use lsngate_cluster::{Node, shared_cluster};
 
 /// How many server connections carry `application_name` on `node`.
 fn sessions_named(node: &Node, application_name: &str) -> usize {

@@ -3,10 +3,10 @@
 use std::io::{Read, Write};
 
 use crate::support::*;
-use lsngate_testkit::shared_cluster;
+use lsngate_cluster::shared_cluster;
 
 /// psql on the proxy, unaligned and tuples only, no psqlrc.
-fn psql(cluster: &lsngate_testkit::Cluster, proxy: &TestProxy) -> std::process::Command {
+fn psql(cluster: &lsngate_cluster::Cluster, proxy: &TestProxy) -> std::process::Command {
     let mut command = std::process::Command::new(cluster.pg_bin().tool("psql"));
     command.args(["-X", "-A", "-t", "-d", &proxy.conninfo()]);
     command

@@ -1,7 +1,7 @@
 //! Read/write splitting, hints, 25006 re-runs, prepared statements across backends.
 
 use crate::support::*;
-use lsngate_testkit::shared_cluster;
+use lsngate_cluster::shared_cluster;
 
 async fn on_replica(client: &tokio_postgres::Client, sql: &str) -> bool {
     let row = client

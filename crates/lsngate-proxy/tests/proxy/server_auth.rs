@@ -9,9 +9,9 @@ use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use crate::support::*;
+use lsngate_cluster::{Cluster, ClusterConfig, Node};
 use lsngate_proxy::FileConfig;
 use lsngate_proxy::config::UserEntry;
-use lsngate_testkit::{Cluster, ClusterConfig, Node};
 use tokio_postgres::error::SqlState;
 
 const ROLE: &str = "scram_app";
@@ -19,7 +19,7 @@ const ROLE: &str = "scram_app";
 const REPORTER: &str = "reporter";
 
 /// Primary + replica where ROLE and REPORTER must log in with scram-sha-256 over TCP (the
-/// testkit's own user stays trusted).
+/// cluster's own user stays trusted).
 fn scram_cluster() -> &'static Cluster {
     static CLUSTER: OnceLock<&'static Cluster> = OnceLock::new();
     CLUSTER.get_or_init(|| {

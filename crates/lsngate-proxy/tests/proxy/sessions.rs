@@ -4,9 +4,9 @@
 use std::process::Command;
 
 use crate::support::*;
+use lsngate_cluster::{Cluster, shared_cluster};
 use lsngate_proxy::config::UserEntry;
 use lsngate_proxy::{Config, PoolMode};
-use lsngate_testkit::{Cluster, shared_cluster};
 
 fn user(name: &str, password: &str, auth: &str) -> UserEntry {
     UserEntry::new(name, Some(password), auth)

@@ -5,7 +5,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use crate::support::*;
-use lsngate_testkit::shared_cluster;
+use lsngate_cluster::shared_cluster;
 
 pub fn example_binary() -> std::path::PathBuf {
     let exe = std::env::current_exe().unwrap();

@@ -9,7 +9,7 @@ use bytes::{BufMut, Bytes, BytesMut};
 use lsngate_proxy::net::{BackendMessage, FrontendMessage, StartupFrame, decode_frame};
 
 use crate::support::*;
-use lsngate_testkit::shared_cluster;
+use lsngate_cluster::shared_cluster;
 
 /// What came back for one flight, up to its ReadyForQuery.
 #[derive(Debug, Default)]

@@ -1,4 +1,4 @@
-//! Test support: an in-process proxy on 127.0.0.1:0 in front of a testkit cluster, on its own
+//! Test support: an in-process proxy on 127.0.0.1:0 in front of a lsngate-cluster cluster, on its own
 //! runtime thread so blocking clients (psql, pgbench, python, node) can talk to it.
 
 use std::net::SocketAddr;
@@ -6,8 +6,8 @@ use std::process::{Command, Output};
 use std::sync::Arc;
 use std::time::Duration;
 
+use lsngate_cluster::Cluster;
 use lsngate_proxy::{Config, FileConfig, Proxy};
-use lsngate_testkit::Cluster;
 use tokio::sync::watch;
 
 pub struct TestProxy {
@@ -168,7 +168,7 @@ pub fn unique(prefix: &str) -> String {
 /// Waits (at most 30 s) until a statement containing `marker` runs on one of the cluster's
 /// servers, so that a cancel sent now finds it there (a cancel sent after a fixed sleep could
 /// arrive before the statement and be ignored, and the statement then ran to its end).
-pub fn wait_running(nodes: &[lsngate_testkit::Node], marker: &str) {
+pub fn wait_running(nodes: &[lsngate_cluster::Node], marker: &str) {
     let sql = format!(
         "SELECT count(*) FROM pg_stat_activity WHERE state = 'active' \
          AND query LIKE '%{marker}%' AND pid <> pg_backend_pid()"

@@ -9,8 +9,8 @@ use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use crate::support::*;
+use lsngate_cluster::{Cluster, ClusterConfig, Node, TestCa};
 use lsngate_proxy::FileConfig;
-use lsngate_testkit::{Cluster, ClusterConfig, Node, TestCa};
 
 /// A role that logs in with a client certificate only.
 const CERT_ROLE: &str = "cert_user";

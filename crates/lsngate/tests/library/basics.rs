@@ -3,7 +3,7 @@
 use std::time::{Duration, SystemTime};
 
 use lsngate::{Error, Fallback, FallbackReason, Lsn, ServedBy, Token, TokenCodec, TokenError};
-use lsngate_testkit::shared_cluster;
+use lsngate_cluster::shared_cluster;
 
 use crate::support::{self, Forwarder};
 

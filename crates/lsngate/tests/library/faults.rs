@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use lsngate::{Fallback, FallbackReason, GuardConfig, Role, ServedBy, WhenGuarded};
-use lsngate_testkit::{Cluster, ClusterConfig};
+use lsngate_cluster::{Cluster, ClusterConfig};
 
 use crate::support::{self, Forwarder};
 
@@ -715,7 +715,7 @@ async fn an_orphan_ahead_of_the_fork_point_serves_no_read() {
         .sql("INSERT INTO rw_fork VALUES (1, 'old')")
         .unwrap();
     cluster.wait_caught_up(Duration::from_secs(30)).unwrap();
-    let front = lsngate_testkit::Forwarder::start(cluster.primary().port()).unwrap();
+    let front = lsngate_cluster::Forwarder::start(cluster.primary().port()).unwrap();
     let primary_url = format!("postgres://postgres@127.0.0.1:{}/postgres", front.port());
     let gate = lsngate::Gate::connect(
         lsngate::Config::new(primary_url)

@@ -1,4 +1,4 @@
-//! Test helpers: gates on testkit clusters, an insert-then-read loop that counts stale reads,
+//! Test helpers: gates on lsngate-cluster clusters, an insert-then-read loop that counts stale reads,
 //! and a TCP forwarder that can stand in for a load balancer and counts network flights.
 
 use std::collections::HashMap;
@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use lsngate::{Config, Gate, Read, ServedBy};
-use lsngate_testkit::Cluster;
+use lsngate_cluster::Cluster;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::time::Instant;

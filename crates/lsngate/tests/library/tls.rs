@@ -8,7 +8,7 @@ use std::sync::OnceLock;
 use std::time::Duration;
 
 use lsngate::{Config, Error, Gate, ServedBy};
-use lsngate_testkit::{Cluster, ClusterConfig, Node, TestCa};
+use lsngate_cluster::{Cluster, ClusterConfig, Node, TestCa};
 
 const SSL_SQL: &str =
     "SELECT ssl, pg_is_in_recovery() FROM pg_stat_ssl WHERE pid = pg_backend_pid()";

@@ -55,7 +55,7 @@ pub struct Conn {
 }
 
 impl Conn {
-    /// Connects and logs in as `postgres` to database `postgres` (trust: the testkit's servers
+    /// Connects and logs in as `postgres` to database `postgres` (trust: lsngate-cluster's servers
     /// and the test proxy trust loopback clients).
     pub fn connect(addr: SocketAddr) -> Result<Conn, String> {
         let stream =
@@ -89,7 +89,7 @@ impl Conn {
                 b'R' if frame.body[..4] == [0, 0, 0, 0] => {}
                 b'R' => {
                     return Err(format!(
-                        "{addr} asked for authentication method {:?}; the checker logs in with trust only (loopback clients of the testkit cluster and the test proxy)",
+                        "{addr} asked for authentication method {:?}; the checker logs in with trust only (loopback clients of the lsngate-cluster cluster and the test proxy)",
                         &frame.body[..4]
                     ));
                 }

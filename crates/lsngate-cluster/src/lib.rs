@@ -1,9 +1,12 @@
-//! lsngate-testkit: real PostgreSQL clusters — one primary and N streaming replicas on
-//! 127.0.0.1 — for tests, the benchmark and `lsngate cluster`. Never a mock: every helper here
-//! starts, stops, pauses or promotes an actual server.
+//! lsngate-cluster: real PostgreSQL clusters — one primary and N streaming replicas on
+//! 127.0.0.1. A product crate first: the `lsngate cluster` command and `lsngate bench` ship it;
+//! every test in the workspace runs against its servers too, and its fault helpers (pause
+//! replay, SIGSTOP, kill, promote, the `Forwarder` that delays, resets or blackholes a
+//! connection) serve both. Never a mock: every helper here starts, stops, pauses or promotes an
+//! actual server. (It was `lsngate-testkit` until 2026-12-04.)
 //!
 //! ```no_run
-//! use lsngate_testkit::{Cluster, ClusterConfig};
+//! use lsngate_cluster::{Cluster, ClusterConfig};
 //! let cluster = Cluster::start(&ClusterConfig::default().replicas(2)).unwrap();
 //! cluster.primary().sql("CREATE TABLE t (id int)").unwrap();
 //! cluster.replica(0).pause_replay().unwrap();
@@ -32,7 +35,7 @@ pub use pgbin::{BUNDLE_BIN, PG_BIN_ENV, PgBin};
 pub use process::SERVER_USER;
 pub use tls::{ClusterTls, Issued, TestCa};
 
-/// Everything the testkit can fail with; each message says what to do about it.
+/// Everything lsngate-cluster can fail with; each message says what to do about it.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     #[error(

@@ -6,7 +6,7 @@
 use std::os::unix::fs::PermissionsExt;
 use std::time::Duration;
 
-use lsngate_testkit::{Cluster, ClusterConfig, Error, SyncMode, shared_cluster};
+use lsngate_cluster::{Cluster, ClusterConfig, Error, SyncMode, shared_cluster};
 
 const SETTLE: Duration = Duration::from_secs(30);
 

@@ -401,7 +401,7 @@ impl Drop for Cluster {
             && let Err(e) = self.teardown()
         {
             eprintln!(
-                "lsngate-testkit: stopping cluster {}: {e}",
+                "lsngate-cluster: stopping cluster {}: {e}",
                 self.dir.display()
             );
         }
@@ -529,7 +529,7 @@ fn prepend_hba(node: &Node, rules: &[String]) -> Result<(), Error> {
     let path = node.data_dir().join("pg_hba.conf");
     let existing = std::fs::read_to_string(&path)
         .map_err(|e| Error::io(format!("read {}", path.display()), e))?;
-    let mut text = String::from("# lsngate-testkit: ClusterConfig::hba rules\n");
+    let mut text = String::from("# lsngate-cluster: ClusterConfig::hba rules\n");
     for rule in rules {
         text.push_str(rule);
         text.push('\n');
