@@ -8,7 +8,19 @@ use bytes::{Buf, BytesMut};
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 
 use crate::net::backend::TxStatus;
-use crate::net::{Frame, decode_frame, whole_frame};
+use crate::net::{Frame, ProtocolError, decode_frame, whole_frame};
+
+/// Why reading from the client failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ReadError {
+    /// The bytes are not PostgreSQL protocol 3 (or a message is over the size limit): the
+    /// client gets a FATAL 08P01 saying so before the connection closes.
+    #[error(transparent)]
+    Protocol(#[from] ProtocolError),
+    /// The socket failed: nothing can be said to the client.
+    #[error(transparent)]
+    Io(#[from] std::io::Error),
+}
 
 /// A client connection: plain TCP or TLS over it.
 pub trait ClientSocket: AsyncRead + AsyncWrite + Unpin + Send {
@@ -108,7 +120,7 @@ impl ClientIo {
     }
 
     /// The next message, `None` when the client closed the connection. Cancel-safe.
-    pub async fn recv(&mut self) -> Result<Option<Frame>, anyhow::Error> {
+    pub async fn recv(&mut self) -> Result<Option<Frame>, ReadError> {
         Ok(match self.incoming().await? {
             Some(Incoming::Query(_)) => Some(self.take_buffered()),
             Some(Incoming::Frame(frame)) => Some(frame),
@@ -122,15 +134,12 @@ impl ClientIo {
     // runs for every message (about 50 instructions per statement under callgrind).
     pub fn incoming(
         &mut self,
-    ) -> impl Future<Output = Result<Option<Incoming>, anyhow::Error>> + Send + '_ {
+    ) -> impl Future<Output = Result<Option<Incoming>, ReadError>> + Send + '_ {
         std::future::poll_fn(move |cx| self.poll_next(cx))
     }
 
     /// [`ClientIo::incoming`] as a poll.
-    pub fn poll_next(
-        &mut self,
-        cx: &mut Context<'_>,
-    ) -> Poll<Result<Option<Incoming>, anyhow::Error>> {
+    pub fn poll_next(&mut self, cx: &mut Context<'_>) -> Poll<Result<Option<Incoming>, ReadError>> {
         loop {
             if let Some(len) = whole_frame(&mut self.read_buf, self.max_len)? {
                 if self.read_buf[0] == b'Q' {

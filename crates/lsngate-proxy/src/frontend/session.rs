@@ -11,7 +11,7 @@ use tokio::sync::watch;
 
 use super::attached::{Attached, Substitute};
 use super::causal::ClientFloors;
-use super::client_io::{ClientIo, Incoming};
+use super::client_io::{ClientIo, Incoming, ReadError};
 use super::client_statement::{ClientStatement, statement_identity};
 use super::router::{
     Class, Hints, LocalCommand, RouteHint, comment_hints, local_command, setting_reset,
@@ -226,7 +226,7 @@ impl Session {
 
     async fn run_loop(&mut self) -> anyhow::Result<()> {
         enum Event {
-            Client(anyhow::Result<Option<Incoming>>),
+            Client(Result<Option<Incoming>, ReadError>),
             Backend(Result<(), crate::backend::BackendError>),
             Shutdown,
         }
@@ -274,14 +274,14 @@ impl Session {
                 Event::Client(Err(e)) => {
                     metrics::counter!("lsngate_proxy_errors_total", "kind" => "protocol")
                         .increment(1);
-                    if e.downcast_ref::<ProtocolError>().is_some() {
+                    if let ReadError::Protocol(protocol) = &e {
                         self.io.queue(&crate::net::backend::build::fatal(
                             sqlstate::PROTOCOL_VIOLATION,
-                            &e.to_string(),
+                            &protocol.to_string(),
                         ));
                         let _ = self.io.flush().await;
                     }
-                    return Err(e);
+                    return Err(e.into());
                 }
                 Event::Shutdown => {
                     shutdown_seen = true;
