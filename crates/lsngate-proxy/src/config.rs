@@ -10,7 +10,7 @@ use std::time::Duration;
 use serde::Deserialize;
 
 use crate::backend::PoolLimits;
-use crate::frontend::auth::{Credential, ScramVerifier, md5_stored};
+use crate::auth::{Credential, ScramVerifier, md5_stored};
 
 /// Why a configuration cannot be used.
 #[derive(Debug, thiserror::Error)]

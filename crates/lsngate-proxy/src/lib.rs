@@ -4,14 +4,16 @@
 //! 127.0.0.1:0) and `run_cli` is what the `lsngate proxy` command calls. Read-your-writes
 //! (causal reads) rides in the same backend flights as the client's statements (`causal/`).
 //!
-//! Layout: `net/` the pure message codec, `frontend/` client sessions, auth and routing,
-//! `backend/` server connections, pools and the health/role monitor, `causal/` floors, waits and
-//! the replay-position watcher, `admin/` HTTP metrics and status, `config` the TOML file and
-//! flags, `socket` plain TCP reads and writes on tokio's readiness, `timer` the timer thread.
+//! Layout: `net/` the pure message codec, `auth` SCRAM/MD5 for both sides of a login,
+//! `frontend/` client sessions and routing, `backend/` server connections, pools and the
+//! health/role monitor, `causal/` floors, waits and the replay-position watcher, `admin/` HTTP
+//! metrics and status, `config` the TOML file and flags, `socket` plain TCP reads and writes on
+//! tokio's readiness, `timer` the timer thread.
 
 #![warn(missing_docs)]
 
 pub mod admin;
+pub mod auth;
 pub mod backend;
 pub mod causal;
 pub mod config;

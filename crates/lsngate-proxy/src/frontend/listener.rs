@@ -13,7 +13,7 @@ use tokio::sync::watch;
 use tokio::task::JoinSet;
 
 use super::Proxy;
-use super::auth::{Credential, ScramExchange, md5_response};
+use crate::auth::{Credential, ScramExchange, md5_response};
 use super::session::{ClientIo, ClientSocket, Session};
 use crate::net::backend::build;
 use crate::net::{ErrorFields, Frame, FrontendMessage, StartupFrame, startup::decode_startup};
@@ -272,7 +272,7 @@ async fn authenticate(
             io.flush().await?;
             let answer = cstring(&read_auth_response(io).await?);
             if answer != md5_response(hash, salt) {
-                anyhow::bail!(super::auth::AuthError::BadPassword(user.to_string()));
+                anyhow::bail!(crate::auth::AuthError::BadPassword(user.to_string()));
             }
         }
         Credential::Scram(verifier) => {

@@ -1,9 +1,8 @@
-//! The client side: the listener and handshake (`listener`), authentication (`auth`), the
-//! per-client session loop (`session`) and statement classification (`router`). `Proxy` is the
+//! The client side: the listener and handshake (`listener`, checking logins with `crate::auth`),
+//! the per-client session loop (`session`) and statement classification (`router`). `Proxy` is the
 //! state every session shares — config snapshot, nodes and pools, the classification cache and
 //! the cancel-key registry — passed in explicitly, never read from a global.
 
-pub mod auth;
 mod causal;
 mod commands;
 mod copy;
