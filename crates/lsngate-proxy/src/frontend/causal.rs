@@ -17,7 +17,8 @@ use super::router::{Class, RouteHint};
 use super::session::Session;
 use crate::backend::Target;
 use crate::backend::timeline::Need;
-use crate::causal::{Consistency, Floor, Level, Outcome, SQLSTATE_GUARDED, SQLSTATE_NOT_CAUGHT_UP};
+use crate::causal::{Floor, Outcome, SQLSTATE_GUARDED, SQLSTATE_NOT_CAUGHT_UP};
+use crate::config::{Consistency, Level};
 use crate::net::backend::build;
 use crate::net::{ErrorFields, FrontendMessage};
 

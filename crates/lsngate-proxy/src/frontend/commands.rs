@@ -16,8 +16,7 @@ use bytes::Bytes;
 use super::causal::ClientFloors;
 use super::router::{LocalCommand, RouteHint, Verb};
 use super::session::Session;
-use crate::causal::Consistency;
-use crate::config::Config;
+use crate::config::{Config, Consistency};
 use crate::net::backend::build;
 use crate::net::{ErrorFields, Frame, FrontendMessage};
 
@@ -286,7 +285,7 @@ impl Session {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::causal::Level;
+    use crate::config::Level;
     use crate::config::FileConfig;
 
     fn config() -> Config {

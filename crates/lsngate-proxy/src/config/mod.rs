@@ -9,8 +9,13 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-use crate::backend::PoolLimits;
 use crate::auth::{Credential, ScramVerifier, md5_stored};
+
+mod causal;
+mod pool;
+
+pub use causal::{CausalConfig, Consistency, Level};
+pub use pool::{PoolLimits, PoolMode};
 
 /// Why a configuration cannot be used.
 #[derive(Debug, thiserror::Error)]
@@ -104,19 +109,6 @@ fn tls_settings(cert: &Path, key: &Path, required: bool) -> Result<TlsSettings, 
         acceptor: tokio_rustls::TlsAcceptor::from(Arc::new(config)),
         required,
     })
-}
-
-/// Pooling mode.
-#[derive(
-    Debug, Clone, Copy, PartialEq, Eq, Deserialize, clap::ValueEnum, Default, serde::Serialize,
-)]
-#[serde(rename_all = "lowercase")]
-pub enum PoolMode {
-    /// A backend serves a client for one transaction (or one autocommit statement).
-    #[default]
-    Transaction,
-    /// A backend serves one client for its whole session.
-    Session,
 }
 
 /// A user clients may log in as.
@@ -423,7 +415,7 @@ pub struct Config {
     /// Client TLS, when configured.
     pub tls: Option<TlsSettings>,
     /// Causal-read settings.
-    pub causal: crate::causal::CausalConfig,
+    pub causal: CausalConfig,
 }
 
 impl Config {
@@ -549,12 +541,12 @@ impl std::fmt::Debug for ServerLogin {
     }
 }
 
-fn causal_config(file: &FileConfig) -> Result<crate::causal::CausalConfig, ConfigError> {
+fn causal_config(file: &FileConfig) -> Result<CausalConfig, ConfigError> {
     use lsngate_core::{Fallback, TokenCodec, WhenGuarded};
     let bad = |key: &'static str, why: String| ConfigError::Causal { key, why };
-    let defaults = crate::causal::CausalConfig::default();
+    let defaults = CausalConfig::default();
     let consistency = match &file.consistency {
-        Some(text) => crate::causal::Consistency::parse(text).map_err(|e| bad("consistency", e))?,
+        Some(text) => Consistency::parse(text).map_err(|e| bad("consistency", e))?,
         None => defaults.consistency,
     };
     let fallback = match file
@@ -628,7 +620,7 @@ fn causal_config(file: &FileConfig) -> Result<crate::causal::CausalConfig, Confi
         }
         _ => (TokenCodec::unsigned(), false),
     };
-    Ok(crate::causal::CausalConfig {
+    Ok(CausalConfig {
         consistency,
         wait_timeout: file
             .wait_timeout_ms

@@ -1,10 +1,52 @@
-//! Consistency modes: which writes a client's read must see. Pure values; the floors themselves
-//! and their merge rule are `lsngate_core::Floor` (re-exported here), the session decides when a
-//! floor rises and `frontend::causal` where a read goes.
+//! Causal-read settings: the consistency modes (which writes a client's read must see) and the
+//! budget, fallback, guard, token and polling settings every session starts from. Pure values,
+//! here with the rest of the config so that config imports nothing above it; what the proxy does
+//! with them — issuing and verifying tokens, merging floors (`lsngate_core::Floor`), deciding
+//! where a read goes — is `causal` and `frontend::causal`.
 
 use std::fmt;
+use std::time::Duration;
 
-pub use lsngate_core::Floor;
+use lsngate_core::{Fallback, GuardConfig, LagBound, TokenCodec, WhenGuarded};
+
+/// Causal-read settings, from the config file and flags.
+#[derive(Debug, Clone)]
+pub struct CausalConfig {
+    /// Default mode of new clients.
+    pub consistency: Consistency,
+    /// Budget a read may wait on a replica for its floor.
+    pub wait_timeout: Duration,
+    /// What a read does when its budget is spent.
+    pub fallback: Fallback,
+    /// Limits of the fallback cap and breaker.
+    pub guard: GuardConfig,
+    /// What a fallback read does when the guard refuses it (`wait` or `fail`).
+    pub when_guarded: WhenGuarded,
+    /// Verifies (and, with a key, issues) the tokens of `SET lsngate.min_lsn`.
+    pub tokens: TokenCodec,
+    /// Whether tokens are signed (`lsngate.commit_token` carries a signature).
+    pub signed: bool,
+    /// How often every node's replay / insert position is polled.
+    pub replay_poll: Duration,
+    /// Lag bound for reads without a floor (none by default).
+    pub lag_bound: LagBound,
+}
+
+impl Default for CausalConfig {
+    fn default() -> Self {
+        CausalConfig {
+            consistency: Consistency::default(),
+            wait_timeout: Duration::from_millis(500),
+            fallback: Fallback::Primary,
+            guard: GuardConfig::default(),
+            when_guarded: WhenGuarded::Wait,
+            tokens: TokenCodec::unsigned(),
+            signed: false,
+            replay_poll: Duration::from_millis(20),
+            lag_bound: LagBound::default(),
+        }
+    }
+}
 
 /// Which writes a read must see.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
