@@ -9,6 +9,8 @@ use std::time::Duration;
 
 use lsngate_core::{Fallback, GuardConfig, LagBound, TokenCodec, WhenGuarded};
 
+use super::{ConfigError, FileConfig};
+
 /// Causal-read settings, from the config file and flags.
 #[derive(Debug, Clone)]
 pub struct CausalConfig {
@@ -141,6 +143,104 @@ impl fmt::Display for Consistency {
             (false, _) => f.write_str(level),
         }
     }
+}
+
+/// The causal settings of a file: each key, or its default.
+pub(super) fn causal_config(file: &FileConfig) -> Result<CausalConfig, ConfigError> {
+    let bad = |key: &'static str, why: String| ConfigError::Causal { key, why };
+    let defaults = CausalConfig::default();
+    let consistency = match &file.consistency {
+        Some(text) => Consistency::parse(text).map_err(|e| bad("consistency", e))?,
+        None => defaults.consistency,
+    };
+    let fallback = match file
+        .fallback
+        .as_deref()
+        .map(str::to_ascii_lowercase)
+        .as_deref()
+    {
+        None | Some("primary") => Fallback::Primary,
+        Some("error") => Fallback::Error,
+        Some("stale") => Fallback::Stale,
+        Some(other) => {
+            return Err(bad(
+                "fallback",
+                format!("{other:?}; use primary, error or stale"),
+            ));
+        }
+    };
+    let when_guarded = match file
+        .when_guarded
+        .as_deref()
+        .map(str::to_ascii_lowercase)
+        .as_deref()
+    {
+        None | Some("wait") => WhenGuarded::Wait,
+        Some("fail") => WhenGuarded::FailFast,
+        Some(other) => return Err(bad("when_guarded", format!("{other:?}; use wait or fail"))),
+    };
+    let ratio = file
+        .breaker_ratio
+        .unwrap_or(defaults.guard.max_fallback_ratio);
+    if !(0.0..=1.0).contains(&ratio) {
+        return Err(bad(
+            "breaker_ratio",
+            format!("{ratio} is not between 0 and 1"),
+        ));
+    }
+    let guard = lsngate_core::GuardConfig {
+        max_concurrent: file
+            .fallback_cap
+            .unwrap_or(defaults.guard.max_concurrent)
+            .max(1),
+        window: file
+            .breaker_window_ms
+            .map(Duration::from_millis)
+            .unwrap_or(defaults.guard.window),
+        min_reads: file.breaker_min_reads.unwrap_or(defaults.guard.min_reads),
+        max_fallback_ratio: ratio,
+        open_for: file
+            .breaker_open_ms
+            .map(Duration::from_millis)
+            .unwrap_or(defaults.guard.open_for),
+    };
+    let (tokens, signed) = match (
+        &file.token_secret,
+        file.require_signed_tokens.unwrap_or(false),
+    ) {
+        (Some(secret), require) if !secret.is_empty() => {
+            let mut codec =
+                TokenCodec::signed(secret.as_bytes().to_vec()).accept_unsigned(!require);
+            if let Some(ttl) = file.token_ttl_s {
+                codec = codec.with_ttl(Duration::from_secs(ttl));
+            }
+            (codec, true)
+        }
+        (_, true) => {
+            return Err(bad(
+                "require_signed_tokens",
+                "needs token_secret (the HTTP helpers' HMAC key)".into(),
+            ));
+        }
+        _ => (TokenCodec::unsigned(), false),
+    };
+    Ok(CausalConfig {
+        consistency,
+        wait_timeout: file
+            .wait_timeout_ms
+            .map(Duration::from_millis)
+            .unwrap_or(defaults.wait_timeout),
+        fallback,
+        guard,
+        when_guarded,
+        tokens,
+        signed,
+        replay_poll: Duration::from_millis(file.replay_poll_ms.unwrap_or(20).max(1)),
+        lag_bound: lsngate_core::LagBound {
+            max_bytes: file.max_replica_lag_bytes,
+            max_lag: file.max_replica_lag_ms.map(Duration::from_millis),
+        },
+    })
 }
 
 #[cfg(test)]

@@ -285,8 +285,8 @@ impl Session {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::Level;
     use crate::config::FileConfig;
+    use crate::config::Level;
 
     fn config() -> Config {
         Config::build(FileConfig {

@@ -13,8 +13,8 @@ use tokio::sync::watch;
 use tokio::task::JoinSet;
 
 use super::Proxy;
-use crate::auth::{Credential, ScramExchange, md5_response};
 use super::session::{ClientIo, ClientSocket, Session};
+use crate::auth::{Credential, ScramExchange, md5_response};
 use crate::net::backend::build;
 use crate::net::{ErrorFields, Frame, FrontendMessage, StartupFrame, startup::decode_startup};
 
