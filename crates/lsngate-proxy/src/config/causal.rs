@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use lsngate_core::{Fallback, GuardConfig, LagBound, TokenCodec, WhenGuarded};
 
-use super::{ConfigError, FileConfig};
+use super::{ConfigError, FileConfig, defaults};
 
 /// Causal-read settings, from the config file and flags.
 #[derive(Debug, Clone)]
@@ -38,13 +38,13 @@ impl Default for CausalConfig {
     fn default() -> Self {
         CausalConfig {
             consistency: Consistency::default(),
-            wait_timeout: Duration::from_millis(500),
-            fallback: Fallback::Primary,
+            wait_timeout: Duration::from_millis(defaults::WAIT_TIMEOUT_MS),
+            fallback: Fallback::default(),
             guard: GuardConfig::default(),
-            when_guarded: WhenGuarded::Wait,
+            when_guarded: WhenGuarded::default(),
             tokens: TokenCodec::unsigned(),
             signed: false,
-            replay_poll: Duration::from_millis(20),
+            replay_poll: Duration::from_millis(defaults::REPLAY_POLL_MS),
             lag_bound: LagBound::default(),
         }
     }
@@ -148,10 +148,10 @@ impl fmt::Display for Consistency {
 /// The causal settings of a file: each key, or its default.
 pub(super) fn causal_config(file: &FileConfig) -> Result<CausalConfig, ConfigError> {
     let bad = |key: &'static str, why: String| ConfigError::Causal { key, why };
-    let defaults = CausalConfig::default();
+    let default = CausalConfig::default();
     let consistency = match &file.consistency {
         Some(text) => Consistency::parse(text).map_err(|e| bad("consistency", e))?,
-        None => defaults.consistency,
+        None => default.consistency,
     };
     let fallback = match file
         .fallback
@@ -159,7 +159,8 @@ pub(super) fn causal_config(file: &FileConfig) -> Result<CausalConfig, ConfigErr
         .map(str::to_ascii_lowercase)
         .as_deref()
     {
-        None | Some("primary") => Fallback::Primary,
+        None => default.fallback,
+        Some("primary") => Fallback::Primary,
         Some("error") => Fallback::Error,
         Some("stale") => Fallback::Stale,
         Some(other) => {
@@ -175,13 +176,14 @@ pub(super) fn causal_config(file: &FileConfig) -> Result<CausalConfig, ConfigErr
         .map(str::to_ascii_lowercase)
         .as_deref()
     {
-        None | Some("wait") => WhenGuarded::Wait,
+        None => default.when_guarded,
+        Some("wait") => WhenGuarded::Wait,
         Some("fail") => WhenGuarded::FailFast,
         Some(other) => return Err(bad("when_guarded", format!("{other:?}; use wait or fail"))),
     };
     let ratio = file
         .breaker_ratio
-        .unwrap_or(defaults.guard.max_fallback_ratio);
+        .unwrap_or(default.guard.max_fallback_ratio);
     if !(0.0..=1.0).contains(&ratio) {
         return Err(bad(
             "breaker_ratio",
@@ -191,22 +193,23 @@ pub(super) fn causal_config(file: &FileConfig) -> Result<CausalConfig, ConfigErr
     let guard = lsngate_core::GuardConfig {
         max_concurrent: file
             .fallback_cap
-            .unwrap_or(defaults.guard.max_concurrent)
+            .unwrap_or(default.guard.max_concurrent)
             .max(1),
         window: file
             .breaker_window_ms
             .map(Duration::from_millis)
-            .unwrap_or(defaults.guard.window),
-        min_reads: file.breaker_min_reads.unwrap_or(defaults.guard.min_reads),
+            .unwrap_or(default.guard.window),
+        min_reads: file.breaker_min_reads.unwrap_or(default.guard.min_reads),
         max_fallback_ratio: ratio,
         open_for: file
             .breaker_open_ms
             .map(Duration::from_millis)
-            .unwrap_or(defaults.guard.open_for),
+            .unwrap_or(default.guard.open_for),
     };
     let (tokens, signed) = match (
         &file.token_secret,
-        file.require_signed_tokens.unwrap_or(false),
+        file.require_signed_tokens
+            .unwrap_or(defaults::REQUIRE_SIGNED_TOKENS),
     ) {
         (Some(secret), require) if !secret.is_empty() => {
             let mut codec =
@@ -229,13 +232,17 @@ pub(super) fn causal_config(file: &FileConfig) -> Result<CausalConfig, ConfigErr
         wait_timeout: file
             .wait_timeout_ms
             .map(Duration::from_millis)
-            .unwrap_or(defaults.wait_timeout),
+            .unwrap_or(default.wait_timeout),
         fallback,
         guard,
         when_guarded,
         tokens,
         signed,
-        replay_poll: Duration::from_millis(file.replay_poll_ms.unwrap_or(20).max(1)),
+        replay_poll: Duration::from_millis(
+            file.replay_poll_ms
+                .unwrap_or(defaults::REPLAY_POLL_MS)
+                .max(1),
+        ),
         lag_bound: lsngate_core::LagBound {
             max_bytes: file.max_replica_lag_bytes,
             max_lag: file.max_replica_lag_ms.map(Duration::from_millis),

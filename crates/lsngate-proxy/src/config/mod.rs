@@ -4,17 +4,18 @@
 //!
 //! A leaf: it imports `auth` (verifiers) and `net` (the message-size default) and nothing else of
 //! the crate, so every layer may read its settings. This file holds the finished [`Config`] and
-//! how a [`FileConfig`] becomes it; each idea it draws on has a file of its own — the keys as
+//! how a [`FileConfig`] and the flags of [`ProxyArgs`] become it; each idea it draws on has a file of its own — the keys as
 //! written (`file`), node URLs (`node_url`), users and server logins (`users`), client TLS
 //! (`tls`), pooling (`pool`) and causal reads (`causal`).
 
 use std::net::SocketAddr;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use crate::auth::Credential;
 
 mod causal;
+pub mod defaults;
 mod file;
 mod node_url;
 mod pool;
@@ -72,6 +73,29 @@ pub enum ConfigError {
     Tls(String),
 }
 
+/// Options of `lsngate proxy`. Flags override the config file; the file overrides defaults. The
+/// flags are the file's keys ([`FileConfig`] is also their `clap::Args`), declared once.
+#[derive(Debug, Clone, Default, clap::Args)]
+pub struct ProxyArgs {
+    /// TOML config file (see the README for every key); re-read on SIGHUP.
+    #[arg(long, env = "LSNGATE_PROXY_CONFIG")]
+    pub config: Option<PathBuf>,
+    /// The keys given as flags.
+    #[command(flatten)]
+    pub flags: FileConfig,
+}
+
+impl ProxyArgs {
+    /// The config file (if any) with these flags applied on top, validated.
+    pub fn load(&self) -> Result<Config, ConfigError> {
+        let file = match &self.config {
+            Some(path) => Config::read_file(path)?,
+            None => FileConfig::default(),
+        };
+        Config::build(file.overlay(self.flags.clone()))
+    }
+}
+
 /// The finished configuration the proxy runs with.
 #[derive(Debug, Clone)]
 pub struct Config {
@@ -116,9 +140,7 @@ pub struct Config {
 impl Config {
     /// Builds the final config from a file (already parsed) with flag overrides applied on top.
     pub fn build(file: FileConfig) -> Result<Config, ConfigError> {
-        let listen = file
-            .listen
-            .unwrap_or_else(|| "127.0.0.1:6432".parse().expect("valid address"));
+        let listen = file.listen.unwrap_or(defaults::LISTEN);
         let primary = NodeUrl::parse_for(
             file.primary.as_deref().ok_or(ConfigError::NoPrimary)?,
             "the primary",
@@ -134,19 +156,39 @@ impl Config {
             admin_listen: file.admin_listen,
             nodes,
             pool_mode: file.pool_mode.unwrap_or_default(),
-            pool_size: file.pool_size.unwrap_or(20).max(1),
-            max_client_connections: file.max_client_connections.unwrap_or(1000),
-            threads: file.threads.unwrap_or(1).max(1),
-            acquire_timeout: Duration::from_millis(file.acquire_timeout_ms.unwrap_or(5000)),
-            connect_timeout: Duration::from_millis(file.connect_timeout_ms.unwrap_or(5000)),
-            health_interval: Duration::from_millis(file.health_interval_ms.unwrap_or(1000).max(10)),
-            server_idle_timeout: limit_ms(file.server_idle_timeout_ms.unwrap_or(600_000)),
-            server_lifetime: limit_ms(file.server_lifetime_ms.unwrap_or(3_600_000)),
+            pool_size: file.pool_size.unwrap_or(defaults::POOL_SIZE).max(1),
+            max_client_connections: file
+                .max_client_connections
+                .unwrap_or(defaults::MAX_CLIENT_CONNECTIONS),
+            threads: file.threads.unwrap_or(defaults::THREADS).max(1),
+            acquire_timeout: Duration::from_millis(
+                file.acquire_timeout_ms
+                    .unwrap_or(defaults::ACQUIRE_TIMEOUT_MS),
+            ),
+            connect_timeout: Duration::from_millis(
+                file.connect_timeout_ms
+                    .unwrap_or(defaults::CONNECT_TIMEOUT_MS),
+            ),
+            health_interval: Duration::from_millis(
+                file.health_interval_ms
+                    .unwrap_or(defaults::HEALTH_INTERVAL_MS)
+                    .max(10),
+            ),
+            server_idle_timeout: limit_ms(
+                file.server_idle_timeout_ms
+                    .unwrap_or(defaults::SERVER_IDLE_TIMEOUT_MS),
+            ),
+            server_lifetime: limit_ms(
+                file.server_lifetime_ms
+                    .unwrap_or(defaults::SERVER_LIFETIME_MS),
+            ),
             max_message_size: file
                 .max_message_size
-                .unwrap_or(crate::net::DEFAULT_MAX_MESSAGE_LEN)
+                .unwrap_or(defaults::MAX_MESSAGE_SIZE)
                 .max(1024),
-            retry_buffer_size: file.retry_buffer_size.unwrap_or(1 << 20),
+            retry_buffer_size: file
+                .retry_buffer_size
+                .unwrap_or(defaults::RETRY_BUFFER_SIZE),
             write_functions: file
                 .write_functions
                 .iter()
@@ -260,5 +302,40 @@ mod tests {
             .pool_limits();
         assert_eq!(limits.idle_timeout, None);
         assert_eq!(limits.lifetime, Some(Duration::from_millis(1500)));
+    }
+
+    #[test]
+    fn flags_lie_over_the_file_and_the_file_over_the_defaults() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("lsngate.toml");
+        let text = "primary = \"postgres://app@db1/app\"\nreplicas = [\"postgres://app@db2/app\"]\n\
+                    pool_size = 7\nthreads = 3\nwrite_functions = [\"audit\"]\n";
+        std::fs::write(&path, text).unwrap();
+        let mut args = ProxyArgs {
+            config: Some(path),
+            ..Default::default()
+        };
+        let config = args.load().unwrap();
+        assert_eq!(
+            (config.pool_size, config.threads, config.nodes.len()),
+            (7, 3, 2)
+        );
+        assert_eq!(
+            config.acquire_timeout,
+            Duration::from_millis(defaults::ACQUIRE_TIMEOUT_MS)
+        );
+        args.flags.pool_size = Some(9);
+        args.flags.replicas = vec![
+            "postgres://app@db3/app".into(),
+            "postgres://app@db4/app".into(),
+        ];
+        let config = args.load().unwrap();
+        assert_eq!(
+            (config.pool_size, config.threads, config.nodes.len()),
+            (9, 3, 3),
+            "a flag replaces its key, the file's other keys stay"
+        );
+        assert_eq!(config.nodes[1].address(), "db3:5432");
+        assert_eq!(config.write_functions, vec!["audit"], "not a flag: kept");
     }
 }
