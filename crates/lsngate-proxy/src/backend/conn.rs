@@ -16,8 +16,8 @@ use tokio::net::TcpStream;
 
 use lsngate_pgconn::{Attempt, Negotiated, PLAINTEXT_REFUSED_FIX, refuses_plaintext};
 
+use crate::auth::{md5_response, md5_stored, scram_client_final, scram_server_final_ok};
 use crate::config::{NodeUrl, ServerLogin, host_port};
-use crate::frontend::auth::{md5_response, md5_stored, scram_client_final, scram_server_final_ok};
 use crate::net::backend::TxStatus;
 use crate::net::sqlstate;
 use crate::net::{BackendMessage, ErrorFields, Frame, FrontendMessage, StartupFrame, decode_frame};

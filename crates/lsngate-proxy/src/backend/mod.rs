@@ -18,9 +18,9 @@ use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 pub use conn::{BackendConn, BackendError, CancelKey, ServerFacts, Settings};
-pub use pool::{Pool, PoolError, PoolLimits, PooledConn};
+pub use pool::{Pool, PoolError, PooledConn};
 
-use crate::config::{NodeUrl, ServerLogin};
+use crate::config::{NodeUrl, PoolLimits, ServerLogin};
 
 /// A node's detected role: core's one role model (`Unknown`, `Primary`, `Replica`).
 pub use lsngate_core::Role;

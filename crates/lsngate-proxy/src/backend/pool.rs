@@ -22,19 +22,10 @@ use tokio::sync::{oneshot, watch};
 use super::Nodes;
 use super::clock::Coarse;
 use super::conn::{BackendConn, BackendError};
-use crate::config::{NodeUrl, ServerLogin};
+use crate::config::{NodeUrl, PoolLimits, ServerLogin};
 
-/// How many connections a pool may hold and how long they live.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct PoolLimits {
-    /// Max connections per (node, database, role); fixed when the pool is created.
-    pub size: usize,
-    /// An idle connection unused for longer than this is closed; None = never.
-    pub idle_timeout: Option<Duration>,
-    /// A connection open for longer than this is closed instead of reused; None = never.
-    pub lifetime: Option<Duration>,
-}
-
+/// The expiry arithmetic over the pool settings (the type is `config`'s; what a pool does with
+/// it is here).
 impl PoolLimits {
     /// Whether a connection opened at `opened` and idle for `idle` must be closed.
     fn expired(&self, opened: Coarse, idle: Duration, now: Coarse) -> bool {

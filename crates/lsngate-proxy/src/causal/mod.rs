@@ -1,10 +1,10 @@
 //! Causal reads: read-your-writes for every client of the proxy. This module holds what all
-//! sessions share — the consistency settings, the replay [`Watcher`] (the server side's, `backend::replay`), the primary guard,
-//! the read statistics, the proxy-wide commit floor (`global`) and the coalesced primary
-//! position (`universal`) — plus the statements the proxy adds to a backend flight (`sql`).
-//! Per-client floors and the read path live in `frontend::causal`.
+//! sessions share — the work done with the consistency settings (the settings themselves are
+//! `config::causal`), the replay [`Watcher`] (the server side's, `backend::replay`), the primary guard, the read statistics,
+//! the proxy-wide commit floor (`global`) and the coalesced primary position (`universal`) —
+//! plus the statements the proxy adds to a backend flight (`sql`). Per-client floors and the read
+//! path live in `frontend::causal`.
 
-pub mod mode;
 pub mod sql;
 pub mod stats;
 
@@ -12,61 +12,23 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime};
 
-use lsngate_core::{
-    Fallback, GuardConfig, Lsn, Refusal, SharedGuard, Token, TokenCodec, WhenGuarded,
-};
+use lsngate_core::{Lsn, Refusal, SharedGuard, Token};
 use tokio::time::Instant;
 
-pub use mode::{Consistency, Floor, Level};
+pub use lsngate_core::Floor;
 pub use stats::{Outcome, Stats};
 
 use crate::backend::replay::Watcher;
 use crate::backend::{BackendConn, Nodes};
+use crate::config::CausalConfig;
 
 /// SQLSTATE of "no replica reached the read's floor within the budget" (fallback = error).
 pub const SQLSTATE_NOT_CAUGHT_UP: &str = "LG001";
 /// SQLSTATE of "the primary guard refused a fallback read" (cap or breaker).
 pub const SQLSTATE_GUARDED: &str = "LG002";
 
-/// Causal-read settings, from the config file and flags.
-#[derive(Debug, Clone)]
-pub struct CausalConfig {
-    /// Default mode of new clients.
-    pub consistency: Consistency,
-    /// Budget a read may wait on a replica for its floor.
-    pub wait_timeout: Duration,
-    /// What a read does when its budget is spent.
-    pub fallback: Fallback,
-    /// Limits of the fallback cap and breaker.
-    pub guard: GuardConfig,
-    /// What a fallback read does when the guard refuses it (`wait` or `fail`).
-    pub when_guarded: WhenGuarded,
-    /// Verifies (and, with a key, issues) the tokens of `SET lsngate.min_lsn`.
-    pub tokens: TokenCodec,
-    /// Whether tokens are signed (`lsngate.commit_token` carries a signature).
-    pub signed: bool,
-    /// How often every node's replay / insert position is polled.
-    pub replay_poll: Duration,
-    /// Lag bound for reads without a floor (none by default).
-    pub lag_bound: lsngate_core::LagBound,
-}
-
-impl Default for CausalConfig {
-    fn default() -> Self {
-        CausalConfig {
-            consistency: Consistency::default(),
-            wait_timeout: Duration::from_millis(500),
-            fallback: Fallback::Primary,
-            guard: GuardConfig::default(),
-            when_guarded: WhenGuarded::Wait,
-            tokens: TokenCodec::unsigned(),
-            signed: false,
-            replay_poll: Duration::from_millis(20),
-            lag_bound: lsngate_core::LagBound::default(),
-        }
-    }
-}
-
+/// What the proxy does with its causal settings: the type is `config`'s (pure settings, a leaf),
+/// the work with floors and tokens is here.
 impl CausalConfig {
     /// Parses a floor given by a client: a plain `X/Y` LSN (unless only signed tokens are
     /// accepted) or a token from the HTTP helpers (`X/Y.t1.e….s…`).

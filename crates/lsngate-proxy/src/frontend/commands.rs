@@ -16,8 +16,7 @@ use bytes::Bytes;
 use super::causal::ClientFloors;
 use super::router::{LocalCommand, RouteHint, Verb};
 use super::session::Session;
-use crate::causal::Consistency;
-use crate::config::Config;
+use crate::config::{Config, Consistency};
 use crate::net::backend::TxStatus;
 use crate::net::backend::build;
 use crate::net::sqlstate;
@@ -303,8 +302,8 @@ impl Session {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::causal::Level;
     use crate::config::FileConfig;
+    use crate::config::Level;
 
     fn config() -> Config {
         Config::build(FileConfig {

@@ -11,9 +11,9 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::sync::watch;
 
-use super::auth::{Credential, ScramExchange, md5_response};
 use super::client_io::{ClientIo, ClientSocket};
 use super::session::Session;
+use crate::auth::{Credential, ScramExchange, md5_response};
 use crate::net::backend::build::{self, fatal};
 use crate::net::sqlstate;
 use crate::net::{FrontendMessage, StartupFrame, startup::decode_startup};
@@ -200,7 +200,7 @@ async fn authenticate(
             io.flush().await?;
             let answer = cstring(&read_auth_response(io).await?);
             if answer != md5_response(hash, salt) {
-                anyhow::bail!(super::auth::AuthError::BadPassword(user.to_string()));
+                anyhow::bail!(crate::auth::AuthError::BadPassword(user.to_string()));
             }
         }
         Credential::Scram(verifier) => {

@@ -1,9 +1,9 @@
-//! The client side: a client's handshake (`handshake`), authentication (`auth`), the
-//! per-client session loop (`session`) and statement classification (`router`). Sessions share
-//! `crate::proxy::Proxy`, passed in explicitly, never read from a global.
+//! The client side: a client's handshake (`handshake`, checking logins with `crate::auth`), the
+//! per-client session loop (`session`), the routing plan (`plan`) and the flights and replies
+//! it sends and relays. Sessions share `crate::proxy::Proxy`, passed in explicitly, never read
+//! from a global.
 
 mod attached;
-pub mod auth;
 mod causal;
 pub mod client_io;
 mod client_statement;

@@ -10,7 +10,8 @@
 use super::router::{Class, RouteHint};
 use super::session::Session;
 use crate::backend::{Role, Target};
-use crate::causal::{Level, Outcome};
+use crate::causal::Outcome;
+use crate::config::Level;
 use crate::net::backend::TxStatus;
 
 /// The text of a whole simple Query message (tag and length included): the bytes before its

@@ -1,6 +1,10 @@
-//! Client authentication: the server side of SCRAM-SHA-256 (RFC 5802/7677, no channel
-//! binding), MD5 and trust, checked against the users in the config. Pure functions over the
-//! exchanged messages; the session does the I/O. Backend credentials never come from clients.
+//! Password authentication, both ways: the server side of SCRAM-SHA-256 (RFC 5802/7677, no
+//! channel binding), MD5 and trust that clients log in with, checked against the users in the
+//! config, and the client side the proxy uses to log into servers. Pure functions over the
+//! exchanged messages; the listener and the backend connection do the I/O. A leaf at the crate
+//! root because three layers need it — config derives verifiers, the server side logs in, the
+//! client side checks logins — and it needs none of them. Backend credentials never come from
+//! clients.
 
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD as B64;

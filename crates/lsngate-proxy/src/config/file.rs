@@ -1,0 +1,188 @@
+//! The settings as a person writes them: the TOML file's keys, every one optional, unknown ones
+//! refused — and the flags of `lsngate proxy`, which are the same fields (`clap::Args` on the
+//! same struct), so a key is declared, named and documented once. Fields that are not flags are
+//! `#[arg(skip)]`. The flags lie over the file with [`FileConfig::overlay`]. What a key means
+//! once set or left out is decided where the finished `Config` is built (`mod.rs`), with the
+//! defaults of `defaults`.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use serde::Deserialize;
+
+use super::{PoolMode, TlsMode, UserEntry};
+
+/// Declares the settings struct and its [`FileConfig::overlay`] from one list of fields, so that
+/// adding a key cannot forget the overlay (Rust has no reflection to walk a struct's fields).
+macro_rules! layered_settings {
+    (
+        $(#[$meta:meta])*
+        pub struct $name:ident {
+            $( $(#[$field_meta:meta])* pub $field:ident: $ty:ty, )*
+        }
+    ) => {
+        $(#[$meta])*
+        pub struct $name {
+            $( $(#[$field_meta])* pub $field: $ty, )*
+        }
+
+        impl $name {
+            /// These settings with every key that `over` sets taken from `over`: the flags lie
+            /// over the file. A key is set when it is `Some`, or for a list when it is not empty.
+            pub fn overlay(mut self, over: $name) -> $name {
+                $( Layer::lay(&mut self.$field, over.$field); )*
+                self
+            }
+        }
+    };
+}
+
+/// How a key's value is replaced by an upper layer's.
+trait Layer {
+    fn lay(&mut self, over: Self);
+}
+
+impl<T> Layer for Option<T> {
+    fn lay(&mut self, over: Self) {
+        if over.is_some() {
+            *self = over;
+        }
+    }
+}
+
+impl<T> Layer for Vec<T> {
+    fn lay(&mut self, over: Self) {
+        if !over.is_empty() {
+            *self = over;
+        }
+    }
+}
+
+layered_settings! {
+/// The settings as written by a person, in the TOML file or as flags: every field optional.
+#[derive(Debug, Clone, Deserialize, Default, clap::Args)]
+#[serde(deny_unknown_fields)]
+pub struct FileConfig {
+    /// Address clients connect to [default: 127.0.0.1:6432].
+    #[arg(long, env = "LSNGATE_PROXY_LISTEN")]
+    pub listen: Option<SocketAddr>,
+    /// libpq URL of the primary, with the credentials the proxy uses towards it,
+    /// e.g. postgres://app:secret@10.0.0.1:5432/app.
+    #[arg(long, env = "LSNGATE_PROXY_PRIMARY")]
+    pub primary: Option<String>,
+    /// libpq URL of a replica (repeat the flag for several).
+    #[serde(default)]
+    #[arg(long = "replica")]
+    pub replicas: Vec<String>,
+    /// Admin HTTP address serving /metrics (Prometheus) and /status (JSON) [default: off].
+    #[arg(long)]
+    pub admin_listen: Option<SocketAddr>,
+    /// Pooling mode [default: transaction].
+    #[arg(long, value_enum)]
+    pub pool_mode: Option<PoolMode>,
+    /// Max backend connections per (node, database, role) [default: 20].
+    #[arg(long)]
+    pub pool_size: Option<usize>,
+    /// Max client connections [default: 1000].
+    #[arg(long)]
+    pub max_client_connections: Option<usize>,
+    /// Threads serving clients; 1 runs one event loop on one thread, like PgBouncer, which is
+    /// the cheapest per statement [default: 1].
+    #[arg(long)]
+    pub threads: Option<usize>,
+    /// Milliseconds a client waits for a free backend connection [default: 5000].
+    #[arg(long)]
+    pub acquire_timeout_ms: Option<u64>,
+    /// Milliseconds allowed to open a backend connection [default: 5000].
+    #[arg(long)]
+    pub connect_timeout_ms: Option<u64>,
+    /// Milliseconds between health and role checks of each node [default: 1000].
+    #[arg(long)]
+    pub health_interval_ms: Option<u64>,
+    /// Milliseconds an idle pooled server connection may stay unused before it is closed;
+    /// 0 = never [default: 600000].
+    #[arg(long)]
+    pub server_idle_timeout_ms: Option<u64>,
+    /// Milliseconds a server connection may stay open; older ones are closed when they return to
+    /// the pool; 0 = never [default: 3600000].
+    #[arg(long)]
+    pub server_lifetime_ms: Option<u64>,
+    /// Largest message accepted from a client, in bytes [default: 67108864].
+    #[arg(long)]
+    pub max_message_size: Option<usize>,
+    /// Bytes of a replica reply held back so a 25006 error can be re-run on the primary. Default
+    /// [`RETRY_BUFFER_SIZE`](super::defaults::RETRY_BUFFER_SIZE).
+    #[arg(skip)]
+    pub retry_buffer_size: Option<usize>,
+    /// Functions (lower case, no schema) whose presence sends a statement to the primary.
+    #[serde(default)]
+    #[arg(skip)]
+    pub write_functions: Vec<String>,
+    /// PEM certificate chain offered to clients that ask for TLS [default: none].
+    #[arg(long)]
+    pub tls_cert: Option<PathBuf>,
+    /// PEM private key of --tls-cert.
+    #[arg(long)]
+    pub tls_key: Option<PathBuf>,
+    /// Client TLS policy [default: allow with a certificate, disable without].
+    #[arg(long, value_enum)]
+    pub tls_mode: Option<TlsMode>,
+    /// Users clients may log in as. Without any, clients log in as the primary URL's user.
+    #[serde(default)]
+    #[arg(skip)]
+    pub users: Vec<UserEntry>,
+    /// Causal-read mode of new clients: session, token, global, universal, fast, fast_token,
+    /// fast_global, fast_universal or eventual [default: session].
+    #[arg(long)]
+    pub consistency: Option<String>,
+    /// Milliseconds a read may wait on a replica for its floor [default: 500].
+    #[arg(long)]
+    pub wait_timeout_ms: Option<u64>,
+    /// When the wait budget is spent: primary, error or stale [default: primary].
+    #[arg(long)]
+    pub fallback: Option<String>,
+    /// Most fallback reads running on the primary at once. Default: `GuardConfig::default()`.
+    #[arg(skip)]
+    pub fallback_cap: Option<usize>,
+    /// Fallback share (0–1) over the breaker window above which the breaker opens. Default:
+    /// `GuardConfig::default()`.
+    #[arg(skip)]
+    pub breaker_ratio: Option<f64>,
+    /// Fewest reads in the breaker window before it may open. Default: `GuardConfig::default()`.
+    #[arg(skip)]
+    pub breaker_min_reads: Option<u32>,
+    /// Milliseconds of one breaker rate window (the rate spans two). Default:
+    /// `GuardConfig::default()`.
+    #[arg(skip)]
+    pub breaker_window_ms: Option<u64>,
+    /// Milliseconds the breaker stays open. Default: `GuardConfig::default()`.
+    #[arg(skip)]
+    pub breaker_open_ms: Option<u64>,
+    /// A fallback the guard refuses: wait (default; queue up to wait_timeout_ms) or fail
+    /// (SQLSTATE LG002 at once).
+    #[arg(skip)]
+    pub when_guarded: Option<String>,
+    /// HMAC key of the HTTP helpers' signed tokens: `SET lsngate.min_lsn` then accepts them and
+    /// the proxy reports `lsngate.commit_token`. Default: none (plain LSNs only).
+    #[arg(skip)]
+    pub token_secret: Option<String>,
+    /// With token_secret: refuse plain `X/Y` floors, accept only signed tokens. Default
+    /// [`REQUIRE_SIGNED_TOKENS`](super::defaults::REQUIRE_SIGNED_TOKENS).
+    #[arg(skip)]
+    pub require_signed_tokens: Option<bool>,
+    /// Seconds a signed token issued by the proxy stays valid. Default: no expiry.
+    #[arg(skip)]
+    pub token_ttl_s: Option<u64>,
+    /// Milliseconds between position polls of every node (also role and health) while reads use
+    /// positions (health_interval_ms otherwise).
+    /// Default [`REPLAY_POLL_MS`](super::defaults::REPLAY_POLL_MS).
+    #[arg(skip)]
+    pub replay_poll_ms: Option<u64>,
+    /// Reads without a floor skip replicas lagging more than this many ms. Default: no bound.
+    #[arg(skip)]
+    pub max_replica_lag_ms: Option<u64>,
+    /// Reads without a floor skip replicas more than this many bytes behind. Default: no bound.
+    #[arg(skip)]
+    pub max_replica_lag_bytes: Option<u64>,
+}
+}
