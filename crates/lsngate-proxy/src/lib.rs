@@ -4,10 +4,12 @@
 //! 127.0.0.1:0) and `run_cli` is what the `lsngate proxy` command calls. Read-your-writes
 //! (causal reads) rides in the same backend flights as the client's statements (`causal/`).
 //!
-//! Layout: `net/` the pure message codec, `frontend/` client sessions, auth and routing,
-//! `backend/` server connections, pools and the health/role monitor, `causal/` floors, waits and
-//! the replay-position watcher, `admin/` HTTP metrics and status, `config` the TOML file and
-//! flags, `socket` plain TCP reads and writes on tokio's readiness, `timer` the timer thread.
+//! Layout: `net/` the pure message codec, `statement/` what a statement's text tells (its class,
+//! the proxy's own commands, route hints, the classification cache; pure), `frontend/` client
+//! sessions, auth and routing, `backend/` server connections, pools and the health/role monitor,
+//! `causal/` floors, waits and the replay-position watcher, `admin/` HTTP metrics and status,
+//! `config` the TOML file and flags, `socket` plain TCP reads and writes on tokio's readiness,
+//! `timer` the timer thread.
 
 #![warn(missing_docs)]
 
@@ -18,6 +20,7 @@ pub mod config;
 pub mod frontend;
 pub mod net;
 pub mod socket;
+pub(crate) mod statement;
 pub mod timer;
 
 use std::net::SocketAddr;

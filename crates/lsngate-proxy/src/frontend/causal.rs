@@ -13,13 +13,13 @@ use lsngate_core::{Decision, Fallback, Lsn, PrimaryReason, ReadRequest, Verdict,
 use tokio::time::Instant;
 
 use super::flight::Route;
-use super::router::{Class, RouteHint};
 use super::session::Session;
 use crate::backend::Target;
 use crate::backend::timeline::Need;
 use crate::causal::{Consistency, Floor, Level, Outcome, SQLSTATE_GUARDED, SQLSTATE_NOT_CAUGHT_UP};
 use crate::net::backend::build;
 use crate::net::{ErrorFields, FrontendMessage};
+use crate::statement::{Class, RouteHint};
 
 /// Extra time past the wait budget before a silent replica is given up (the server's own
 /// TIMEOUT normally answers first).

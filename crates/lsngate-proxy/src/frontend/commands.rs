@@ -14,12 +14,12 @@
 use bytes::Bytes;
 
 use super::causal::ClientFloors;
-use super::router::{LocalCommand, RouteHint, Verb};
 use super::session::Session;
 use crate::causal::Consistency;
 use crate::config::Config;
 use crate::net::backend::build;
 use crate::net::{ErrorFields, Frame, FrontendMessage};
+use crate::statement::{LocalCommand, RouteHint, Verb};
 
 /// An error answer: SQLSTATE and message.
 pub type Refused = (&'static str, String);

@@ -13,12 +13,12 @@ use super::Proxy;
 use super::causal::{CausalRead, Discard, PendingVerdict};
 use super::copy::CopyGate;
 use super::pipeline::{At, Effect, Unconfirmed};
-use super::router::{Class, session_set, setting_reset};
 use super::session::{ClientStatement, Session};
 use crate::backend::{BackendConn, NodeState, PooledConn, Role, Settings, Target};
 use crate::causal::sql::{Probe, probe_segment, wait_for};
 use crate::config::ServerLogin;
 use crate::net::{ErrorFields, Frame, FrontendMessage};
+use crate::statement::{Class, session_set, setting_reset};
 
 /// What a proxy-owned segment is for; its replies are consumed here, never relayed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -103,7 +103,7 @@ pub struct Substitute {
     pub answer: Vec<Frame>,
     /// The client's floors and route hint once the answer holds (a proxy `SET` behind
     /// unsynced messages that may have ended an aborted block takes effect only if they did).
-    pub installs: Option<(super::causal::ClientFloors, super::router::RouteHint)>,
+    pub installs: Option<(super::causal::ClientFloors, crate::statement::RouteHint)>,
 }
 
 /// A backend attached to the session.
@@ -190,7 +190,7 @@ pub struct Attached {
     /// The statements other clients left on the connection were closed (see `preparation`).
     pub foreign_closed: bool,
     /// A simple Query under way may have returned a setting to the server login's value among its
-    /// statements (see `router::may_reset_in_parts`): the client's next flight waits for the
+    /// statements (see `statement::may_reset_in_parts`): the client's next flight waits for the
     /// read-back behind it, and for the startup values applied again (`Session::on_resync`).
     pub reset_in_doubt: bool,
     /// The `conn.reported_version` the client's reported values were last compared with (see
@@ -1099,7 +1099,7 @@ impl Session {
                 Some(c) if changes_state(c) => vec![(c, sql.clone())],
                 // Classified by its other statements, but its SET applies all the same; with a
                 // `;` in it, it is recorded as not understood (read back afterwards).
-                _ if super::router::sets_session_in_parts(sql.as_bytes()) => {
+                _ if crate::statement::sets_session_in_parts(sql.as_bytes()) => {
                     vec![(Class::SessionState, sql.clone())]
                 }
                 _ => Vec::new(),
@@ -1459,7 +1459,7 @@ impl Session {
             self.settings_in_doubt = true;
         }
         if let [FrontendMessage::Query(sql)] = flight.as_slice()
-            && super::router::may_reset_in_parts(sql.as_bytes())
+            && crate::statement::may_reset_in_parts(sql.as_bytes())
         {
             self.backend.as_mut().expect("attached").reset_in_doubt = true;
         }

@@ -1,7 +1,8 @@
-//! The client side: the listener and handshake (`listener`), authentication (`auth`), the
-//! per-client session loop (`session`) and statement classification (`router`). `Proxy` is the
-//! state every session shares — config snapshot, nodes and pools, the classification cache and
-//! the cancel-key registry — passed in explicitly, never read from a global.
+//! The client side: the listener and handshake (`listener`), authentication (`auth`) and the
+//! per-client session loop (`session`), which routes each statement by what `crate::statement`
+//! tells of it. `Proxy` is the state every session shares — config snapshot, nodes and pools,
+//! the classification cache and the cancel-key registry — passed in explicitly, never read from
+//! a global.
 
 pub mod auth;
 mod causal;
@@ -13,7 +14,6 @@ pub mod listener;
 mod passthrough;
 mod pipeline;
 mod replies;
-pub mod router;
 pub mod session;
 mod shapes;
 mod woken;
@@ -24,7 +24,7 @@ use std::sync::{Arc, Mutex, RwLock};
 
 use crate::backend::Nodes;
 use crate::config::Config;
-use router::ClassCache;
+use crate::statement::ClassCache;
 
 /// Where a client's query is running right now, for CancelRequest routing.
 pub type CancelTarget = Arc<crate::backend::CancelKey>;

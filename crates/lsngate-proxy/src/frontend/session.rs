@@ -14,14 +14,14 @@ use tokio::sync::watch;
 
 use super::causal::ClientFloors;
 use super::flight::{Attached, Substitute};
-use super::router::{
-    Class, Hints, LocalCommand, RouteHint, comment_hints, local_command, setting_reset,
-};
 use super::{CancelSlot, Proxy};
 use crate::backend::Target;
 use crate::causal::Floor;
 use crate::net::backend::build;
 use crate::net::{ErrorFields, Frame, FrontendMessage, ProtocolError, decode_frame, whole_frame};
+use crate::statement::{
+    Class, Hints, LocalCommand, RouteHint, comment_hints, local_command, setting_reset,
+};
 
 /// A client connection: plain TCP or TLS over it.
 pub trait ClientSocket: AsyncRead + AsyncWrite + Unpin + Send {
@@ -258,7 +258,7 @@ pub struct Session {
     /// The config version `config` is.
     config_seen: u64,
     /// This session's recent statement classifications.
-    pub(super) class_memo: super::router::ClassMemo,
+    pub(super) class_memo: crate::statement::ClassMemo,
     /// The pools this session used, by node index (saves the per-node pool lookup per flight).
     pub(super) pools: Vec<(usize, Arc<crate::backend::Pool>)>,
     pub(super) io: ClientIo,
@@ -994,7 +994,7 @@ impl Session {
         if let Some(command) = local_command(&sql) {
             return self.answer_locally(command).await;
         }
-        if super::router::mentions_lsngate_setting(&sql) {
+        if crate::statement::mentions_lsngate_setting(&sql) {
             let message = format!(
                 "cannot parse {:?} as a proxy command; use SET lsngate.<name> = 'value', RESET lsngate.<name> or SHOW lsngate.<name>",
                 sql.trim()
