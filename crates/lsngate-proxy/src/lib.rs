@@ -4,11 +4,20 @@
 //! 127.0.0.1:0) and `run_cli` is what the `lsngate proxy` command calls. Read-your-writes
 //! (causal reads) rides in the same backend flights as the client's statements (`causal/`).
 //!
-//! Layout: `net/` the pure message codec, `auth` SCRAM/MD5 for both sides of a login,
-//! `frontend/` client sessions and routing, `backend/` server connections, pools and the
-//! health/role monitor, `causal/` floors, waits and the replay-position watcher, `admin/` HTTP
-//! metrics and status, `config` the TOML file and flags, `socket` plain TCP reads and writes on
-//! tokio's readiness, `timer` the timer thread.
+//! Layers, bottom to top; a module imports only from its own layer or below (`layers.rs` is
+//! the test that keeps it so):
+//! - leaves: `net/` the pure message codec (with `TxStatus` and `sqlstate`), `runtime`, `tally`
+//!   (counters for /metrics), `socket` and `timer`, `auth` (SCRAM/MD5 for both sides of a
+//!   login), `config/` (the TOML file and the flags, every default in `config/defaults.rs`);
+//! - `statement/`: what a statement's text tells — class, proxy commands, route hints, cache;
+//! - `backend/`: server connections, pools, the health/role monitor, timelines, and what each
+//!   server replayed (`backend::replay`, fed to `lsngate_core`'s replay book);
+//! - `causal/`: what sessions share for causal reads — guard, statistics, commit floors, the
+//!   probe statements as frames;
+//! - `proxy`: `Proxy`, the state every session shares;
+//! - `frontend/`: one client — handshake, session loop, the routing `plan`, flights, replies;
+//! - `admin/`: the HTTP port (/metrics, /status, /dashboard);
+//! - `serve` (and this file): starting it all.
 
 #![warn(missing_docs)]
 
@@ -18,10 +27,13 @@ pub mod backend;
 pub mod causal;
 pub mod config;
 pub mod frontend;
+#[cfg(test)]
+mod layers;
 pub mod net;
 pub mod proxy;
 mod serve;
 pub mod socket;
+pub(crate) mod statement;
 pub mod tally;
 pub mod timer;
 

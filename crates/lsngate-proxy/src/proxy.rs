@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex, RwLock};
 
 use crate::backend::Nodes;
 use crate::config::Config;
-use crate::frontend::router::ClassCache;
+use crate::statement::ClassCache;
 
 /// Where a client's query is running right now, for CancelRequest routing.
 pub type CancelTarget = Arc<crate::backend::CancelKey>;

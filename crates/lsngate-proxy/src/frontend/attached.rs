@@ -7,9 +7,9 @@ use std::collections::VecDeque;
 
 use super::causal::{CausalRead, Discard, PendingVerdict};
 use super::copy::CopyGate;
-use super::router::Class;
 use crate::backend::{PooledConn, Target};
 use crate::net::{Frame, FrontendMessage};
+use crate::statement::Class;
 
 /// What a proxy-owned segment is for; its replies are consumed here, never relayed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -65,7 +65,7 @@ pub struct Substitute {
     pub answer: Vec<Frame>,
     /// The client's floors and route hint once the answer holds (a proxy `SET` behind
     /// unsynced messages that may have ended an aborted block takes effect only if they did).
-    pub installs: Option<(super::causal::ClientFloors, super::router::RouteHint)>,
+    pub installs: Option<(super::causal::ClientFloors, crate::statement::RouteHint)>,
 }
 
 /// A backend attached to the session.
@@ -152,7 +152,7 @@ pub struct Attached {
     /// The statements other clients left on the connection were closed (see `preparation`).
     pub foreign_closed: bool,
     /// A simple Query under way may have returned a setting to the server login's value among its
-    /// statements (see `router::may_reset_in_parts`): the client's next flight waits for the
+    /// statements (see `statement::may_reset_in_parts`): the client's next flight waits for the
     /// read-back behind it, and for the startup values applied again (`Session::on_resync`).
     pub reset_in_doubt: bool,
     /// The `conn.reported_version` the client's reported values were last compared with (see

@@ -14,7 +14,6 @@ use tokio::time::Instant;
 
 use super::flight::Route;
 use super::plan::{Plan, SessionView, plan};
-use super::router::{Class, RouteHint};
 use super::session::Session;
 use crate::backend::Target;
 use crate::backend::timeline::Need;
@@ -23,6 +22,7 @@ use crate::config::{Consistency, Level};
 use crate::net::backend::build;
 use crate::net::sqlstate;
 use crate::net::{ErrorFields, FrontendMessage};
+use crate::statement::{Class, RouteHint};
 
 /// Extra time past the wait budget before a silent replica is given up (the server's own
 /// TIMEOUT normally answers first).

@@ -1,8 +1,8 @@
 //! A prepared statement as the client defined it, kept by the session across backend changes
 //! (each server connection may or may not hold its copy: `identity` is what must match).
 
-use super::router::{Class, LocalCommand, RouteHint};
 use crate::causal::Floor;
+use crate::statement::{Class, LocalCommand, RouteHint};
 
 /// A prepared statement as the client defined it.
 #[derive(Debug, Clone)]

@@ -14,13 +14,13 @@
 use bytes::Bytes;
 
 use super::causal::ClientFloors;
-use super::router::{LocalCommand, RouteHint, Verb};
 use super::session::Session;
 use crate::config::{Config, Consistency};
 use crate::net::backend::TxStatus;
 use crate::net::backend::build;
 use crate::net::sqlstate;
 use crate::net::{ErrorFields, Frame, FrontendMessage};
+use crate::statement::{LocalCommand, RouteHint, Verb};
 
 /// An error answer: SQLSTATE and message.
 pub type Refused = (&'static str, String);

@@ -13,7 +13,6 @@ use super::attached::{Attached, Duty, Owner, RetryBuffer};
 use super::causal::{CausalRead, PendingVerdict};
 use super::client_statement::ClientStatement;
 use super::pipeline::{At, Effect, Unconfirmed};
-use super::router::{Class, session_set, setting_reset};
 use super::session::Session;
 use crate::backend::{BackendConn, NodeState, PooledConn, Role, Settings, Target};
 use crate::causal::sql::{Probe, probe_segment, wait_for};
@@ -22,6 +21,7 @@ use crate::net::backend::TxStatus;
 use crate::net::sqlstate;
 use crate::net::{ErrorFields, Frame, FrontendMessage};
 use crate::proxy::Proxy;
+use crate::statement::{Class, session_set, setting_reset};
 
 /// What [`Duty::Abort`] sends: fails at once, and says why in the server's log.
 const ABORT_SQL: &str = "DO $$BEGIN RAISE EXCEPTION 'lsngate: the client''s transaction block failed at a statement the proxy answered'; END$$";
@@ -852,7 +852,7 @@ impl Session {
                 Some(c) if changes_state(c) => vec![(c, sql.clone())],
                 // Classified by its other statements, but its SET applies all the same; with a
                 // `;` in it, it is recorded as not understood (read back afterwards).
-                _ if super::router::sets_session_in_parts(sql.as_bytes()) => {
+                _ if crate::statement::sets_session_in_parts(sql.as_bytes()) => {
                     vec![(Class::SessionState, sql.clone())]
                 }
                 _ => Vec::new(),
@@ -1214,7 +1214,7 @@ impl Session {
             self.settings_in_doubt = true;
         }
         if let [FrontendMessage::Query(sql)] = flight.as_slice()
-            && super::router::may_reset_in_parts(sql.as_bytes())
+            && crate::statement::may_reset_in_parts(sql.as_bytes())
         {
             self.backend.as_mut().expect("attached").reset_in_doubt = true;
         }

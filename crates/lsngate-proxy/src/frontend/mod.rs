@@ -16,7 +16,6 @@ mod passthrough;
 mod pipeline;
 mod plan;
 mod replies;
-pub mod router;
 pub mod session;
 mod shapes;
 mod startup;

@@ -7,12 +7,12 @@
 //! `session.rs`, which gives the same result with more work. This path exists because a pooler
 //! pays its per-statement cost on every statement of every client.
 
-use super::router::{Class, RouteHint};
 use super::session::Session;
 use crate::backend::{Role, Target};
 use crate::causal::Outcome;
 use crate::config::Level;
 use crate::net::backend::TxStatus;
+use crate::statement::{Class, RouteHint};
 
 /// The text of a whole simple Query message (tag and length included): the bytes before its
 /// closing NUL; None when it does not end with one.
@@ -58,7 +58,7 @@ impl Session {
         else {
             return Ok(false);
         };
-        if super::router::sets_session_in_parts(text) {
+        if crate::statement::sets_session_in_parts(text) {
             // A SET among other statements: the general path reads the settings back after it.
             return Ok(false);
         }

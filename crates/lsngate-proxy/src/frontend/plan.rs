@@ -5,9 +5,9 @@
 //! else goes to a target (`flight.rs`). The pass-through (`passthrough.rs`) is the same plan's
 //! fast branch for a `Class::Write` (or a read with no replica serving) planned as `Send`.
 
-use super::router::{Class, RouteHint};
 use crate::backend::Target;
 use crate::net::backend::TxStatus;
+use crate::statement::{Class, RouteHint};
 
 /// What the plan reads of the session.
 #[derive(Debug, Clone, Copy)]

@@ -920,7 +920,7 @@ impl Session {
 }
 
 /// Whether a CommandComplete's tag is one of a statement that pins the session (see
-/// `router::Class::Pin`).
+/// `statement::Class::Pin`).
 fn pins(tag: &[u8]) -> bool {
     [&b"PREPARE"[..], b"LISTEN", b"UNLISTEN", b"DECLARE"]
         .iter()

@@ -13,9 +13,6 @@ use super::attached::{Attached, Substitute};
 use super::causal::ClientFloors;
 use super::client_io::{ClientIo, Incoming, ReadError};
 use super::client_statement::{ClientStatement, statement_identity};
-use super::router::{
-    Class, Hints, LocalCommand, RouteHint, comment_hints, local_command, setting_reset,
-};
 use super::startup::{
     LIST_QUOTED, is_setting_name, quote_literal, startup_lsngate, startup_settings, startup_values,
 };
@@ -25,6 +22,9 @@ use crate::net::backend::build;
 use crate::net::sqlstate;
 use crate::net::{ErrorFields, Frame, FrontendMessage, ProtocolError};
 use crate::proxy::{CancelSlot, Proxy};
+use crate::statement::{
+    Class, Hints, LocalCommand, RouteHint, comment_hints, local_command, setting_reset,
+};
 
 /// How long a session that ended waits for replies still due before it gives up its server
 /// connection instead of returning it to the pool.
@@ -39,7 +39,7 @@ pub struct Session {
     /// The config version `config` is.
     config_seen: u64,
     /// This session's recent statement classifications.
-    pub(super) class_memo: super::router::ClassMemo,
+    pub(super) class_memo: crate::statement::ClassMemo,
     /// The pools this session used, by node index (saves the per-node pool lookup per flight).
     pub(super) pools: Vec<(usize, Arc<crate::backend::Pool>)>,
     pub(super) io: ClientIo,
@@ -658,7 +658,7 @@ impl Session {
         if let Some(command) = local_command(&sql) {
             return self.answer_locally(command).await;
         }
-        if super::router::mentions_lsngate_setting(&sql) {
+        if crate::statement::mentions_lsngate_setting(&sql) {
             let message = format!(
                 "cannot parse {:?} as a proxy command; use SET lsngate.<name> = 'value', RESET lsngate.<name> or SHOW lsngate.<name>",
                 sql.trim()
