@@ -113,15 +113,36 @@ impl Session {
         hint: Option<RouteHint>,
         statement_floor: Option<Floor>,
     ) -> anyhow::Result<()> {
-        let view = SessionView {
-            status: self.status,
-            pinned: self.pinned,
-            mid_batch: self.backend.as_ref().is_some_and(|b| b.open || b.copy_in),
-            hint: self.hint,
-        };
-        match plan(view, class, hint) {
-            Plan::ReplicaRead => self.dispatch_read(flight, class, statement_floor).await,
-            Plan::Send(target) => self.dispatch_to(flight, class, Route::to(target)).await,
+        let mut heard = false;
+        loop {
+            let view = SessionView {
+                status: self.status,
+                pinned: self.pinned,
+                mid_batch: self.backend.as_ref().is_some_and(|b| b.open || b.copy_in),
+                hint: self.hint,
+            };
+            match plan(view, class, hint) {
+                Plan::ReplicaRead => {
+                    return self.dispatch_read(flight, class, statement_floor).await;
+                }
+                // A read kept on the session's connection only by a pin the server may have
+                // skipped (`pin_unconfirmed`): the replies due decide whether the session stays
+                // pinned, so they are heard and the flight planned again. Planned on the old
+                // state, the read went on to a replica with no floor once the pin was undone
+                // and the connection let go (seed 20261363, under load: a stale read).
+                Plan::Send(Some(Target::Replica))
+                    if !heard
+                        && self.backend.as_ref().is_some_and(|b| {
+                            b.pin_unconfirmed.is_some() && !b.open && !b.copy_in
+                        }) =>
+                {
+                    heard = true;
+                    self.drain().await?;
+                }
+                Plan::Send(target) => {
+                    return self.dispatch_to(flight, class, Route::to(target)).await;
+                }
+            }
         }
     }
 
