@@ -119,6 +119,7 @@ impl Session {
                 status: self.status,
                 pinned: self.pinned,
                 mid_batch: self.backend.as_ref().is_some_and(|b| b.open || b.copy_in),
+                attached: self.backend.is_some(),
                 hint: self.hint,
             };
             match plan(view, class, hint) {

@@ -18,6 +18,8 @@ pub(super) struct SessionView {
     pub pinned: bool,
     /// The attached backend is inside an extended batch not yet synced, or a COPY.
     pub mid_batch: bool,
+    /// A server connection is attached to the session.
+    pub attached: bool,
     /// The session's route hint (`SET lsngate.route`).
     pub hint: RouteHint,
 }
@@ -54,6 +56,16 @@ pub(super) fn target(
 /// The plan of a flight of `class` with the statement's `hint`, for a session in `view`.
 pub(super) fn plan(view: SessionView, class: Option<Class>, hint: Option<RouteHint>) -> Plan {
     let want = target(class, hint, view.hint);
+    if view.pinned
+        && !view.attached
+        && want == Some(Target::Replica)
+        && hint.unwrap_or(view.hint) != RouteHint::Replica
+    {
+        // A pinned session with no connection yet (session pooling's first statement) is
+        // pinned to a primary connection: "stay where the session is" means nothing here, and
+        // a replica chosen for it would hold the client's writes and skip its floors.
+        return Plan::Send(Some(Target::Primary));
+    }
     let standalone = view.status == TxStatus::Idle && !view.pinned && !view.mid_batch;
     if want == Some(Target::Replica) && standalone {
         Plan::ReplicaRead
@@ -71,6 +83,7 @@ mod tests {
             status: TxStatus::Idle,
             pinned: false,
             mid_batch: false,
+            attached: true,
             hint: RouteHint::Auto,
         }
     }
@@ -131,6 +144,33 @@ mod tests {
                 "{view:?}"
             );
         }
+    }
+
+    #[test]
+    fn a_pinned_session_without_a_connection_starts_on_the_primary() {
+        let fresh = SessionView {
+            pinned: true,
+            attached: false,
+            ..idle()
+        };
+        assert_eq!(
+            plan(fresh, Some(Class::Read), None),
+            Plan::Send(Some(Target::Primary))
+        );
+        // An explicit replica hint is honoured: the client asked for it.
+        assert_eq!(
+            plan(fresh, Some(Class::Read), Some(RouteHint::Replica)),
+            Plan::Send(Some(Target::Replica))
+        );
+        // Attached: the read stays on the pinned connection.
+        let pinned = SessionView {
+            pinned: true,
+            ..idle()
+        };
+        assert_eq!(
+            plan(pinned, Some(Class::Read), None),
+            Plan::Send(Some(Target::Replica))
+        );
     }
 
     #[test]

@@ -1395,7 +1395,11 @@ fn a_read_behind_a_skipped_prepare_still_waits_for_its_floor() {
         "only the missing statement fails: {:?}",
         reply.errors
     );
-    assert!(reply.errors[0].contains("does not exist"), "{:?}", reply.errors);
+    assert!(
+        reply.errors[0].contains("does not exist"),
+        "{:?}",
+        reply.errors
+    );
     assert_eq!(
         reply.rows,
         vec![vec![Some("1".to_string())]],

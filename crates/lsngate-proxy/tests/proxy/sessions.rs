@@ -585,3 +585,34 @@ fn tls_is_offered_and_can_be_required() {
     let (ok, out) = attempt("disable");
     assert!(!ok && out.contains("requires TLS"), "{out}");
 }
+
+/// Session pooling pins a *primary* connection to each client, whatever its first statement:
+/// a first read used to attach a replica (planned as "stay where the session is", with no
+/// connection yet) and pin the client there, so its writes then failed with 25006 and its reads
+/// waited for no floor.
+#[test]
+fn session_pooling_pins_a_primary_connection_even_when_the_first_statement_reads() {
+    let cluster = shared_cluster();
+    let mut file = file_config(cluster);
+    file.pool_mode = Some(PoolMode::Session);
+    let proxy = TestProxy::with(file);
+    let table = unique("session_first_read");
+    cluster
+        .primary()
+        .sql(&format!("CREATE TABLE {table} (id int)"))
+        .unwrap();
+    rt().block_on(async {
+        let client = connect(&proxy.conninfo()).await;
+        let first = show(&client, "SELECT pg_is_in_recovery()::text").await;
+        assert_eq!(
+            first, "false",
+            "the first read pinned the client to a replica"
+        );
+        client
+            .batch_execute(&format!("INSERT INTO {table} VALUES (1)"))
+            .await
+            .expect("a write after the first read runs on the pinned primary");
+        let seen = show(&client, &format!("SELECT count(*)::text FROM {table}")).await;
+        assert_eq!(seen, "1");
+    });
+}
