@@ -218,7 +218,7 @@ impl Attached {
     }
 
     /// `expect` is an empty queue to reuse (it keeps its allocation from client to client).
-    fn new(conn: PooledConn, target: Target, expect: VecDeque<Owner>) -> Attached {
+    pub(super) fn new(conn: PooledConn, target: Target, expect: VecDeque<Owner>) -> Attached {
         debug_assert!(expect.is_empty());
         Attached {
             conn,
