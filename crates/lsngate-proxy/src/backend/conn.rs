@@ -253,24 +253,7 @@ impl Target<'_> {
                 Some((self.host.to_string(), self.url.tls.clone())),
             ),
         };
-        let mut conn = BackendConn {
-            stream,
-            read_buf: BytesMut::with_capacity(16 * 1024),
-            write_buf: BytesMut::with_capacity(16 * 1024),
-            node: self.node,
-            address,
-            database: self.database.to_string(),
-            cancel: Arc::default(),
-            server_params: Vec::new(),
-            prepared: HashMap::new(),
-            unnamed: None,
-            applied: Settings::new(),
-            reported: HashMap::new(),
-            reported_version: 0,
-            facts: ServerFacts::default(),
-            opened: super::clock::Coarse::now(),
-            severable: None,
-        };
+        let mut conn = BackendConn::fresh(stream, self.node, address, self.database);
         let mut params = vec![
             ("user".into(), login.user.to_string()),
             ("database".into(), self.database.into()),
@@ -735,13 +718,24 @@ impl BackendConn {
     #[cfg(test)]
     pub(crate) fn in_memory(node: usize) -> (BackendConn, tokio::io::DuplexStream) {
         let (ours, theirs) = tokio::io::duplex(1 << 20);
-        let conn = BackendConn {
-            stream: ServerStream::Memory(ours),
+        let conn = BackendConn::fresh(
+            ServerStream::Memory(ours),
+            node,
+            "in-memory:5432".into(),
+            "app",
+        );
+        (conn, theirs)
+    }
+
+    /// A connection over `stream` before its login: nothing learned, nothing applied.
+    fn fresh(stream: ServerStream, node: usize, address: String, database: &str) -> BackendConn {
+        BackendConn {
+            stream,
             read_buf: BytesMut::with_capacity(16 * 1024),
             write_buf: BytesMut::with_capacity(16 * 1024),
             node,
-            address: "in-memory:5432".into(),
-            database: "app".into(),
+            address,
+            database: database.to_string(),
             cancel: Arc::default(),
             server_params: Vec::new(),
             prepared: HashMap::new(),
@@ -752,8 +746,7 @@ impl BackendConn {
             facts: ServerFacts::default(),
             opened: super::clock::Coarse::now(),
             severable: None,
-        };
-        (conn, theirs)
+        }
     }
 
     /// Moves the complete messages at the front of the read buffer whose tag `plain` accepts

@@ -1072,6 +1072,17 @@ mod tests {
         fields.sqlstate().map(str::to_string)
     }
 
+    /// The server's answer to the client's Parse, Bind, Execute, Sync of a one-row SELECT.
+    fn a_select_s_replies() -> [Frame; 5] {
+        [
+            frame(b'1'),
+            frame(b'2'),
+            data_row(&["1"]),
+            build::command_complete("SELECT 1"),
+            build::ready_for_query(b'I'),
+        ]
+    }
+
     /// Parse, Bind, Execute, Sync from the client: ParseComplete, BindComplete, a row,
     /// CommandComplete, ReadyForQuery, relayed byte for byte in the server's order; the client's
     /// status is the server's, and an idle connection goes back to the pool.
@@ -1079,13 +1090,7 @@ mod tests {
     async fn a_client_batch_is_relayed_in_order_and_its_end_frees_the_connection() {
         let mut h = harness();
         h.sent(&[Owner::Client]);
-        let replies = [
-            frame(b'1'),
-            frame(b'2'),
-            data_row(&["1"]),
-            build::command_complete("SELECT 1"),
-            build::ready_for_query(b'I'),
-        ];
+        let replies = a_select_s_replies();
         h.server_says(&replies).await;
         h.session.drain().await.expect("drain");
         assert_eq!(h.client_heard(), replies);
@@ -1102,13 +1107,7 @@ mod tests {
     async fn buffered_replies_take_the_plain_relay_with_the_same_bytes() {
         let mut h = harness();
         h.sent(&[Owner::Client]);
-        let replies = [
-            frame(b'1'),
-            frame(b'2'),
-            data_row(&["1"]),
-            build::command_complete("SELECT 1"),
-            build::ready_for_query(b'I'),
-        ];
+        let replies = a_select_s_replies();
         h.server_says(&replies).await;
         h.attached().conn.fill().await.expect("filled");
         h.session.on_buffered_replies().await.expect("relayed");
