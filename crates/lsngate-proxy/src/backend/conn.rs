@@ -148,6 +148,10 @@ impl CancelKey {
 enum ServerStream {
     Plain(TcpStream),
     Tls(Box<tokio_rustls::client::TlsStream<TcpStream>>),
+    /// An in-process pipe whose other end a unit test answers as the server (see
+    /// [`BackendConn::in_memory`]).
+    #[cfg(test)]
+    Memory(tokio::io::DuplexStream),
 }
 
 /// An authenticated server connection.
@@ -251,24 +255,7 @@ impl Target<'_> {
                 Some((self.host.to_string(), self.url.tls.clone())),
             ),
         };
-        let mut conn = BackendConn {
-            stream,
-            read_buf: BytesMut::with_capacity(16 * 1024),
-            write_buf: BytesMut::with_capacity(16 * 1024),
-            node: self.node,
-            address,
-            database: self.database.to_string(),
-            cancel: Arc::default(),
-            server_params: Vec::new(),
-            prepared: HashMap::new(),
-            unnamed: None,
-            applied: Settings::new(),
-            reported: HashMap::new(),
-            reported_version: 0,
-            facts: ServerFacts::default(),
-            opened: super::clock::Coarse::now(),
-            severable: None,
-        };
+        let mut conn = BackendConn::fresh(stream, self.node, address, self.database);
         let mut params = vec![
             ("user".into(), login.user.to_string()),
             ("database".into(), self.database.into()),
@@ -480,6 +467,8 @@ impl BackendConn {
                 Ok(()) => stream.flush().await,
                 Err(e) => Err(e),
             },
+            #[cfg(test)]
+            ServerStream::Memory(stream) => stream.write_all(rest).await,
         };
         written.map_err(|e| self.lost(e))
     }
@@ -521,6 +510,8 @@ impl BackendConn {
         match &self.stream {
             ServerStream::Plain(tcp) => tcp.as_raw_fd(),
             ServerStream::Tls(tls) => tls.get_ref().0.as_raw_fd(),
+            #[cfg(test)]
+            ServerStream::Memory(_) => -1,
         }
     }
 
@@ -554,6 +545,10 @@ impl BackendConn {
                     ready!(crate::socket::poll_recv(stream, cx, &mut self.read_buf))
                 }
                 ServerStream::Tls(stream) => {
+                    ready!(poll_read_tls(stream, cx, &mut self.read_buf))
+                }
+                #[cfg(test)]
+                ServerStream::Memory(stream) => {
                     ready!(poll_read_tls(stream, cx, &mut self.read_buf))
                 }
             };
@@ -648,13 +643,13 @@ impl BackendConn {
     }
 }
 
-/// Reads what TLS yields into `buf`'s spare room (made first, as for plain TCP); 0 at the end.
-fn poll_read_tls(
-    stream: &mut tokio_rustls::client::TlsStream<TcpStream>,
+/// Reads what TLS (or a unit test's in-memory pipe) yields into `buf`'s spare room (made first,
+/// as for plain TCP); 0 at the end.
+fn poll_read_tls<S: tokio::io::AsyncRead + Unpin>(
+    stream: &mut S,
     cx: &mut Context<'_>,
     buf: &mut BytesMut,
 ) -> Poll<std::io::Result<usize>> {
-    use tokio::io::AsyncRead;
     crate::net::room_to_read(buf);
     let mut read = tokio::io::ReadBuf::uninit(buf.spare_capacity_mut());
     ready!(std::pin::Pin::new(stream).poll_read(cx, &mut read))?;
@@ -682,6 +677,8 @@ impl BackendConn {
                 }
                 &*socket
             }
+            #[cfg(test)]
+            ServerStream::Memory(_) => return self.read_buf.is_empty(),
         };
         self.read_buf.is_empty()
             && matches!(socket.try_read(&mut probe), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock)
@@ -715,6 +712,45 @@ impl BackendConn {
                 }
                 let _ = socket.try_write(&records);
             }
+            #[cfg(test)]
+            ServerStream::Memory(_) => {}
+        }
+    }
+
+    /// A connection to node `node` over an in-process pipe, logged in as nothing in particular,
+    /// and the pipe's other end: what the proxy sends arrives there, and what the test writes
+    /// there is the server's answer. For unit tests of the session's reply handling.
+    #[cfg(test)]
+    pub(crate) fn in_memory(node: usize) -> (BackendConn, tokio::io::DuplexStream) {
+        let (ours, theirs) = tokio::io::duplex(1 << 20);
+        let conn = BackendConn::fresh(
+            ServerStream::Memory(ours),
+            node,
+            "in-memory:5432".into(),
+            "app",
+        );
+        (conn, theirs)
+    }
+
+    /// A connection over `stream` before its login: nothing learned, nothing applied.
+    fn fresh(stream: ServerStream, node: usize, address: String, database: &str) -> BackendConn {
+        BackendConn {
+            stream,
+            read_buf: BytesMut::with_capacity(16 * 1024),
+            write_buf: BytesMut::with_capacity(16 * 1024),
+            node,
+            address,
+            database: database.to_string(),
+            cancel: Arc::default(),
+            server_params: Vec::new(),
+            prepared: HashMap::new(),
+            unnamed: None,
+            applied: Settings::new(),
+            reported: HashMap::new(),
+            reported_version: 0,
+            facts: ServerFacts::default(),
+            opened: super::clock::Coarse::now(),
+            severable: None,
         }
     }
 

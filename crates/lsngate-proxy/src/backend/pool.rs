@@ -430,6 +430,17 @@ impl PooledConn {
     }
 }
 
+#[cfg(test)]
+impl PooledConn {
+    /// A connection lent by no pool: releasing or dropping it only drops it. For unit tests.
+    pub(crate) fn unpooled(conn: BackendConn) -> PooledConn {
+        PooledConn {
+            conn: Some(Box::new(conn)),
+            pool: None,
+        }
+    }
+}
+
 impl Drop for PooledConn {
     fn drop(&mut self) {
         if let Some(pool) = self.pool.take() {

@@ -926,3 +926,514 @@ fn pins(tag: &[u8]) -> bool {
         .iter()
         .any(|t| tag.starts_with(t))
 }
+
+/// The reply state machine driven in-process: a session with a backend attached over an
+/// in-memory pipe (`BackendConn::in_memory`), whose other end the test answers as the server
+/// with hand-built frames, and a client that is another in-memory pipe. No sockets, no server:
+/// each test sets up what the proxy sent (the replies it expects, by owner) as the sending side
+/// would have, then checks what the client hears, what goes back to the server and what the
+/// session records.
+#[cfg(test)]
+mod tests {
+    use std::collections::VecDeque;
+    use std::pin::Pin;
+    use std::task::{Context, Poll, Waker};
+
+    use bytes::{BufMut, BytesMut};
+    use tokio::io::{AsyncRead, AsyncWriteExt, DuplexStream, ReadBuf};
+
+    use crate::backend::{BackendConn, PooledConn, Target};
+    use crate::config::{Config, FileConfig};
+    use crate::frontend::attached::{Attached, Duty, Owner};
+    use crate::frontend::client_io::{ClientIo, ClientSocket};
+    use crate::frontend::flight::RESYNC_SQL;
+    use crate::frontend::session::Session;
+    use crate::net::backend::TxStatus;
+    use crate::net::backend::build;
+    use crate::net::{ErrorFields, Frame, FrontendMessage, decode_frame};
+    use crate::proxy::Proxy;
+
+    impl ClientSocket for DuplexStream {}
+
+    /// A session with a primary connection attached, the server's end of that connection and
+    /// the client's end of the session.
+    struct Harness {
+        session: Session,
+        server: DuplexStream,
+        client: DuplexStream,
+    }
+
+    fn harness() -> Harness {
+        let config = Config::build(FileConfig {
+            primary: Some("postgres://app@127.0.0.1:1/app".into()),
+            ..FileConfig::default()
+        })
+        .expect("config");
+        let (client, proxy_end) = tokio::io::duplex(1 << 20);
+        let io = ClientIo::new(Box::new(proxy_end), BytesMut::new(), 1 << 20);
+        let mut session = Session::in_memory(Proxy::new(config), io);
+        let (conn, server) = BackendConn::in_memory(0);
+        session.backend = Some(Attached::new(
+            PooledConn::unpooled(conn),
+            Target::Primary,
+            VecDeque::new(),
+        ));
+        Harness {
+            session,
+            server,
+            client,
+        }
+    }
+
+    impl Harness {
+        fn attached(&mut self) -> &mut Attached {
+            self.session.backend.as_mut().expect("attached")
+        }
+
+        /// What the sending side records for a flight whose replies `owners` are due, in order.
+        fn sent(&mut self, owners: &[Owner]) {
+            let attached = self.attached();
+            for owner in owners {
+                attached.expect.push_back(*owner);
+                if *owner == Owner::Client {
+                    attached.segments_sent += 1;
+                }
+            }
+        }
+
+        /// The server answers with `frames`.
+        async fn server_says(&mut self, frames: &[Frame]) {
+            let mut bytes = BytesMut::new();
+            frames.iter().for_each(|f| f.encode(&mut bytes));
+            self.server.write_all(&bytes).await.expect("pipe");
+        }
+
+        /// Handles what the server has sent so far, one reply at a time, without waiting for
+        /// more (`drain` would wait for every reply due).
+        async fn handle_sent(&mut self) {
+            self.attached().conn.fill().await.expect("filled");
+            while let Some(frame) = self
+                .session
+                .backend
+                .as_mut()
+                .and_then(|b| b.conn.next_frame())
+            {
+                self.session.on_backend(frame).await.expect("handled");
+            }
+        }
+
+        /// Everything the client has been sent so far, as frames.
+        fn client_heard(&mut self) -> Vec<Frame> {
+            frames_in(&mut self.client)
+        }
+
+        /// Everything the proxy sent to the server so far, as frames.
+        fn server_got(&mut self) -> Vec<Frame> {
+            frames_in(&mut self.server)
+        }
+    }
+
+    /// The frames readable from `pipe` right now (without waiting).
+    fn frames_in(pipe: &mut DuplexStream) -> Vec<Frame> {
+        let mut bytes = BytesMut::new();
+        let mut cx = Context::from_waker(Waker::noop());
+        loop {
+            let mut chunk = [0u8; 4096];
+            let mut read = ReadBuf::new(&mut chunk);
+            match Pin::new(&mut *pipe).poll_read(&mut cx, &mut read) {
+                Poll::Ready(Ok(())) if !read.filled().is_empty() => {
+                    bytes.extend_from_slice(read.filled())
+                }
+                _ => break,
+            }
+        }
+        let mut frames = Vec::new();
+        while let Some(frame) = decode_frame(&mut bytes, usize::MAX).expect("whole frames") {
+            frames.push(frame);
+        }
+        assert!(bytes.is_empty(), "a partial frame");
+        frames
+    }
+
+    fn tags(frames: &[Frame]) -> String {
+        frames.iter().map(|f| f.tag as char).collect()
+    }
+
+    fn frame(tag: u8) -> Frame {
+        Frame {
+            tag,
+            body: Default::default(),
+        }
+    }
+
+    fn data_row(values: &[&str]) -> Frame {
+        let mut body = BytesMut::new();
+        body.put_i16(values.len() as i16);
+        for value in values {
+            body.put_i32(value.len() as i32);
+            body.put_slice(value.as_bytes());
+        }
+        Frame {
+            tag: b'D',
+            body: body.freeze(),
+        }
+    }
+
+    fn error(severity: &str, code: &str, message: &str) -> Frame {
+        ErrorFields::new(severity, code, message).to_frame(b'E')
+    }
+
+    fn sqlstate(frame: &Frame) -> Option<String> {
+        let fields = ErrorFields::parse(frame.tag, &frame.body).expect("an error or notice");
+        fields.sqlstate().map(str::to_string)
+    }
+
+    /// The server's answer to the client's Parse, Bind, Execute, Sync of a one-row SELECT.
+    fn a_select_s_replies() -> [Frame; 5] {
+        [
+            frame(b'1'),
+            frame(b'2'),
+            data_row(&["1"]),
+            build::command_complete("SELECT 1"),
+            build::ready_for_query(TxStatus::Idle),
+        ]
+    }
+
+    /// Parse, Bind, Execute, Sync from the client: ParseComplete, BindComplete, a row,
+    /// CommandComplete, ReadyForQuery, relayed byte for byte in the server's order; the client's
+    /// status is the server's, and an idle connection goes back to the pool.
+    #[tokio::test]
+    async fn a_client_batch_is_relayed_in_order_and_its_end_frees_the_connection() {
+        let mut h = harness();
+        h.sent(&[Owner::Client]);
+        let replies = a_select_s_replies();
+        h.server_says(&replies).await;
+        h.session.drain().await.expect("drain");
+        assert_eq!(h.client_heard(), replies);
+        assert_eq!(h.session.status, TxStatus::Idle);
+        assert!(
+            h.session.backend.is_none(),
+            "released at the transaction's end"
+        );
+    }
+
+    /// The same replies already buffered take the plain-relay path of `on_buffered_replies`:
+    /// the client hears the same bytes.
+    #[tokio::test]
+    async fn buffered_replies_take_the_plain_relay_with_the_same_bytes() {
+        let mut h = harness();
+        h.sent(&[Owner::Client]);
+        let replies = a_select_s_replies();
+        h.server_says(&replies).await;
+        h.attached().conn.fill().await.expect("filled");
+        h.session.on_buffered_replies().await.expect("relayed");
+        assert_eq!(h.client_heard(), replies);
+        assert!(h.session.backend.is_none());
+    }
+
+    /// A transaction block's status is tracked from the server's ReadyForQuery: inside it
+    /// (`T`, then `E` after an error) the connection stays attached; its end (`I`) frees it.
+    #[tokio::test]
+    async fn transaction_status_comes_from_ready_for_query() {
+        let mut h = harness();
+        h.sent(&[Owner::Client]);
+        h.server_says(&[
+            build::command_complete("BEGIN"),
+            build::ready_for_query(TxStatus::InBlock),
+        ])
+        .await;
+        h.session.drain().await.expect("drain");
+        assert_eq!(h.session.status, TxStatus::InBlock);
+        assert!(h.session.backend.is_some(), "held inside the block");
+
+        h.sent(&[Owner::Client]);
+        h.server_says(&[
+            error("ERROR", "22012", "division by zero"),
+            build::ready_for_query(TxStatus::Failed),
+        ])
+        .await;
+        h.session.drain().await.expect("drain");
+        assert_eq!(h.session.status, TxStatus::Failed);
+        assert!(h.session.backend.is_some(), "held in the failed block");
+
+        h.sent(&[Owner::Client]);
+        h.server_says(&[
+            build::command_complete("ROLLBACK"),
+            build::ready_for_query(TxStatus::Idle),
+        ])
+        .await;
+        h.session.drain().await.expect("drain");
+        assert_eq!(h.session.status, TxStatus::Idle);
+        assert!(h.session.backend.is_none());
+        assert_eq!(tags(&h.client_heard()), "CZEZCZ");
+    }
+
+    /// The settings the proxy put in front of the client's flight: their replies, ReadyForQuery
+    /// and ParameterStatus included, are the proxy's and never reach the client in their place;
+    /// a notice raised meanwhile does (asynchronous messages are the client's whoever's segment
+    /// it is). A reported value the client already knows is not repeated at its ReadyForQuery;
+    /// one it does not know is, just before it.
+    #[tokio::test]
+    async fn a_proxy_duty_s_replies_are_swallowed_and_the_client_s_follow() {
+        let mut h = harness();
+        h.session
+            .reported
+            .insert("search_path".into(), "app".into());
+        h.sent(&[Owner::Proxy(Duty::Prepare), Owner::Client]);
+        let notice = ErrorFields::new("NOTICE", "00000", "from the duty").to_frame(b'N');
+        h.server_says(&[
+            build::parameter_status("search_path", "app"),
+            notice.clone(),
+            build::command_complete("SET"),
+            build::ready_for_query(TxStatus::Idle),
+        ])
+        .await;
+        let client = [
+            build::command_complete("SELECT 0"),
+            build::ready_for_query(TxStatus::Idle),
+        ];
+        h.server_says(&client).await;
+        h.session.drain().await.expect("drain");
+        assert_eq!(h.client_heard(), [vec![notice], client.to_vec()].concat());
+        assert!(h.session.backend.is_none());
+
+        let mut h = harness();
+        h.sent(&[Owner::Proxy(Duty::Prepare), Owner::Client]);
+        h.server_says(&[
+            build::parameter_status("TimeZone", "UTC"),
+            build::command_complete("SET"),
+            build::ready_for_query(TxStatus::Idle),
+        ])
+        .await;
+        h.server_says(&client).await;
+        h.session.drain().await.expect("drain");
+        let news = build::parameter_status("TimeZone", "UTC");
+        assert_eq!(
+            h.client_heard(),
+            [client[0].clone(), news, client[1].clone()]
+        );
+    }
+
+    /// A duty that fails is the proxy's failure, not the client's: the error is swallowed (only
+    /// logged) and the client's own replies that follow are relayed as usual.
+    #[tokio::test]
+    async fn a_failing_duty_is_not_the_client_s_error() {
+        let mut h = harness();
+        h.sent(&[Owner::Proxy(Duty::Prepare), Owner::Client]);
+        h.server_says(&[
+            error("ERROR", "42704", "unrecognized configuration parameter"),
+            build::ready_for_query(TxStatus::Idle),
+            build::command_complete("SELECT 0"),
+            build::ready_for_query(TxStatus::Idle),
+        ])
+        .await;
+        h.session.drain().await.expect("drain");
+        assert_eq!(tags(&h.client_heard()), "CZ");
+    }
+
+    /// Statements the proxy prepared in front of the client's segment inside a block that had
+    /// failed meanwhile (25P02): what the connection holds is in doubt, and the server's 26000
+    /// for the client's Bind of one reaches the client as the 25P02 a direct connection gives.
+    #[tokio::test]
+    async fn a_preparation_refused_in_an_aborted_block_answers_the_client_with_25p02() {
+        let mut h = harness();
+        h.session.status = TxStatus::Failed;
+        h.attached()
+            .conn
+            .prepared
+            .insert("lsngate_1".into(), "SELECT 1".into());
+        h.sent(&[Owner::Proxy(Duty::Prepare), Owner::Client]);
+        h.server_says(&[
+            error("ERROR", "25P02", "current transaction is aborted"),
+            build::ready_for_query(TxStatus::Failed),
+            error(
+                "ERROR",
+                "26000",
+                "prepared statement \"lsngate_1\" does not exist",
+            ),
+            build::ready_for_query(TxStatus::Failed),
+        ])
+        .await;
+        h.session.drain().await.expect("drain");
+        let heard = h.client_heard();
+        assert_eq!(tags(&heard), "EZ");
+        assert_eq!(sqlstate(&heard[0]).as_deref(), Some("25P02"));
+        let attached = h.attached();
+        assert_eq!(
+            attached.conn.prepared["lsngate_1"],
+            super::super::flight::IN_DOUBT
+        );
+        assert_eq!(attached.unprepared_in_aborted_block, None, "used up");
+    }
+
+    /// An error in a flight whose session settings were recorded at send time puts them in
+    /// doubt: at the transaction's end the proxy reads the server's settings back on the same
+    /// connection and holds the client's ReadyForQuery until that answer is in, so the client
+    /// cannot send its next SET ahead of it.
+    #[tokio::test]
+    async fn an_error_with_settings_recorded_reads_them_back_before_the_client_hears_ready() {
+        let mut h = harness();
+        h.sent(&[Owner::Client]);
+        h.attached().effects_due = true;
+        h.server_says(&[
+            error("ERROR", "22023", "invalid value"),
+            build::ready_for_query(TxStatus::Idle),
+        ])
+        .await;
+        h.handle_sent().await;
+        assert!(h.session.settings_in_doubt);
+        // Nothing yet: the error waits in the write buffer behind which the ReadyForQuery is
+        // held.
+        assert_eq!(tags(&h.client_heard()), "");
+        let sent = h.server_got();
+        assert_eq!(sent, [FrontendMessage::Query(RESYNC_SQL.into()).to_frame()]);
+        assert_eq!(h.attached().expect, [Owner::Proxy(Duty::Resync)]);
+
+        // The read-back answers: the server's session settings become the client's.
+        h.server_says(&[
+            data_row(&["search_path", "app"]),
+            build::command_complete("SELECT 1"),
+            build::ready_for_query(TxStatus::Idle),
+        ])
+        .await;
+        h.session.drain().await.expect("drain");
+        assert_eq!(tags(&h.client_heard()), "EZ");
+        assert!(!h.session.settings_in_doubt);
+        assert!(h.session.settings.contains_key("search_path"));
+        assert!(h.session.backend.is_none());
+    }
+
+    /// The read-back failing is swallowed like any duty's error: the client still hears its
+    /// held ReadyForQuery, and the settings stay in doubt (the next transaction's end reads them
+    /// again).
+    #[tokio::test]
+    async fn a_failed_read_back_leaves_the_settings_in_doubt() {
+        let mut h = harness();
+        h.session.settings_in_doubt = true;
+        h.sent(&[Owner::Client]);
+        h.server_says(&[
+            build::command_complete("SELECT 0"),
+            build::ready_for_query(TxStatus::Idle),
+        ])
+        .await;
+        h.handle_sent().await;
+        assert_eq!(tags(&h.client_heard()), "", "held behind the read-back");
+        assert_eq!(h.server_got().len(), 1, "the read-back was sent");
+        h.server_says(&[
+            error("ERROR", "57014", "canceling statement"),
+            build::ready_for_query(TxStatus::Idle),
+        ])
+        .await;
+        h.session.drain().await.expect("drain");
+        assert_eq!(tags(&h.client_heard()), "CZ");
+        assert!(h.session.settings_in_doubt);
+    }
+
+    /// Extended messages sent without a Sync (the flight ended in Flush): each answer counts
+    /// down what is due, and an error makes the server skip everything up to the next Sync,
+    /// which `settle_unsynced` reports so the session expects nothing more.
+    #[tokio::test]
+    async fn an_error_in_an_unsynced_batch_skips_to_the_sync() {
+        let mut h = harness();
+        let attached = h.attached();
+        attached.open = true;
+        attached.unsynced_due = 3;
+        h.server_says(&[frame(b'1'), error("ERROR", "42601", "syntax error")])
+            .await;
+        assert!(
+            h.session.settle_unsynced().await.expect("settled"),
+            "skipping"
+        );
+        assert_eq!(tags(&h.client_heard()), "1E");
+        let attached = h.attached();
+        assert!(attached.skipping);
+        assert_eq!(attached.unsynced_due, 0);
+
+        let mut h = harness();
+        let attached = h.attached();
+        attached.open = true;
+        attached.unsynced_due = 2;
+        h.server_says(&[frame(b'1'), frame(b'2')]).await;
+        assert!(!h.session.settle_unsynced().await.expect("settled"));
+        assert_eq!(h.attached().unsynced_due, 0);
+        assert_eq!(tags(&h.client_heard()), "12");
+    }
+
+    /// A pinning statement (SQL PREPARE) whose segment ended without its CommandComplete (the
+    /// server skipped it after an earlier error) did not run: the pin is undone. Its
+    /// CommandComplete confirms it.
+    #[tokio::test]
+    async fn a_pin_holds_only_when_the_server_confirms_the_pinning_statement() {
+        let mut h = harness();
+        h.session.pinned = true;
+        h.sent(&[Owner::Client]);
+        h.attached().pin_unconfirmed = Some(0);
+        h.server_says(&[
+            error("ERROR", "22012", "division by zero"),
+            build::ready_for_query(TxStatus::Idle),
+        ])
+        .await;
+        h.session.drain().await.expect("drain");
+        assert!(!h.session.pinned);
+        assert!(h.session.backend.is_none());
+
+        let mut h = harness();
+        h.session.pinned = true;
+        h.sent(&[Owner::Client]);
+        h.attached().pin_unconfirmed = Some(0);
+        h.server_says(&[
+            build::command_complete("PREPARE"),
+            build::ready_for_query(TxStatus::Idle),
+        ])
+        .await;
+        h.session.drain().await.expect("drain");
+        assert!(h.session.pinned);
+        assert!(h.session.backend.is_some(), "pinned: kept");
+    }
+
+    /// A server's FATAL ends the server connection, not the client's: the client hears it as an
+    /// ERROR and the connection takes no further flights.
+    #[tokio::test]
+    async fn a_fatal_from_the_server_reaches_the_client_as_an_error() {
+        let mut h = harness();
+        h.sent(&[Owner::Client]);
+        h.server_says(&[error("FATAL", "57P01", "terminating connection")])
+            .await;
+        let b = h.attached();
+        b.conn.fill().await.expect("filled");
+        let frame = b.conn.next_frame().expect("a frame");
+        h.session.on_backend(frame).await.expect("handled");
+        let heard = h.client_heard();
+        let fields = ErrorFields::parse(b'E', &heard[0].body).expect("error");
+        assert_eq!(fields.get(b'S'), Some("ERROR"));
+        assert_eq!(fields.sqlstate(), Some("57P01"));
+        assert!(h.attached().doomed);
+        assert!(h.attached().error_relayed);
+    }
+
+    /// The server connection closing while the client's statement is due: the client hears an
+    /// 08006 error that says the outcome is unknown, then ReadyForQuery; its session goes on.
+    #[tokio::test]
+    async fn a_server_that_closes_mid_statement_answers_the_client_with_08006() {
+        let mut h = harness();
+        h.sent(&[Owner::Client]);
+        h.server.shutdown().await.expect("closed");
+        drop(h.server);
+        h.session
+            .drain()
+            .await
+            .expect("the client's session goes on");
+        let heard = frames_in(&mut h.client);
+        assert_eq!(tags(&heard), "EZ");
+        assert_eq!(sqlstate(&heard[0]).as_deref(), Some("08006"));
+        let message = ErrorFields::parse(b'E', &heard[0].body).expect("error");
+        assert!(
+            message
+                .get(b'M')
+                .unwrap_or_default()
+                .contains("outcome is unknown")
+        );
+        assert_eq!(h.session.status, TxStatus::Idle);
+        assert!(h.session.backend.is_none());
+    }
+}

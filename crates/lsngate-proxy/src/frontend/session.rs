@@ -203,6 +203,56 @@ impl Session {
         })
     }
 
+    /// A session as `start` leaves it for a client that gave no startup settings, without the
+    /// login (no server is asked for its parameters, nothing is sent to the client): for unit
+    /// tests that drive the session in-process.
+    #[cfg(test)]
+    pub(super) fn in_memory(proxy: Arc<Proxy>, io: ClientIo) -> Session {
+        let mut config_seen = u64::MAX;
+        let config = proxy
+            .config_if_changed(&mut config_seen)
+            .expect("no version is u64::MAX");
+        Session {
+            floors: ClientFloors {
+                mode: config.causal.consistency,
+                ..ClientFloors::default()
+            },
+            pinned: config.pool_mode == crate::config::PoolMode::Session,
+            config,
+            config_seen,
+            pools: Vec::new(),
+            class_memo: Default::default(),
+            spare_expect: std::collections::VecDeque::with_capacity(4),
+            proxy,
+            io,
+            user: "app".into(),
+            server_login: None,
+            database: "app".into(),
+            settings: Default::default(),
+            statements: HashMap::new(),
+            unnamed: None,
+            hint: RouteHint::Auto,
+            backend: None,
+            status: TxStatus::Idle,
+            pending: Vec::new(),
+            settings_in_doubt: false,
+            cancel_slot: Default::default(),
+            local_portals: HashMap::new(),
+            closing: std::collections::VecDeque::new(),
+            plans_changed: false,
+            log: Default::default(),
+            startup_settings: Default::default(),
+            startup_values: HashMap::new(),
+            reset_portals: Default::default(),
+            restore_due: false,
+            resets_parsed: false,
+            reset_rewritten: None,
+            skip_to_sync: false,
+            reported: HashMap::new(),
+            shutdown: watch::channel(false).1,
+        }
+    }
+
     /// Takes up a reloaded config, once per reload (checked at every statement).
     fn refresh_config(&mut self) {
         if let Some(config) = self.proxy.config_if_changed(&mut self.config_seen) {
