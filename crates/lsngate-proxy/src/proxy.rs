@@ -8,7 +8,8 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 
 use crate::backend::Nodes;
-use crate::config::Config;
+use crate::backend::Target;
+use crate::config::{Config, ServerLogin};
 use crate::statement::ClassCache;
 
 /// Where a client's query is running right now, for CancelRequest routing.
@@ -170,6 +171,43 @@ impl Proxy {
         state.requests += 1;
         state.target.clone()
     }
+}
+
+impl Proxy {
+    /// ParameterStatus values to report at login: those the primary sent the pool's newest
+    /// connection (a checkout only before there was one).
+    pub async fn server_params(
+        &self,
+        database: &str,
+        login: Option<&ServerLogin>,
+    ) -> anyhow::Result<Vec<(String, String)>> {
+        let config = self.config();
+        let node = self
+            .nodes
+            .pick(Target::Primary)
+            .ok_or_else(|| anyhow::anyhow!(no_primary()))?;
+        let pool = node.pool(database, login, config.pool_limits());
+        // Known once the pool opened a connection: a login does not wait for a busy pool.
+        if let Some(params) = pool.server_params() {
+            return Ok(params.to_vec());
+        }
+        let mut conn = pool
+            .acquire(
+                &node.url,
+                login,
+                config.acquire_timeout,
+                config.connect_timeout,
+            )
+            .await?;
+        let params = conn.server_params.clone();
+        conn.release();
+        Ok(params)
+    }
+}
+
+/// The error a client gets when no node is a reachable primary.
+pub(crate) fn no_primary() -> String {
+    "no primary is reachable: every configured node is down or in recovery; check /status on the admin port".into()
 }
 
 impl crate::backend::monitor::Monitored for Proxy {

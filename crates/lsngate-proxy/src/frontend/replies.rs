@@ -8,7 +8,7 @@ use tokio::time::Instant;
 
 use super::attached::{Attached, Duty, Owner};
 use super::causal::Discard;
-use super::flight::RESYNC_SQL;
+use super::effects::RESYNC_SQL;
 use super::session::Session;
 use crate::backend::{BackendError, Target};
 use crate::causal::{Floor, Outcome};
@@ -632,7 +632,7 @@ impl Session {
                     .conn
                     .prepared
                     .values_mut()
-                    .for_each(|identity| *identity = super::flight::IN_DOUBT.to_string());
+                    .for_each(|identity| *identity = super::preparation::IN_DOUBT.to_string());
                 return Ok(());
             }
             BackendMessage::ErrorResponse(e) => {
@@ -946,7 +946,7 @@ mod tests {
     use crate::config::{Config, FileConfig};
     use crate::frontend::attached::{Attached, Duty, Owner};
     use crate::frontend::client_io::{ClientIo, ClientSocket};
-    use crate::frontend::flight::RESYNC_SQL;
+    use crate::frontend::effects::RESYNC_SQL;
     use crate::frontend::session::Session;
     use crate::net::backend::TxStatus;
     use crate::net::backend::build;
@@ -1261,7 +1261,7 @@ mod tests {
         let attached = h.attached();
         assert_eq!(
             attached.conn.prepared["lsngate_1"],
-            super::super::flight::IN_DOUBT
+            super::super::preparation::IN_DOUBT
         );
         assert_eq!(attached.unprepared_in_aborted_block, None, "used up");
     }

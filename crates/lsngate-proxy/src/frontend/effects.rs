@@ -1,0 +1,335 @@
+//! The session-level effects of a client's flight (SET, RESET, DISCARD, DEALLOCATE, PREPARE,
+//! LISTEN): recorded when sent, confirmed or undone by the server's answers, and the client's
+//! settings read back (`RESYNC_SQL`, `Session::on_resync`) or applied again
+//! (`Session::restore_settings`) when an answer leaves them in doubt.
+
+use std::collections::{HashMap, HashSet};
+
+use super::attached::{Duty, Owner};
+use super::client_statement::ClientStatement;
+use super::flight::segment_ends;
+use super::pipeline::Unconfirmed;
+use super::preparation::{all_dropped, all_in_doubt, settings_sql};
+use super::session::Session;
+use crate::backend::Settings;
+use crate::net::FrontendMessage;
+use crate::net::backend::TxStatus;
+use crate::statement::{Class, session_set, setting_reset};
+
+/// [`Attached::reset_tags`] entries for a flight: per Execute whether its portal (bound in this
+/// flight or before, as `portals` records) runs a RESET sent as SET; `None` per Sync or Query.
+pub(super) fn reset_tags(
+    flight: &[FrontendMessage],
+    statements: &[Option<&ClientStatement>],
+    portals: &mut HashSet<String>,
+) -> Vec<Option<bool>> {
+    let mut tags = Vec::new();
+    for (m, s) in flight.iter().zip(statements) {
+        match m {
+            FrontendMessage::Bind { portal, .. } => {
+                if s.is_some_and(|s| s.reset_as_set) {
+                    portals.insert(portal.clone());
+                } else if !portals.is_empty() {
+                    portals.remove(portal);
+                }
+            }
+            FrontendMessage::Close { kind: b'P', name } => {
+                portals.remove(name);
+            }
+            FrontendMessage::Execute { portal, .. } => tags.push(Some(portals.contains(portal))),
+            FrontendMessage::Sync
+            | FrontendMessage::Query(_)
+            | FrontendMessage::FunctionCall(_) => tags.push(None),
+            _ => {}
+        }
+    }
+    tags
+}
+
+/// The session-level settings of a server connection: after the client's transaction is over,
+/// exactly the client's (the proxy resets anyone else's before the client's first statement).
+pub(super) const RESYNC_SQL: &str =
+    "SELECT name, setting FROM pg_catalog.pg_settings WHERE source = 'session'";
+
+impl Session {
+    /// The statements a flight runs that change session state (SET, RESET, DISCARD, DEALLOCATE,
+    /// LISTEN, ...): a simple Query's text, or the statement behind each portal an
+    /// extended-protocol flight executes (drivers send `SET` that way as often as not).
+    fn session_effects(
+        &self,
+        flight: &[FrontendMessage],
+        class: Option<Class>,
+    ) -> Vec<(Class, String)> {
+        let changes_state = |c: Class| matches!(c, Class::Pin | Class::SessionState);
+        if let [FrontendMessage::Query(sql)] = flight {
+            return match class {
+                Some(c) if changes_state(c) => vec![(c, sql.clone())],
+                // Classified by its other statements, but its SET applies all the same; with a
+                // `;` in it, it is recorded as not understood (read back afterwards).
+                _ if crate::statement::sets_session_in_parts(sql.as_bytes()) => {
+                    vec![(Class::SessionState, sql.clone())]
+                }
+                _ => Vec::new(),
+            };
+        }
+        let mut portals = HashMap::new();
+        let mut effects = Vec::new();
+        for (m, statement) in flight.iter().zip(self.statement_per_message(flight)) {
+            match m {
+                FrontendMessage::Bind { portal, .. } => {
+                    portals.insert(portal.as_str(), statement);
+                }
+                FrontendMessage::Execute { portal, .. } => {
+                    if let Some(Some(s)) = portals.get(portal.as_str())
+                        && changes_state(s.class)
+                    {
+                        effects.push((s.class, s.query.clone()));
+                    }
+                }
+                _ => {}
+            }
+        }
+        effects
+    }
+
+    /// Whether the flight executes a portal after its last Sync (or Query): `None` when it does
+    /// not, else whether one of those Executes runs a BEGIN.
+    pub(super) fn executed_after_last_sync(&self, flight: &[FrontendMessage]) -> Option<bool> {
+        let ends = |m: &FrontendMessage| {
+            matches!(
+                m,
+                FrontendMessage::Sync
+                    | FrontendMessage::Query(_)
+                    | FrontendMessage::FunctionCall(_)
+            )
+        };
+        let tail = flight.iter().rposition(ends).map_or(0, |i| i + 1);
+        let statements = self.statement_per_message(flight);
+        let mut portals = HashMap::new();
+        let mut executed = None;
+        for (m, statement) in flight.iter().zip(statements).skip(tail) {
+            match m {
+                FrontendMessage::Bind { portal, .. } => {
+                    portals.insert(portal.as_str(), statement);
+                }
+                FrontendMessage::Execute { portal, .. } => {
+                    let begins = portals
+                        .get(portal.as_str())
+                        .copied()
+                        .flatten()
+                        .is_some_and(|s| matches!(s.class, Class::Begin { .. }));
+                    executed = Some(begins || executed.unwrap_or(false));
+                }
+                _ => {}
+            }
+        }
+        executed
+    }
+
+    /// Tracks the session-level effects of a flight (see [`Session::session_effects`]). True
+    /// when a change of settings may yet be undone or was not understood: a SET inside a
+    /// transaction block (a ROLLBACK undoes it), in a pipeline or a multi-statement string (a
+    /// later error undoes it), or one the proxy cannot parse. The server's settings are then
+    /// read back when the transaction is over ([`Duty::Resync`], sent at the ReadyForQuery that
+    /// says idle). `SET LOCAL`, `SET TRANSACTION` and `SET CONSTRAINTS` are not session state
+    /// (`Class::TransactionLocal`).
+    pub(super) fn note_session_effects(
+        &mut self,
+        flight: &[FrontendMessage],
+        class: Option<Class>,
+    ) -> bool {
+        let effects = self.session_effects(flight, class);
+        let executes = flight
+            .iter()
+            .filter(|m| matches!(m, FrontendMessage::Execute { .. }))
+            .count();
+        let alone = self.status == TxStatus::Idle && effects.len() == 1 && executes <= 1;
+        let mut doubt = false;
+        let simple = matches!(flight, [FrontendMessage::Query(_)]);
+        let pin_settled = self.pinned
+            && self
+                .backend
+                .as_ref()
+                .is_some_and(|b| b.pin_unconfirmed.is_none());
+        let pins = effects.iter().any(|(class, _)| *class == Class::Pin);
+        for (class, sql) in effects {
+            if let Some(understood) = self.note_session_effect(class, &sql, simple) {
+                doubt |= class == Class::SessionState && !(understood && alone);
+                if class == Class::SessionState {
+                    // Recorded before the server ran it: an error in its segment (its own, or
+                    // one that made the server skip it) puts the settings in doubt.
+                    self.backend.as_mut().expect("attached").effects_due = true;
+                }
+            }
+        }
+        if pins && !pin_settled {
+            // Until one of them is confirmed, the pin lasts to the last segment of the latest
+            // flight that sent a pinning statement (an earlier one the server skipped must not
+            // undo the pin of a later one that ran, seeds 777336 then 777338). The flight's last
+            // segment is the one still open when it ends in Flush.
+            let attached = self.backend.as_mut().expect("attached");
+            let ends = segment_ends(flight) as u64;
+            let open_tail = !matches!(
+                flight.last(),
+                Some(
+                    FrontendMessage::Sync
+                        | FrontendMessage::Query(_)
+                        | FrontendMessage::FunctionCall(_)
+                )
+            );
+            let last = attached.segments_sent + ends + u64::from(open_tail);
+            attached.pin_unconfirmed = Some(last.saturating_sub(1));
+        }
+        doubt
+    }
+
+    /// Records one statement's effect: `Some(false)` when it is not understood (the server's
+    /// settings are then read back), `None` when nothing outlives the transaction.
+    /// `simple`: the statement is a simple Query's (an extended flight's are in `preparation`,
+    /// which knows their place in the flight).
+    fn note_session_effect(&mut self, class: Class, sql: &str, simple: bool) -> Option<bool> {
+        let lower = sql.trim().trim_end_matches(';').trim().to_ascii_lowercase();
+        let conn = &mut self.backend.as_mut().expect("attached").conn;
+        match class {
+            Class::Pin => self.pinned = true,
+            Class::SessionState if lower.contains(';') => return Some(false),
+            Class::SessionState => {
+                if let Some((name, _)) = setting_reset(sql) {
+                    // Sent as it is (one sent as the startup value's SET is recorded as that
+                    // SET): the server went back to its own login's value. A direct connection
+                    // goes back to the client's startup value, which the next flight's
+                    // preparation applies again.
+                    conn.applied.remove(&name);
+                    match self.startup_settings.get(&name) {
+                        Some(statement) => {
+                            self.settings.insert(name, statement.clone());
+                        }
+                        None => {
+                            self.settings.remove(&name);
+                        }
+                    }
+                } else if let Some((name, value)) = session_set(sql) {
+                    let statement = format!("SET {name} = {value}");
+                    conn.applied.insert(name.clone(), statement.clone());
+                    self.settings.insert(name, statement);
+                } else if lower == "reset all" || lower == "discard all" {
+                    // A direct connection returns to the values the client logged in with; the
+                    // server connection returns to its own login's, so the startup settings are
+                    // applied again right behind (`restore_due`, before the client hears the
+                    // statement is done, so it is told of no value it never had).
+                    self.settings = self.startup_settings.clone();
+                    conn.applied.clear();
+                    self.restore_due = !self.settings.is_empty();
+                    if lower == "discard all" && simple {
+                        self.drop_all_unconfirmed();
+                    } else if lower == "discard all" {
+                        self.statements.clear();
+                        conn.prepared.clear();
+                    }
+                } else if lower == "deallocate all" || lower == "deallocate prepare all" {
+                    if simple {
+                        self.drop_all_unconfirmed();
+                    }
+                } else {
+                    return Some(lower.starts_with("deallocate") || lower.starts_with("discard"));
+                }
+            }
+            _ => {}
+        }
+        Some(true)
+    }
+
+    /// A simple Query's `DEALLOCATE ALL` or `DISCARD ALL`, about to be sent: the client's
+    /// statements leave its view now, and come back if the server refuses it (25P02 in an
+    /// aborted block, 25001 for `DISCARD ALL` in any block) or skips it, which only the missing
+    /// CommandComplete tells (`replies.rs`).
+    fn drop_all_unconfirmed(&mut self) {
+        let held = std::mem::take(&mut self.statements);
+        let attached = self.backend.as_mut().expect("attached");
+        attached.unconfirmed.push_back(Unconfirmed {
+            segment: attached.segments_sent,
+            answer: b'C',
+            effects: all_dropped(held),
+        });
+        all_in_doubt(&mut attached.conn);
+    }
+
+    /// The server's session settings, read back ([`Duty::Resync`]) once the client's
+    /// transaction is over; `status` is the server's status after the read. Read outside a
+    /// transaction block they are the client's settings from now on; a failed read leaves them
+    /// in doubt for the next transaction's end.
+    ///
+    /// A startup setting the server has no session value for was returned to the server login's
+    /// value (a RESET, `RESET ALL` or `SET ... TO DEFAULT` the proxy could not send as the
+    /// startup value's SET, such as one among the statements of a Query): a direct connection
+    /// would be back at the client's startup value, so that is the client's setting. Returns
+    /// those settings, to apply again ([`Session::restore_settings`]). Read inside a transaction
+    /// block (behind such a Query there, `client_ready`), only that comes of it: SET is undone by
+    /// a ROLLBACK just as the client's RESET is, and the read at the block's end settles the
+    /// settings.
+    pub(super) fn on_resync(&mut self, status: TxStatus) -> Option<Settings> {
+        let attached = self.backend.as_mut().expect("attached");
+        attached.reset_in_doubt = false;
+        let rows = std::mem::take(&mut attached.resync_rows);
+        if std::mem::take(&mut attached.resync_failed)
+            || !matches!(status, TxStatus::Idle | TxStatus::InBlock)
+        {
+            return None;
+        }
+        let settings: Settings = rows
+            .into_iter()
+            .filter_map(|row| match row.as_slice() {
+                [Some(name), Some(value)] => {
+                    let name = name.to_ascii_lowercase();
+                    let statement = super::startup::set_config_statement(&name, value);
+                    Some((name, statement))
+                }
+                _ => None,
+            })
+            .collect();
+        let missing: Settings = self
+            .startup_settings
+            .iter()
+            .filter(|(name, _)| !settings.contains_key(name))
+            .map(|(name, statement)| (name.clone(), statement.clone()))
+            .collect();
+        if status == TxStatus::Idle {
+            let mut wanted = settings.clone();
+            for (name, statement) in &missing {
+                wanted.insert(name.clone(), statement.clone());
+            }
+            attached.conn.applied = settings;
+            self.settings = wanted;
+            self.settings_in_doubt = false;
+        }
+        (!missing.is_empty()).then_some(missing)
+    }
+
+    /// Applies `missing` (startup settings, see [`Session::on_resync`]) at once, behind the
+    /// read-back that found them missing and before the client hears its ReadyForQuery (held
+    /// while this segment trails), so it is told of no value it never had. Where the client's
+    /// next flight is already on the server (or the server is inside a batch or a COPY), the
+    /// connection's books say they are not applied, and that flight's preparation applies them.
+    pub(super) async fn restore_settings(&mut self, missing: Settings) -> anyhow::Result<()> {
+        let attached = self.backend.as_mut().expect("attached");
+        if attached.client_segments_due() > 0 || !attached.may_add_frames() {
+            return Ok(());
+        }
+        let Some(sql) = settings_sql(&missing, &Settings::new()) else {
+            return Ok(());
+        };
+        if self.status == TxStatus::Idle {
+            // In a transaction block the books stay as they were until its end's read-back.
+            for (name, statement) in &missing {
+                attached
+                    .conn
+                    .applied
+                    .insert(name.clone(), statement.clone());
+            }
+        }
+        if let Err(e) = attached.send_query(&sql, Owner::Proxy(Duty::Restore)).await {
+            return self.backend_lost(e).await;
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,449 @@
+//! What a server connection must carry before a client's flight runs on it, sent in the same
+//! write: the client's settings (`settings_sql`), the statements the flight binds or describes
+//! that this connection lacks (re-parsed under the client's names), the unnamed statement, and
+//! the closing of statements other clients left or the client deallocated. The connection's
+//! books (`prepared`, `unnamed`, `applied`) record what it holds; `IN_DOUBT` marks what a
+//! refused or skipped statement may or may not have left.
+
+use std::collections::{HashMap, HashSet};
+
+use super::attached::{Duty, Owner};
+use super::client_statement::ClientStatement;
+use super::pipeline::{At, Effect, Unconfirmed};
+use super::session::Session;
+use crate::backend::{BackendConn, Settings};
+use crate::net::{Frame, FrontendMessage};
+
+/// The statements that make a backend carry exactly the client's settings: the setting
+/// statements that differ, `RESET` for leftovers.
+pub(super) fn settings_sql(wanted: &Settings, applied: &Settings) -> Option<String> {
+    let mut sql = String::new();
+    for (name, statement) in wanted {
+        if applied.get(name) != Some(statement) {
+            sql.push_str(statement);
+            sql.push(';');
+        }
+    }
+    for name in applied.keys().filter(|n| !wanted.contains_key(n)) {
+        sql.push_str(&format!("RESET {name};"));
+    }
+    (!sql.is_empty()).then_some(sql)
+}
+
+/// The `Parse ""` a flight needs in front when it binds or describes the unnamed statement without
+/// parsing it, and the server's unnamed statement is not the client's (another client parsed
+/// one there, a simple Query dropped it, or the client parsed it on another connection). Tracks
+/// what `conn`'s unnamed statement is once the flight has run; injects nothing unless `may_inject`.
+/// When the client has no unnamed statement (a simple Query dropped it) and the server has one,
+/// it is a `Close S ""` instead, so the server answers 26000 as it would directly.
+fn unnamed_preparation(
+    conn: &mut BackendConn,
+    client: Option<&ClientStatement>,
+    flight: &[FrontendMessage],
+    may_inject: bool,
+) -> Option<Frame> {
+    // Only a Bind or Describe before the flight's first `Parse ""` needs the client's (after it,
+    // the flight's own is there).
+    let mut checked = !may_inject;
+    let mut parse = None;
+    for m in flight {
+        match m {
+            FrontendMessage::Parse {
+                statement,
+                query,
+                param_types,
+            } if statement.is_empty() => {
+                checked = true;
+                conn.unnamed = Some(super::client_statement::statement_identity(
+                    param_types,
+                    query,
+                ))
+            }
+            FrontendMessage::Bind { statement, .. }
+            | FrontendMessage::Describe {
+                kind: b'S',
+                name: statement,
+            } if statement.is_empty() && !checked => {
+                checked = true;
+                let Some(s) = client else {
+                    // The client has none (a simple Query dropped it): neither may the server,
+                    // which then answers 26000 as it would directly.
+                    if may_inject && conn.unnamed.take().is_some() {
+                        parse = Some(
+                            FrontendMessage::Close {
+                                kind: b'S',
+                                name: String::new(),
+                            }
+                            .to_frame(),
+                        );
+                    }
+                    continue;
+                };
+                if conn.unnamed.as_deref() != Some(s.identity()) {
+                    let message = FrontendMessage::Parse {
+                        statement: String::new(),
+                        query: s.query.clone(),
+                        param_types: s.param_types.clone(),
+                    };
+                    parse = Some(message.to_frame());
+                    conn.unnamed = Some(s.identity().to_string());
+                }
+            }
+            FrontendMessage::Close { kind: b'S', name } if name.is_empty() => conn.unnamed = None,
+            FrontendMessage::Query(_) => conn.unnamed = None,
+            _ => {}
+        }
+    }
+    parse
+}
+
+/// The identity recorded for a statement a connection may or may not hold: no statement's
+/// (`statement_identity` always has a `|`).
+pub(super) const IN_DOUBT: &str = "";
+
+/// The effects of a `DEALLOCATE ALL` (or `DISCARD ALL`) on the statements the client `held`
+/// before it: every one gone from the client's view, put back if the server does not confirm it
+/// ran (`replies.rs` `undo_unconfirmed`).
+pub(super) fn all_dropped(
+    held: impl IntoIterator<Item = (String, ClientStatement)>,
+) -> Vec<Effect> {
+    held.into_iter()
+        .map(|(name, s)| Effect {
+            name,
+            view_before: Some(s),
+            view_after: None,
+            held_before: None,
+            held_after: None,
+        })
+        .collect()
+}
+
+/// A `DEALLOCATE ALL` (or `DISCARD ALL`) sent on `conn`: the server drops every named statement
+/// there, the proxy's own included, unless it skips or refuses the statement (after an error in
+/// its batch, or in an aborted block), and only its CommandComplete says which. Each is kept with
+/// an identity no statement has, so whatever needs one there next closes and parses it again,
+/// and a Parse of its name closes it first.
+pub(super) fn all_in_doubt(conn: &mut BackendConn) {
+    conn.prepared
+        .values_mut()
+        .for_each(|identity| *identity = IN_DOUBT.to_string());
+}
+
+/// Named statements a server connection may hold before those not in use are closed.
+const MAX_PREPARED_PER_CONNECTION: usize = 256;
+
+fn close_statement(name: &str) -> Frame {
+    FrontendMessage::Close {
+        kind: b'S',
+        name: name.to_string(),
+    }
+    .to_frame()
+}
+
+/// Whether the flight leaves the client without an unnamed statement (its last `Parse ""` is
+/// followed by a `Close` of it).
+fn closes_unnamed(flight: &[FrontendMessage]) -> bool {
+    flight
+        .iter()
+        .rev()
+        .find_map(|m| match m {
+            FrontendMessage::Parse { statement, .. } if statement.is_empty() => Some(false),
+            FrontendMessage::Close { kind: b'S', name } if name.is_empty() => Some(true),
+            _ => None,
+        })
+        .unwrap_or(false)
+}
+
+impl Session {
+    /// Proxy frames that make the attached backend ready for this flight: the client's settings
+    /// and the prepared statements the flight uses.
+    pub(super) fn preparation(&mut self, flight: &[FrontendMessage]) -> Vec<Frame> {
+        let attached = self.backend.as_mut().expect("attached before send");
+        // The server is in the middle of an extended batch or a COPY: nothing can go in front.
+        let may_inject = attached.may_add_frames();
+        let conn = &mut attached.conn;
+        let mut frames = Vec::new();
+        if may_inject {
+            let differs = self.settings != conn.applied;
+            if let Some(sql) = settings_sql(&self.settings, &conn.applied).filter(|_| differs) {
+                frames.push(FrontendMessage::Query(sql).to_frame());
+                conn.applied = self.settings.clone();
+                // A simple Query drops the unnamed statement.
+                conn.unnamed = None;
+                attached.expect.push_back(Owner::Proxy(Duty::Prepare));
+            }
+        }
+        let mut statements = Vec::new();
+        // The client's unnamed statement before the flight (a Parse in it replaced it since).
+        let unnamed_before = match self.log.before.iter().find(|(n, _)| n.is_empty()) {
+            Some((_, s)) => s.as_ref(),
+            None => self.unnamed.as_ref(),
+        };
+        statements.extend(unnamed_preparation(
+            conn,
+            unnamed_before,
+            flight,
+            may_inject,
+        ));
+        // Names whose state on the server the flight itself decides from some message on (it
+        // parses, closes or uses them there): nothing goes in front for them after that.
+        let mut defined_here = HashSet::new();
+        if may_inject {
+            for name in &self.closing {
+                // Names the client deallocated, as this connection may still hold them.
+                if conn.prepared.remove(name).is_some() {
+                    statements.push(close_statement(name));
+                }
+            }
+        }
+        let (at, after_deallocate) = super::pipeline::statements_at(
+            &self.statements,
+            self.unnamed.as_ref(),
+            &self.log,
+            flight,
+        );
+        // The client's statement `s` must be on the server under `name` when the flight starts.
+        let ensure = |conn: &mut BackendConn,
+                      statements: &mut Vec<Frame>,
+                      name: &String,
+                      s: &ClientStatement| {
+            if conn.prepared.get(name).map(String::as_str) != Some(s.identity()) {
+                statements.push(close_statement(name));
+                let parse = FrontendMessage::Parse {
+                    statement: name.clone(),
+                    query: s.query.clone(),
+                    param_types: s.param_types.clone(),
+                };
+                statements.push(parse.to_frame());
+                conn.prepared.insert(name.clone(), s.identity().to_string());
+            }
+        };
+        // Parses, Closes and DEALLOCATE ALLs of earlier flights not answered yet run on this same
+        // connection first (a flight goes elsewhere only once every answer is in): for their
+        // names, or every name behind a DEALLOCATE ALL, the server's own state decides, and
+        // nothing goes in front.
+        let mut server_decides = false;
+        for u in &attached.unconfirmed {
+            server_decides |= u.answer == b'C';
+            defined_here.extend(u.effects.iter().map(|e| e.name.clone()));
+        }
+        let mut segment = attached.segments_sent;
+        let unconfirmed = &mut attached.unconfirmed;
+        let mut note = |segment: u64, answer: u8, effects: Vec<Effect>| {
+            unconfirmed.push_back(Unconfirmed {
+                segment,
+                answer,
+                effects,
+            });
+        };
+        for (position, (m, here)) in flight.iter().zip(&at).enumerate() {
+            match m {
+                FrontendMessage::Sync
+                | FrontendMessage::Query(_)
+                | FrontendMessage::FunctionCall(_) => segment += 1,
+                FrontendMessage::Parse { statement, .. } if statement.is_empty() => {
+                    note(segment, b'1', Vec::new())
+                }
+                FrontendMessage::Close { kind, name } if *kind != b'S' || name.is_empty() => {
+                    note(segment, b'3', Vec::new())
+                }
+                _ => {}
+            }
+            match (m, *here) {
+                (FrontendMessage::Parse { statement, .. }, At::Duplicate(s))
+                    if !statement.is_empty() =>
+                {
+                    note(segment, b'1', Vec::new());
+                    // The client already holds the name here: the server must too, to refuse
+                    // the Parse (42P05) as it would directly. It keeps what it held.
+                    let first = defined_here.insert(statement.clone()) && !server_decides;
+                    if may_inject && first {
+                        ensure(conn, &mut statements, statement, s);
+                    }
+                }
+                (
+                    FrontendMessage::Parse {
+                        statement,
+                        query,
+                        param_types,
+                    },
+                    _,
+                ) if !statement.is_empty() => {
+                    // The client does not hold the name here: a copy the server has (another
+                    // client's, or one the client closed elsewhere) is closed in front. One
+                    // the flight itself closed or deallocated earlier is gone by then.
+                    let mut held_before = conn.prepared.get(statement).cloned();
+                    if defined_here.insert(statement.clone())
+                        && !server_decides
+                        && may_inject
+                        && held_before.is_some()
+                    {
+                        statements.push(close_statement(statement));
+                        held_before = None;
+                    }
+                    let identity = super::client_statement::statement_identity(param_types, query);
+                    conn.prepared.insert(statement.clone(), identity.clone());
+                    note(
+                        segment,
+                        b'1',
+                        vec![Effect {
+                            name: statement.clone(),
+                            view_before: None,
+                            view_after: Some(identity.clone()),
+                            held_before,
+                            held_after: Some(identity),
+                        }],
+                    );
+                }
+                (
+                    FrontendMessage::Bind { statement, .. }
+                    | FrontendMessage::Describe {
+                        kind: b'S',
+                        name: statement,
+                    },
+                    here,
+                ) if !statement.is_empty() && defined_here.insert(statement.clone()) => {
+                    if !may_inject || server_decides {
+                        continue;
+                    }
+                    match here.statement() {
+                        Some(s) => ensure(conn, &mut statements, statement, s),
+                        // Not the client's here: a copy left by another client or before a
+                        // DEALLOCATE is closed, so the server answers 26000 as it would
+                        // directly.
+                        None => {
+                            if !crate::causal::sql::is_proxy_statement(statement)
+                                && conn.prepared.remove(statement).is_some()
+                            {
+                                statements.push(close_statement(statement));
+                            }
+                        }
+                    }
+                }
+                (FrontendMessage::Close { kind: b'S', name }, here) if !name.is_empty() => {
+                    let held_before = conn.prepared.remove(name);
+                    defined_here.insert(name.clone());
+                    note(
+                        segment,
+                        b'3',
+                        vec![Effect {
+                            name: name.clone(),
+                            view_before: here.statement().cloned(),
+                            view_after: None,
+                            held_before,
+                            held_after: None,
+                        }],
+                    );
+                }
+                (FrontendMessage::Execute { .. }, At::DeallocateAll) => {
+                    // What the client held just before it, restored if the server skips it.
+                    let held = super::pipeline::held_after(
+                        &self.statements,
+                        &self.log,
+                        &flight[..position],
+                    );
+                    note(segment, b'C', all_dropped(held));
+                    all_in_doubt(conn);
+                    if !may_inject {
+                        continue;
+                    }
+                    let names: Vec<String> = self.statements.keys().cloned().collect();
+                    defined_here.extend(names);
+                }
+                _ => {}
+            }
+        }
+        let deallocated = after_deallocate.is_some();
+        if let Some(after) = after_deallocate {
+            // What the client holds after a DEALLOCATE ALL that ran in the flight: the names
+            // parsed after it, nothing else.
+            let kept: HashMap<String, ClientStatement> = after
+                .into_iter()
+                .map(|(name, s)| (name, s.clone()))
+                .collect();
+            self.statements = kept;
+        }
+        if may_inject && !attached.foreign_closed && !server_decides && !deallocated {
+            // The first flight of a connection lent to this client that can add frames: the
+            // statements other clients left under names the client does not hold (or holds as
+            // another statement) go, so a Parse of the name later, even inside a batch the client
+            // opened where nothing can go in front, finds none (a direct connection has none).
+            // The client's own, under the same text, stay for it to use.
+            attached.foreign_closed = true;
+            let foreign: Vec<String> = conn
+                .prepared
+                .iter()
+                .filter(|(name, identity)| {
+                    !defined_here.contains(*name)
+                        && !crate::causal::sql::is_proxy_statement(name)
+                        && self.statements.get(*name).map(ClientStatement::identity)
+                            != Some(identity.as_str())
+                })
+                .map(|(name, _)| name.clone())
+                .collect();
+            for name in foreign {
+                conn.prepared.remove(&name);
+                statements.push(close_statement(&name));
+            }
+        }
+        if may_inject && conn.prepared.len() > MAX_PREPARED_PER_CONNECTION {
+            // Statements of many clients and many evictions pile up on a pooled connection:
+            // beyond the cap every one this flight does not use is closed (each is parsed
+            // again where a client needs it).
+            let keep = |name: &String| {
+                defined_here.contains(name) || crate::causal::sql::is_proxy_statement(name)
+            };
+            let closed: Vec<String> = conn.prepared.keys().filter(|n| !keep(n)).cloned().collect();
+            for name in closed {
+                conn.prepared.remove(&name);
+                statements.push(close_statement(&name));
+            }
+        }
+        if !statements.is_empty() {
+            frames.extend(statements);
+            frames.push(FrontendMessage::Sync.to_frame());
+            attached.expect.push_back(Owner::Proxy(Duty::Prepare));
+        }
+        if closes_unnamed(flight) {
+            self.unnamed = None;
+        }
+        frames
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn settings_sql_sets_what_differs_and_resets_leftovers() {
+        let wanted = Settings::from([(
+            "application_name".to_string(),
+            "SET application_name = 'app'".to_string(),
+        )]);
+        let applied =
+            Settings::from([("search_path".to_string(), "SET search_path = x".to_string())]);
+        assert_eq!(
+            settings_sql(&wanted, &applied).unwrap(),
+            "SET application_name = 'app';RESET search_path;"
+        );
+        assert_eq!(settings_sql(&wanted, &wanted), None);
+    }
+
+    #[test]
+    fn closes_unnamed_looks_at_the_last_parse_or_close_of_it() {
+        let parse = FrontendMessage::Parse {
+            statement: String::new(),
+            query: "SELECT 1".into(),
+            param_types: vec![],
+        };
+        let close = |name: &str| FrontendMessage::Close {
+            kind: b'S',
+            name: name.into(),
+        };
+        let sync = FrontendMessage::Sync;
+        assert!(closes_unnamed(&[parse.clone(), close(""), sync.clone()]));
+        assert!(!closes_unnamed(&[close(""), parse, sync.clone()]));
+        assert!(!closes_unnamed(&[close("s1"), sync]));
+    }
+}
