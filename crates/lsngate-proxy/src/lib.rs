@@ -18,24 +18,29 @@
 //! - `frontend/`: one client — handshake, session loop, the routing `plan`, flights, replies;
 //! - `admin/`: the HTTP port (/metrics, /status, /dashboard);
 //! - `serve` (and this file): starting it all.
+//!
+//! The public API is what the `lsngate` CLI, the tests and the fuzz targets use: [`Proxy`],
+//! [`run`], [`run_cli`], [`main`], [`runtime`], the config (`config`, [`Config`],
+//! [`FileConfig`], [`ProxyArgs`]) and the wire codec (`net`). Every other module is
+//! `pub(crate)`.
 
 #![warn(missing_docs)]
 
-pub mod admin;
-pub mod auth;
-pub mod backend;
-pub mod causal;
+pub(crate) mod admin;
+pub(crate) mod auth;
+pub(crate) mod backend;
+pub(crate) mod causal;
 pub mod config;
-pub mod frontend;
+pub(crate) mod frontend;
 #[cfg(test)]
 mod layers;
 pub mod net;
-pub mod proxy;
+pub(crate) mod proxy;
 mod serve;
-pub mod socket;
+pub(crate) mod socket;
 pub(crate) mod statement;
-pub mod tally;
-pub mod timer;
+pub(crate) mod tally;
+pub(crate) mod timer;
 
 use std::sync::Arc;
 

@@ -17,7 +17,7 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
-pub use conn::{BackendConn, BackendError, CancelKey, ServerFacts, Settings};
+pub use conn::{BackendConn, BackendError, CancelKey, Settings};
 pub use pool::{Pool, PoolError, PooledConn};
 
 use crate::config::{NodeUrl, PoolLimits, ServerLogin};
