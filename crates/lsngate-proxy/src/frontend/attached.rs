@@ -5,7 +5,7 @@
 
 use std::collections::VecDeque;
 
-use super::causal::{CausalRead, Discard, PendingVerdict};
+use super::causal::{CausalRead, Discard, PendingVerdict, ReadWait};
 use super::copy::CopyGate;
 use crate::backend::{PooledConn, Target};
 use crate::net::{Frame, FrontendMessage};
@@ -55,6 +55,25 @@ pub struct RetryBuffer {
     pub(super) read_only_violation: bool,
 }
 
+/// What the server answered to a proxy segment, gathered until its ReadyForQuery and handled
+/// then as one.
+#[derive(Debug, Default)]
+pub struct ProxyAnswer {
+    /// The values of its DataRows.
+    pub rows: Vec<Vec<Option<String>>>,
+    /// It failed ([`Duty::Resync`]: the settings stay in doubt).
+    pub failed: bool,
+    /// A cancel request (57014 "user request") hit it: the server's message.
+    pub cancelled: Option<String>,
+}
+
+impl ProxyAnswer {
+    /// The last row: the one answer of a probe.
+    pub fn row(&self) -> Option<&[Option<String>]> {
+        self.rows.last().map(Vec::as_slice)
+    }
+}
+
 /// The proxy's answer to a simple Query it took over, given in place of a stand-in Query's
 /// replies (`Session::answer_query`). A stand-in refused with 25P02 (an aborted block the
 /// client's unsynced messages did not end) is answered by that refusal instead, as the server
@@ -68,6 +87,102 @@ pub struct Substitute {
     pub installs: Option<(super::causal::ClientFloors, crate::statement::RouteHint)>,
 }
 
+/// The client's extended-protocol messages on the server since its last Sync. What is due
+/// and whether the server is skipping have meaning only while a batch is open, so they live in
+/// its variant.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub enum Batch {
+    /// Nothing awaits a Sync.
+    #[default]
+    Synced,
+    /// The server awaits a Sync: a flight ended with Flush, or an extended COPY finished.
+    Open {
+        /// Answers still due: one per Parse, Bind, Describe, Close and Execute.
+        due: usize,
+        /// One of them failed: the server now skips every message up to the next Sync — a
+        /// simple Query included.
+        skipping: bool,
+        /// What the Executes sent ran: `None` when there were none, else whether one of them
+        /// was a BEGIN (see `Session::answer_query`).
+        executed: Option<bool>,
+    },
+}
+
+impl Batch {
+    /// An open batch with nothing due yet.
+    pub const FRESH: Batch = Batch::Open {
+        due: 0,
+        skipping: false,
+        executed: None,
+    };
+
+    pub fn is_open(&self) -> bool {
+        matches!(self, Batch::Open { .. })
+    }
+
+    /// Open, and none of its messages failed so far.
+    pub fn open_and_sound(&self) -> bool {
+        matches!(
+            self,
+            Batch::Open {
+                skipping: false,
+                ..
+            }
+        )
+    }
+
+    /// Opens a batch, keeping one already open as it is (an extended COPY's batch goes on past
+    /// the Sync its Execute came with).
+    pub fn open(&mut self) {
+        if !self.is_open() {
+            *self = Batch::FRESH;
+        }
+    }
+
+    /// A flight ending in Flush was sent: `tail` extended messages stand behind its last Sync or
+    /// Query (`ended` says whether it had one), and its Executes ran a BEGIN or not
+    /// (`executed`). A bare Flush with nothing behind the last end leaves no batch open.
+    pub fn flushed(&mut self, ended: bool, tail: usize, executed: Option<bool>) {
+        let (due, skipping, before) = match *self {
+            Batch::Open {
+                due,
+                skipping,
+                executed,
+            } if !ended => (due, skipping, executed),
+            _ => (0, false, None),
+        };
+        *self = if tail > 0 || (self.is_open() && !ended) {
+            Batch::Open {
+                due: due + tail,
+                skipping,
+                executed: executed
+                    .map(|begun| begun || before.unwrap_or(false))
+                    .or(before),
+            }
+        } else {
+            Batch::Synced
+        };
+    }
+
+    /// One reply of the server heard while the batch is open and no segment is due: an error
+    /// makes the server skip to the Sync; the answer to a Parse, Bind, Describe, Close or
+    /// Execute counts down what is due (a ParameterDescription, a DataRow or a notice is none).
+    pub fn heard(&mut self, tag: u8) {
+        if let Batch::Open { due, skipping, .. } = self {
+            match tag {
+                b'E' => {
+                    *skipping = true;
+                    *due = 0;
+                }
+                b'1' | b'2' | b'3' | b'n' | b'T' | b'C' | b'I' | b's' => {
+                    *due = due.saturating_sub(1)
+                }
+                _ => {}
+            }
+        }
+    }
+}
+
 /// A backend attached to the session.
 #[derive(Debug)]
 pub struct Attached {
@@ -77,11 +192,10 @@ pub struct Attached {
     pub target: Target,
     /// One entry per ReadyForQuery still to come, oldest first.
     pub expect: VecDeque<Owner>,
-    /// The server awaits a Sync (a flight ended with Flush, or an extended COPY finished).
-    pub open: bool,
-    /// COPY FROM STDIN in progress (the server sent CopyInResponse, and not its end yet).
-    pub copy_in: bool,
-    /// What the proxy sent of a COPY FROM STDIN, and its own frames held behind it.
+    /// The client's extended-protocol messages sent since its last Sync.
+    pub batch: Batch,
+    /// COPY FROM STDIN on this connection: what the proxy sent, what the server said, and the
+    /// proxy frames held behind it.
     pub copy: CopyGate,
     /// Held-back replies of a replica read.
     pub retry: Option<RetryBuffer>,
@@ -91,14 +205,11 @@ pub struct Attached {
     pub doomed: bool,
     /// The causal read in flight on this backend (its flight, for a fallback re-run).
     pub read: Option<CausalRead>,
-    /// The wait or check in front of the read, until decided.
-    pub verdict: Option<PendingVerdict>,
-    /// What happens to the client's replies after a failed verdict.
-    pub discard: Option<Discard>,
-    /// Values of the DataRow of the proxy segment in progress.
-    pub probe_row: Option<Vec<Option<String>>>,
-    /// A cancel request (57014 "user request") hit the proxy segment in progress.
-    pub probe_cancelled: Option<String>,
+    /// The wait or check in front of the read: undecided, or failed (what then happens to the
+    /// client's replies).
+    pub wait: Option<ReadWait>,
+    /// The answer to the proxy segment in progress, so far.
+    pub answer: ProxyAnswer,
     /// A client ReadyForQuery held until the proxy segment trailing its flight (see
     /// [`Attached::trailing_segment_next`]) has answered.
     pub held_ready: Option<Frame>,
@@ -114,21 +225,9 @@ pub struct Attached {
     /// for a Bind or Describe of one is relayed as the 25P02 PostgreSQL gives (it finds the
     /// statement before it refuses the message for the aborted block).
     pub unprepared_in_aborted_block: Option<u64>,
-    /// What the Executes sent since the last Sync (while `open`) ran: `None` when there were
-    /// none, else whether one of them was a BEGIN (see `Session::answer_query`).
-    pub unsynced_executed: Option<bool>,
-    /// `name, setting` rows of a [`Duty::Resync`] under way, and whether it failed.
-    pub resync_rows: Vec<Vec<Option<String>>>,
-    pub resync_failed: bool,
     /// A flight sent here may commit (it ran outside a transaction block, or may end one): if
     /// the connection is lost before its replies, its outcome is unknown.
     pub may_commit: bool,
-    /// Answers still due to the extended-protocol messages sent since the last Sync (while
-    /// `open`): one per Parse, Bind, Describe, Close and Execute.
-    pub unsynced_due: usize,
-    /// One of those failed: the server now skips every message up to the next Sync — a simple
-    /// Query included.
-    pub skipping: bool,
     /// Per Describe of the client's still to be answered, the statement whose result shape
     /// its answer shows, when the proxy wants to know it (see `shapes.rs`).
     pub describing: VecDeque<Option<String>>,
@@ -186,27 +285,19 @@ impl Attached {
             conn,
             target,
             expect,
-            open: false,
-            copy_in: false,
+            batch: Batch::Synced,
             copy: CopyGate::default(),
             retry: None,
             error_relayed: false,
             doomed: false,
             read: None,
-            verdict: None,
-            discard: None,
-            probe_row: None,
-            probe_cancelled: None,
+            wait: None,
+            answer: ProxyAnswer::default(),
             held_ready: None,
             position_owed: false,
             substitute: None,
             unprepared_in_aborted_block: None,
-            unsynced_executed: None,
-            resync_rows: Vec::new(),
-            resync_failed: false,
             may_commit: false,
-            unsynced_due: 0,
-            skipping: false,
             describing: VecDeque::new(),
             plan_changed_sent: false,
             segments_sent: 0,
@@ -221,9 +312,44 @@ impl Attached {
         }
     }
 
+    /// The wait in front of the read, while its verdict is still to come.
+    pub fn pending_verdict(&self) -> Option<&PendingVerdict> {
+        match &self.wait {
+            Some(ReadWait::Pending(verdict)) => Some(verdict),
+            _ => None,
+        }
+    }
+
+    /// Takes the wait in front of the read if its verdict is still to come.
+    pub fn take_pending_verdict(&mut self) -> Option<PendingVerdict> {
+        match self.wait.take() {
+            Some(ReadWait::Pending(verdict)) => Some(verdict),
+            other => {
+                self.wait = other;
+                None
+            }
+        }
+    }
+
+    /// The wait in front of the read failed: its replies are dropped unseen.
+    pub fn discarding(&self) -> bool {
+        matches!(self.wait, Some(ReadWait::Failed(_)))
+    }
+
+    /// Takes what happens after a failed wait, once the read's replies are dropped.
+    pub fn take_discard(&mut self) -> Option<Discard> {
+        match self.wait.take() {
+            Some(ReadWait::Failed(discard)) => Some(discard),
+            other => {
+                self.wait = other;
+                None
+            }
+        }
+    }
+
     /// Whether replies are still due (the backend must not be reused or released yet).
     pub fn awaiting_replies(&self) -> bool {
-        !self.expect.is_empty() || self.open || self.copy_in
+        !self.expect.is_empty() || self.batch.is_open() || self.copy.running
     }
 
     /// Whether the next reply due belongs to the segment the proxy put behind a client flight
@@ -256,12 +382,107 @@ impl Attached {
     /// has not ended (behind the client's CopyDone or CopyFail, frames reach the server after
     /// the COPY, even before its CommandComplete came back).
     pub fn may_add_frames(&self) -> bool {
-        !(self.open || self.copy.inside(self.copy_in))
+        !(self.batch.is_open() || self.copy.inside())
     }
 
     /// Client segments answered (or dropped, as the Syncs a COPY ignores): the number of the one
     /// being answered now.
     pub fn segments_done(&self) -> u64 {
         self.segments_sent - self.client_segments_due() as u64
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Batch;
+
+    /// A flight ending in Flush opens a batch with its unsynced tail due; another adds to it;
+    /// one whose Sync or Query ends the batch starts afresh behind it; a bare Flush leaves
+    /// nothing open. A BEGIN run by any Execute of the batch is remembered until it ends.
+    #[test]
+    fn flushes_open_grow_and_end_the_batch() {
+        let mut batch = Batch::Synced;
+        batch.flushed(false, 0, None);
+        assert_eq!(batch, Batch::Synced, "a bare Flush");
+        batch.flushed(false, 2, Some(true));
+        assert_eq!(
+            batch,
+            Batch::Open {
+                due: 2,
+                skipping: false,
+                executed: Some(true)
+            }
+        );
+        batch.flushed(false, 1, Some(false));
+        assert_eq!(
+            batch,
+            Batch::Open {
+                due: 3,
+                skipping: false,
+                executed: Some(true)
+            }
+        );
+        batch.heard(b'E');
+        batch.flushed(false, 0, None);
+        assert_eq!(
+            batch,
+            Batch::Open {
+                due: 0,
+                skipping: true,
+                executed: Some(true)
+            },
+            "a Flush behind a failed message keeps the batch skipping"
+        );
+        batch.flushed(true, 1, Some(false));
+        assert_eq!(
+            batch,
+            Batch::Open {
+                due: 1,
+                skipping: false,
+                executed: Some(false)
+            },
+            "a Sync in the flight ended the old batch; its tail opens a new one"
+        );
+        batch.flushed(true, 0, None);
+        assert_eq!(batch, Batch::Synced);
+    }
+
+    /// Only answers to extended messages count down; an error makes the server skip.
+    #[test]
+    fn replies_count_down_what_is_due() {
+        let mut batch = Batch::Open {
+            due: 2,
+            skipping: false,
+            executed: None,
+        };
+        batch.heard(b'D');
+        batch.heard(b'N');
+        batch.heard(b'1');
+        assert_eq!(
+            batch,
+            Batch::Open {
+                due: 1,
+                skipping: false,
+                executed: None
+            }
+        );
+        batch.heard(b'2');
+        batch.heard(b'2');
+        assert_eq!(
+            batch,
+            Batch::Open {
+                due: 0,
+                skipping: false,
+                executed: None
+            }
+        );
+        assert!(batch.open_and_sound());
+        batch.heard(b'E');
+        assert!(!batch.open_and_sound() && batch.is_open());
+        let mut synced = Batch::Synced;
+        synced.heard(b'E');
+        assert_eq!(synced, Batch::Synced);
+        synced.open();
+        assert_eq!(synced, Batch::FRESH);
     }
 }

@@ -93,6 +93,16 @@ impl PendingVerdict {
     }
 }
 
+/// Where the wait (or replay check) in front of a replica read stands while it matters: sent and
+/// undecided, or failed. A read with no wait, or whose wait passed, has none.
+#[derive(Debug, Clone)]
+pub enum ReadWait {
+    /// Sent; its verdict has not arrived.
+    Pending(PendingVerdict),
+    /// It failed: the read's replies are dropped unseen, and then this happens.
+    Failed(Discard),
+}
+
 /// What becomes of the client's replies after a failed verdict: they are dropped unseen, then…
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Discard {
@@ -118,7 +128,10 @@ impl Session {
             let view = SessionView {
                 status: self.status,
                 pinned: self.pinned,
-                mid_batch: self.backend.as_ref().is_some_and(|b| b.open || b.copy_in),
+                mid_batch: self
+                    .backend
+                    .as_ref()
+                    .is_some_and(|b| b.batch.is_open() || b.copy.running),
                 attached: self.backend.is_some(),
                 hint: self.hint,
             };
@@ -134,7 +147,7 @@ impl Session {
                 Plan::Send(Some(Target::Replica))
                     if !heard
                         && self.backend.as_ref().is_some_and(|b| {
-                            b.pin_unconfirmed.is_some() && !b.open && !b.copy_in
+                            b.pin_unconfirmed.is_some() && !b.batch.is_open() && !b.copy.running
                         }) =>
                 {
                     heard = true;

@@ -20,10 +20,13 @@ use super::attached::Owner;
 use super::session::Session;
 use crate::net::{Frame, FrontendMessage};
 
-/// The COPY FROM STDIN state of one server connection, as far as what the proxy sent goes
-/// (`Attached::copy_in` is what the server's replies said).
+/// The COPY FROM STDIN state of one server connection: what the proxy sent, and what the
+/// server's replies said (`running`).
 #[derive(Debug, Default)]
 pub struct CopyGate {
+    /// The server said it is in COPY mode (CopyInResponse) and has not ended it yet
+    /// (CommandComplete, ErrorResponse or ReadyForQuery).
+    pub running: bool,
     /// A message that may start COPY FROM STDIN was sent, and neither the client's CopyDone or
     /// CopyFail nor the COPY's ReadyForQuery has come since: proxy frames wait in `deferred`.
     pub closed: bool,
@@ -68,9 +71,17 @@ fn syncs(messages: &[FrontendMessage]) -> usize {
 
 impl CopyGate {
     /// Whether frames sent now could land inside a COPY: the gate is closed, or the server said
-    /// it is in COPY mode (`copy_in`) and the client has not ended it since.
-    pub fn inside(&self, copy_in: bool) -> bool {
-        self.closed || (copy_in && !self.client_ended)
+    /// it is in COPY mode and the client has not ended it since.
+    pub fn inside(&self) -> bool {
+        self.closed || (self.running && !self.client_ended)
+    }
+
+    /// One reply of the server: a COPY it ran is over at its CommandComplete, an error, or a
+    /// ReadyForQuery.
+    pub fn heard(&mut self, tag: u8) {
+        if matches!(tag, b'C' | b'E' | b'Z') {
+            self.running = false;
+        }
     }
 
     /// Nothing of a COPY is under way or held (a ReadyForQuery needs no look here).
@@ -150,9 +161,11 @@ impl CopyGate {
     /// The server sent CopyInResponse: the Syncs it ignored get no ReadyForQuery, and over the
     /// extended protocol the batch stays open until a Sync sent after the client's CopyDone.
     /// (A COPY the proxy did not see start, as the pass-through sends it, had no Sync behind it.)
-    pub fn copy_started(&mut self, expect: &mut VecDeque<Owner>, open: &mut bool) {
+    /// True when the batch stays open that way.
+    pub fn copy_started(&mut self, expect: &mut VecDeque<Owner>) -> bool {
+        self.running = true;
         if !std::mem::take(&mut self.tracked) {
-            return;
+            return false;
         }
         // Over the simple protocol the first client segment due is the COPY's Query itself.
         let mut keep = usize::from(!self.extended);
@@ -168,9 +181,7 @@ impl CopyGate {
             drop -= 1;
             false
         });
-        if self.extended && !self.synced_after_end {
-            *open = true;
-        }
+        self.extended && !self.synced_after_end
     }
 
     /// Where the flight may start COPY FROM STDIN: a Query of one, or the Execute of a portal
@@ -328,16 +339,14 @@ mod tests {
         let mut gate = CopyGate::default();
         gate.started_by(&flight, 1, 0);
         let mut expect = VecDeque::from([Owner::Client]);
-        let mut open = false;
-        gate.copy_started(&mut expect, &mut open);
+        let open = gate.copy_started(&mut expect);
         assert!(expect.is_empty() && open);
         // A Sync sent after CopyDone ends the batch: it is answered.
         gate.started_by(&flight[..2], 1, 0);
         gate.ended();
         gate.before_flight(&[FrontendMessage::Sync]);
         let mut expect = VecDeque::from([Owner::Client]);
-        let mut open = false;
-        gate.copy_started(&mut expect, &mut open);
+        let open = gate.copy_started(&mut expect);
         assert_eq!(expect.len(), 1);
         assert!(!open);
         // Over the simple protocol the Query's own ReadyForQuery stays.
@@ -345,7 +354,7 @@ mod tests {
         gate.started_by(&query, 0, 0);
         gate.before_flight(&[FrontendMessage::Sync]);
         let mut expect = VecDeque::from([Owner::Client, Owner::Client]);
-        gate.copy_started(&mut expect, &mut open);
+        assert!(!gate.copy_started(&mut expect));
         assert_eq!(expect.len(), 1);
     }
 }

@@ -97,7 +97,7 @@ impl Session {
         if self
             .backend
             .as_ref()
-            .is_some_and(|b| !b.open && !b.expect.is_empty())
+            .is_some_and(|b| !b.batch.is_open() && !b.expect.is_empty())
         {
             // The answer depends on the transaction status, and the one last heard may be out of
             // date: a batch pipelined in front may yet fail and abort the block.

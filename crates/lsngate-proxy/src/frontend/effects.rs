@@ -5,7 +5,7 @@
 
 use std::collections::{HashMap, HashSet};
 
-use super::attached::{Duty, Owner};
+use super::attached::{Duty, Owner, ProxyAnswer};
 use super::client_statement::ClientStatement;
 use super::flight::segment_ends;
 use super::pipeline::Unconfirmed;
@@ -267,16 +267,14 @@ impl Session {
     /// block (behind such a Query there, `client_ready`), only that comes of it: SET is undone by
     /// a ROLLBACK just as the client's RESET is, and the read at the block's end settles the
     /// settings.
-    pub(super) fn on_resync(&mut self, status: TxStatus) -> Option<Settings> {
+    pub(super) fn on_resync(&mut self, status: TxStatus, answer: ProxyAnswer) -> Option<Settings> {
         let attached = self.backend.as_mut().expect("attached");
         attached.reset_in_doubt = false;
-        let rows = std::mem::take(&mut attached.resync_rows);
-        if std::mem::take(&mut attached.resync_failed)
-            || !matches!(status, TxStatus::Idle | TxStatus::InBlock)
-        {
+        if answer.failed || !matches!(status, TxStatus::Idle | TxStatus::InBlock) {
             return None;
         }
-        let settings: Settings = rows
+        let settings: Settings = answer
+            .rows
             .into_iter()
             .filter_map(|row| match row.as_slice() {
                 [Some(name), Some(value)] => {

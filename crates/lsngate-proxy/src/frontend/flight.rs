@@ -9,8 +9,8 @@
 use std::collections::HashSet;
 use std::sync::Arc;
 
-use super::attached::{Attached, Duty, Owner, RetryBuffer};
-use super::causal::{CausalRead, PendingVerdict};
+use super::attached::{Attached, Batch, Duty, Owner, RetryBuffer};
+use super::causal::{CausalRead, PendingVerdict, ReadWait};
 use super::effects::reset_tags;
 use super::preparation::settings_sql;
 use super::session::Session;
@@ -104,7 +104,8 @@ impl Session {
                 }
                 continue;
             }
-            let in_block = self.status != TxStatus::Idle || b.open || b.copy_in || self.pinned;
+            let in_block =
+                self.status != TxStatus::Idle || b.batch.is_open() || b.copy.running || self.pinned;
             let same_node = route.node.as_ref().is_none_or(|n| n.index == b.conn.node);
             // Not behind a read whose wait is undecided: if it fails, that read's answer is
             // thrown away and the read runs again, and what went behind it would be lost with
@@ -112,8 +113,7 @@ impl Session {
             let compatible = want.is_none_or(|w| w == b.target)
                 && same_node
                 && b.retry.is_none()
-                && b.discard.is_none()
-                && b.verdict.is_none();
+                && b.wait.is_none();
             if !compatible
                 && want == Some(Target::Primary)
                 && self.may_leave_open_replica_batch(&flight)
@@ -126,9 +126,7 @@ impl Session {
                 // here, with the proxy's Sync, and the flight opens a new one on the primary.
                 let attached = self.backend.as_mut().expect("checked");
                 attached.expect.push_back(Owner::Proxy(Duty::Prepare));
-                attached.open = false;
-                attached.unsynced_due = 0;
-                attached.unsynced_executed = None;
+                attached.batch = Batch::Synced;
                 if let Err(e) = attached
                     .conn
                     .send(&[FrontendMessage::Sync.to_frame()])
@@ -173,18 +171,18 @@ impl Session {
         compatible: bool,
         in_block: bool,
     ) -> bool {
-        if b.expect.is_empty() || b.open {
+        if b.expect.is_empty() || b.batch.is_open() {
             return false;
         }
         // The read-back behind a Query that may have reset a setting, and the startup values it
         // may apply again, go before this flight (`Session::on_resync`). Behind a COPY the
-        // client ended whose answer is still to come (`copy_in`) too: a flight sent there made
+        // client ended whose answer is still to come (`copy.running`) too: a flight sent there made
         // the Query's ReadyForQuery not the last due, and the read-back was never sent (seed
         // 777188, under load).
         if b.reset_in_doubt && b.may_add_frames() {
             return true;
         }
-        if b.copy_in {
+        if b.copy.running {
             return false;
         }
         // A write behind a read-only block on a replica whose end (COMMIT, ROLLBACK) is still
@@ -216,13 +214,13 @@ impl Session {
         let Some(b) = self.backend.as_ref() else {
             return false;
         };
-        if !(b.open && b.target == Target::Replica && self.status == TxStatus::Idle)
-            || b.copy_in
+        if !(b.batch.is_open() && b.target == Target::Replica && self.status == TxStatus::Idle)
+            || b.copy.running
             || b.doomed
             || self.pinned
             // A BEGIN among the unsynced messages opened a block there (`BEGIN READ ONLY`,
             // routed to the replica): the write belongs to it, and fails there as it would.
-            || b.unsynced_executed == Some(true)
+            || matches!(b.batch, Batch::Open { executed: Some(true), .. })
         {
             return false;
         }
@@ -366,7 +364,7 @@ impl Session {
         let idle = self
             .backend
             .as_ref()
-            .is_some_and(|b| !b.awaiting_replies() && b.retry.is_none() && b.discard.is_none());
+            .is_some_and(|b| !b.awaiting_replies() && b.retry.is_none() && !b.discarding());
         if idle && self.status == TxStatus::Idle && !self.pinned {
             self.release_backend();
         }
@@ -381,7 +379,7 @@ impl Session {
         let Some(attached) = self.backend.as_mut() else {
             return Ok(false);
         };
-        if self.status != TxStatus::InBlock || !attached.may_add_frames() || attached.copy_in {
+        if self.status != TxStatus::InBlock || !attached.may_add_frames() || attached.copy.running {
             return Ok(false);
         }
         self.status = TxStatus::Failed;
@@ -442,8 +440,8 @@ impl Session {
             self.proxy.causal.record(crate::causal::Outcome::Replica);
         }
         let attached = self.backend.as_ref().expect("attached before send");
-        if !attached.open
-            && !attached.copy_in
+        if !attached.batch.is_open()
+            && !attached.copy.running
             && let Some(lost) = self.recheck_moved(&flight).await?
         {
             self.backend = None;
@@ -535,7 +533,7 @@ impl Session {
                     frames.extend(probe_segment(Probe::Replay, &mut attached.conn.prepared));
                 }
                 attached.expect.push_back(Owner::Proxy(Duty::Verdict));
-                attached.verdict = Some(PendingVerdict::new(floor, wait, budget));
+                attached.wait = Some(ReadWait::Pending(PendingVerdict::new(floor, wait, budget)));
             }
         }
         match client_frames {
@@ -560,28 +558,13 @@ impl Session {
                             | FrontendMessage::FunctionCall(_)
                     )
                 });
-                if ended || !attached.open {
-                    attached.unsynced_due = 0;
-                    attached.skipping = false;
-                    attached.unsynced_executed = None;
-                }
                 let tail = unsynced_tail(&flight).unwrap_or(0);
-                attached.unsynced_due += tail;
-                if let Some(begun) = executed {
-                    attached.unsynced_executed =
-                        Some(begun || attached.unsynced_executed.unwrap_or(false));
-                }
-                // A Flush with no extended message behind the last Sync or Query (a bare one)
-                // leaves the server with nothing to sync: no batch is open on it.
-                attached.open = tail > 0 || (attached.open && !ended);
+                attached.batch.flushed(ended, tail, executed);
             }
             // A simple Query also ends an unsynced extended batch (asyncpg sends Parse/Describe/
             // Flush, then a Query); the session sends none while the server skips to a Sync.
             Some(FrontendMessage::Sync | FrontendMessage::Query(_)) => {
-                attached.open = false;
-                attached.unsynced_due = 0;
-                attached.skipping = false;
-                attached.unsynced_executed = None;
+                attached.batch = Batch::Synced;
             }
             _ => {}
         }
@@ -597,7 +580,8 @@ impl Session {
         }
         // An extended COPY's batch goes on past its Execute's Sync (ignored in COPY mode) to a
         // Sync the client sends after CopyDone.
-        let batch_goes_on = attached.open || (attached.copy.closed && attached.copy.extended);
+        let batch_goes_on =
+            attached.batch.is_open() || (attached.copy.closed && attached.copy.extended);
         if tracks && batch_goes_on {
             // Its transaction ends, and its position can be taken, behind a later flight's Sync.
             attached.position_owed |= status == TxStatus::Idle

@@ -41,7 +41,7 @@ impl Session {
                 !b.awaiting_replies()
                     && b.target == Target::Primary
                     && b.retry.is_none()
-                    && b.discard.is_none()
+                    && !b.discarding()
                     && !b.doomed
             });
         if !idle_session {
@@ -93,7 +93,7 @@ impl Session {
         attached.conn.unnamed = None;
         attached.expect.push_back(super::attached::Owner::Client);
         attached.segments_sent += 1;
-        attached.open = false;
+        attached.batch = super::attached::Batch::Synced;
         attached.read = None;
         self.proxy.queries[0].add(1);
         self.proxy.passed_through.add(1);

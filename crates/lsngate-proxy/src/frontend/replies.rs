@@ -6,8 +6,8 @@
 use lsngate_core::{Fallback, Lsn, Replay, Verdict};
 use tokio::time::Instant;
 
-use super::attached::{Attached, Duty, Owner};
-use super::causal::Discard;
+use super::attached::{Attached, Batch, Duty, Owner, ProxyAnswer};
+use super::causal::{Discard, ReadWait};
 use super::effects::RESYNC_SQL;
 use super::session::Session;
 use crate::backend::{BackendError, Target};
@@ -20,7 +20,7 @@ use crate::net::{BackendMessage, ErrorFields, Frame, FrontendMessage};
 /// until the wait's deadline: a replica that stops answering (frozen, cut off) is given up rather
 /// than waited on past the read's budget. Cancel-safe.
 pub(super) async fn fill_attached(attached: &mut Attached) -> Result<(), BackendError> {
-    let Some(deadline) = attached.verdict.as_ref().map(|v| v.deadline) else {
+    let Some(deadline) = attached.pending_verdict().map(|v| v.deadline) else {
         return attached.conn.fill().await;
     };
     match crate::timer::timeout_at(deadline, attached.conn.fill()).await {
@@ -106,7 +106,7 @@ impl Session {
     /// for, so what the session does next never takes the COPY's answer for its own.
     pub(super) async fn drain(&mut self) -> anyhow::Result<()> {
         while let Some(b) = self.backend.as_mut() {
-            if b.expect.is_empty() || (b.copy_in && b.copy.closed) {
+            if b.expect.is_empty() || (b.copy.running && b.copy.closed) {
                 break;
             }
             let frame = recv_attached(b).await;
@@ -125,8 +125,10 @@ impl Session {
             let Some(b) = self.backend.as_mut() else {
                 return Ok(false);
             };
-            if !b.open || b.skipping || (b.expect.is_empty() && b.unsynced_due == 0) {
-                return Ok(b.open && b.skipping);
+            match b.batch {
+                Batch::Open { skipping: true, .. } => return Ok(true),
+                Batch::Open { due, .. } if due > 0 || !b.expect.is_empty() => {}
+                _ => return Ok(false),
             }
             let frame = recv_attached(b).await;
             self.on_backend(frame).await?;
@@ -149,13 +151,13 @@ impl Session {
             }
             let plain_relay = b.expect.front() == Some(&Owner::Client)
                 && b.retry.is_none()
-                && b.discard.is_none()
+                && !b.discarding()
                 && b.describing.is_empty()
                 && b.reset_rewritten.is_none()
                 && b.substitute.is_none()
                 && b.unprepared_in_aborted_block.is_none()
                 && b.reset_tags.is_empty()
-                && !b.copy_in
+                && !b.copy.running
                 && b.unconfirmed.is_empty()
                 // Its CommandComplete confirms it (`on_backend`).
                 && b.pin_unconfirmed.is_none();
@@ -211,7 +213,7 @@ impl Session {
         if let Owner::Proxy(duty) = owner {
             return self.on_proxy_reply(duty, &frame, message).await;
         }
-        if attached.discard.is_some() {
+        if attached.discarding() {
             // The replica's answer to a read whose wait failed: never shown to the client.
             if let BackendMessage::ReadyForQuery(status) = message {
                 attached.expect.pop_front();
@@ -304,19 +306,10 @@ impl Session {
             self.note_shape(frame.tag, &frame.body);
         }
         let attached = self.backend.as_mut().expect("attached");
-        if attached.open && attached.expect.is_empty() {
+        if attached.expect.is_empty() {
             // An answer to the extended messages sent since the last Sync (see
-            // `settle_unsynced`); a ParameterDescription, a DataRow or a notice is not one.
-            match frame.tag {
-                b'E' => {
-                    attached.skipping = true;
-                    attached.unsynced_due = 0;
-                }
-                b'1' | b'2' | b'3' | b'n' | b'T' | b'C' | b'I' | b's' => {
-                    attached.unsynced_due = attached.unsynced_due.saturating_sub(1)
-                }
-                _ => {}
-            }
+            // `settle_unsynced`).
+            attached.batch.heard(frame.tag);
         }
         if matches!(frame.tag, b'1' | b'3' | b'C')
             && attached.unconfirmed.front().is_some_and(|u| {
@@ -334,17 +327,7 @@ impl Session {
         if frame.tag == b'C' && attached.pin_unconfirmed.is_some() && pins(&frame.body) {
             attached.pin_unconfirmed = None;
         }
-        if attached.copy_in
-            && matches!(
-                message,
-                BackendMessage::ErrorResponse(_) | BackendMessage::ReadyForQuery(_)
-            )
-        {
-            attached.copy_in = false;
-        }
-        if attached.copy_in && frame.tag == b'C' {
-            attached.copy_in = false;
-        }
+        attached.copy.heard(frame.tag);
         match message {
             BackendMessage::ReadyForQuery(status) => {
                 attached.expect.pop_front();
@@ -373,10 +356,9 @@ impl Session {
                 return self.client_ready(frame, status).await;
             }
             BackendMessage::CopyInResponse | BackendMessage::CopyBothResponse => {
-                attached.copy_in = true;
-                attached
-                    .copy
-                    .copy_started(&mut attached.expect, &mut attached.open);
+                if attached.copy.copy_started(&mut attached.expect) {
+                    attached.batch.open();
+                }
                 if let Some(retry) = attached.retry.take() {
                     retry.frames.iter().for_each(|f| self.io.queue(f));
                 }
@@ -562,7 +544,7 @@ impl Session {
             && !attached.expect.contains(&Owner::Proxy(Duty::Resync))
             // Not into an extended batch still open or a COPY still running (the server would
             // take the Query as COPY data): the next ReadyForQuery of an idle server reads them.
-            && !attached.open
+            && !attached.batch.is_open()
             && attached.copy.is_idle()
         {
             // The transaction that may have undone a SET is over: read the server's settings
@@ -604,17 +586,13 @@ impl Session {
         let status = match message {
             BackendMessage::Other(b'D') => {
                 let row = crate::net::backend::data_row(&frame.body);
-                if duty == Duty::Resync {
-                    attached.resync_rows.extend(row);
-                } else {
-                    attached.probe_row = row;
-                }
+                attached.answer.rows.extend(row);
                 return Ok(());
             }
             BackendMessage::ErrorResponse(e) if duty == Duty::Resync => {
                 // The settings stay in doubt; the next transaction's end reads them again.
                 tracing::warn!(node = %attached.conn.address, "reading back the session's settings failed: {:?}", e.get(b'M'));
-                attached.resync_failed = true;
+                attached.answer.failed = true;
                 return Ok(());
             }
             // The failure it was sent for.
@@ -647,7 +625,7 @@ impl Session {
                     && e.sqlstate() == Some(sqlstate::QUERY_CANCELED)
                     && message.contains("user request")
                 {
-                    attached.probe_cancelled = Some(message.to_string());
+                    attached.answer.cancelled = Some(message.to_string());
                 }
                 tracing::warn!(node = %attached.conn.address, ?duty, "statement lsngate added failed: {:?}", e.get(b'M'));
                 return Ok(());
@@ -665,20 +643,20 @@ impl Session {
         };
         attached.expect.pop_front();
         attached.error_relayed = false;
-        let row = attached.probe_row.take();
-        let text = |i: usize| row.as_ref().and_then(|r| r.get(i).cloned().flatten());
+        let answer = std::mem::take(&mut attached.answer);
+        let text = |i: usize| answer.row().and_then(|r| r.get(i).cloned().flatten());
         let (node, server) = (attached.conn.node, attached.conn.facts.server.clone());
         let causal = &self.proxy.causal;
         match duty {
             Duty::Prepare | Duty::Restore | Duty::Abort => {}
             Duty::Resync => {
-                if let Some(missing) = self.on_resync(status) {
+                if let Some(missing) = self.on_resync(status, answer) {
                     self.restore_settings(missing).await?;
                 }
             }
-            Duty::Verdict => return self.on_verdict(row).await,
+            Duty::Verdict => return self.on_verdict(answer).await,
             Duty::Served => {
-                let columns = row.as_deref().map(crate::net::backend::columns);
+                let columns = answer.row().map(crate::net::backend::columns);
                 let replay = columns.map(|r| Replay::from_row(&r)).unwrap_or_default();
                 if let Some(lsn) = replay.replayed {
                     causal.watcher.observe_replayed(node, &server, lsn);
@@ -713,7 +691,7 @@ impl Session {
         if self
             .backend
             .as_ref()
-            .is_some_and(|b| b.discard.is_some() && b.expect.is_empty())
+            .is_some_and(|b| b.discarding() && b.expect.is_empty())
         {
             return self.after_discarded().await;
         }
@@ -732,18 +710,19 @@ impl Session {
     }
 
     /// The wait (or check) in front of a replica read answered.
-    async fn on_verdict(&mut self, row: Option<Vec<Option<String>>>) -> anyhow::Result<()> {
+    async fn on_verdict(&mut self, mut answer: ProxyAnswer) -> anyhow::Result<()> {
         let attached = self.backend.as_mut().expect("attached");
-        let Some(verdict) = attached.verdict.take() else {
+        let Some(verdict) = attached.take_pending_verdict() else {
             return Ok(());
         };
         let (node, server) = (attached.conn.node, attached.conn.facts.server.clone());
         let causal = &self.proxy.causal;
-        let columns = row.as_deref().map(crate::net::backend::columns);
+        let cancelled = answer.cancelled.take();
+        let columns = answer.row().map(crate::net::backend::columns);
         let answer = Verdict::from_row(columns.as_deref(), verdict.wait, verdict.floor.lsn);
         causal.stats.record_wait(verdict.sent.elapsed());
-        if let Some(message) = attached.probe_cancelled.take() {
-            attached.discard = Some(Discard::Cancelled(message));
+        if let Some(message) = cancelled {
+            attached.wait = Some(ReadWait::Failed(Discard::Cancelled(message)));
             attached.retry = None;
             return Ok(());
         }
@@ -761,7 +740,7 @@ impl Session {
                 if let Some(n) = self.proxy.nodes.get(node) {
                     n.request_check();
                 }
-                attached.discard = Some(Discard::Rerun);
+                attached.wait = Some(ReadWait::Failed(Discard::Rerun));
             }
             Verdict::NotYet { replayed } => {
                 if let Some(r) = replayed {
@@ -769,7 +748,8 @@ impl Session {
                 }
                 let poll = !verdict.wait && !self.floors.mode.fast;
                 if poll {
-                    attached.discard = Some(Discard::Poll(verdict.floor, verdict.sent));
+                    attached.wait =
+                        Some(ReadWait::Failed(Discard::Poll(verdict.floor, verdict.sent)));
                 } else if self.config.causal.fallback == Fallback::Stale {
                     causal.record(Outcome::Stale);
                     let notice = format!(
@@ -784,7 +764,7 @@ impl Session {
                     self.report_stale(true);
                     return Ok(());
                 } else {
-                    attached.discard = Some(Discard::Rerun);
+                    attached.wait = Some(ReadWait::Failed(Discard::Rerun));
                 }
             }
         }
@@ -796,7 +776,7 @@ impl Session {
     /// Every reply of a read whose wait failed has been dropped: fall back, or poll.
     async fn after_discarded(&mut self) -> anyhow::Result<()> {
         let attached = self.backend.as_mut().expect("attached");
-        let discard = attached.discard.take();
+        let discard = attached.take_discard();
         let Some(read) = attached.read.take() else {
             return Ok(());
         };
@@ -827,9 +807,7 @@ impl Session {
         if attached.target == Target::Replica {
             // Nothing of the read reached the client yet (held back, or its wait undecided or
             // failed): it can run elsewhere.
-            let unseen = attached.retry.is_some()
-                || attached.verdict.is_some()
-                || attached.discard.is_some();
+            let unseen = attached.retry.is_some() || attached.wait.is_some();
             if let Some(read) = attached.read.filter(|_| unseen) {
                 metrics::counter!("lsngate_proxy_retries_total", "reason" => "replica_lost")
                     .increment(1);
@@ -877,7 +855,7 @@ impl Session {
             .filter(|o| **o == Owner::Client)
             .count();
         let waiting = if waiting == 0
-            && (attached.open || attached.copy_in || self.status != TxStatus::Idle)
+            && (attached.batch.is_open() || attached.copy.running || self.status != TxStatus::Idle)
         {
             1
         } else {
@@ -944,7 +922,7 @@ mod tests {
 
     use crate::backend::{BackendConn, PooledConn, Target};
     use crate::config::{Config, FileConfig};
-    use crate::frontend::attached::{Attached, Duty, Owner};
+    use crate::frontend::attached::{Attached, Batch, Duty, Owner};
     use crate::frontend::client_io::{ClientIo, ClientSocket};
     use crate::frontend::effects::RESYNC_SQL;
     use crate::frontend::session::Session;
@@ -1336,8 +1314,11 @@ mod tests {
     async fn an_error_in_an_unsynced_batch_skips_to_the_sync() {
         let mut h = harness();
         let attached = h.attached();
-        attached.open = true;
-        attached.unsynced_due = 3;
+        attached.batch = Batch::Open {
+            due: 3,
+            skipping: false,
+            executed: None,
+        };
         h.server_says(&[frame(b'1'), error("ERROR", "42601", "syntax error")])
             .await;
         assert!(
@@ -1345,17 +1326,26 @@ mod tests {
             "skipping"
         );
         assert_eq!(tags(&h.client_heard()), "1E");
-        let attached = h.attached();
-        assert!(attached.skipping);
-        assert_eq!(attached.unsynced_due, 0);
+        assert!(matches!(
+            h.attached().batch,
+            Batch::Open {
+                due: 0,
+                skipping: true,
+                ..
+            }
+        ));
 
         let mut h = harness();
         let attached = h.attached();
-        attached.open = true;
-        attached.unsynced_due = 2;
+        attached.batch = Batch::Open {
+            due: 2,
+            skipping: false,
+            executed: None,
+        };
         h.server_says(&[frame(b'1'), frame(b'2')]).await;
         assert!(!h.session.settle_unsynced().await.expect("settled"));
-        assert_eq!(h.attached().unsynced_due, 0);
+        assert!(h.attached().batch.open_and_sound());
+        assert!(matches!(h.attached().batch, Batch::Open { due: 0, .. }));
         assert_eq!(tags(&h.client_heard()), "12");
     }
 

@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use tokio::sync::watch;
 
-use super::attached::{Attached, Substitute};
+use super::attached::{Attached, Batch, Substitute};
 use super::causal::ClientFloors;
 use super::client_io::{ClientIo, Incoming, ReadError};
 use super::client_statement::{ClientStatement, statement_identity};
@@ -346,7 +346,9 @@ impl Session {
         let frame = match incoming {
             Incoming::Query(len) => {
                 self.refresh_config();
-                if self.pending.is_empty() && !self.backend.as_ref().is_some_and(|b| b.open) {
+                if self.pending.is_empty()
+                    && !self.backend.as_ref().is_some_and(|b| b.batch.is_open())
+                {
                     // PostgreSQL drops the unnamed statement at every simple Query it runs; one
                     // behind unsynced messages may be skipped (after an error there), and
                     // `query_after_unsynced` decides.
@@ -388,7 +390,7 @@ impl Session {
             // server would after its own error: everything up to the Sync is ignored.
             if matches!(message, FrontendMessage::Sync) {
                 self.skip_to_sync = false;
-                if self.backend.as_ref().is_some_and(|b| b.open) {
+                if self.backend.as_ref().is_some_and(|b| b.batch.is_open()) {
                     // The server holds earlier messages of the batch: its Sync ends them.
                     self.extended_flight(vec![FrontendMessage::Sync], None)
                         .await?;
@@ -522,7 +524,7 @@ impl Session {
             let flight = std::mem::take(&mut self.pending);
             self.extended_flight(flight, class).await?;
         }
-        if !self.backend.as_ref().is_some_and(|b| b.open) {
+        if !self.backend.as_ref().is_some_and(|b| b.batch.is_open()) {
             return Ok(false);
         }
         self.settle_unsynced().await
@@ -824,7 +826,9 @@ impl Session {
     /// (see [`Session::answer_query`]): behind unsynced extended messages the server has not
     /// failed.
     pub(super) fn stand_in_due(&self) -> bool {
-        self.backend.as_ref().is_some_and(|b| b.open && !b.skipping)
+        self.backend
+            .as_ref()
+            .is_some_and(|b| b.batch.open_and_sound())
     }
 
     pub(super) async fn answer_query_installing(
@@ -839,12 +843,18 @@ impl Session {
             failed
                 || !b.conn.facts.has_wait_for()
                 || status != TxStatus::Idle
-                || b.unsynced_executed.is_none_or(|begun| begun)
+                || matches!(
+                    b.batch,
+                    Batch::Open {
+                        executed: None | Some(true),
+                        ..
+                    }
+                )
         };
         if let Some(attached) = self
             .backend
             .as_mut()
-            .filter(|b| b.open && !b.skipping && stand_in_safe(b))
+            .filter(|b| b.batch.open_and_sound() && stand_in_safe(b))
         {
             let stand_in = match (failed, status) {
                 (true, _) => "SELECT 1/0",
@@ -852,9 +862,7 @@ impl Session {
                 (false, _) => "",
             };
             // What a Query does to the server's state: the batch needs no Sync any more.
-            attached.open = false;
-            attached.unsynced_due = 0;
-            attached.unsynced_executed = None;
+            attached.batch = Batch::Synced;
             attached.substitute = Some(Substitute { answer, installs });
             attached.may_commit = true;
             let sent = attached.send_query(stand_in, super::attached::Owner::Client);
@@ -886,7 +894,7 @@ impl Session {
         self.cancel_slot.lock().expect("cancel slot").target = None;
         self.end_fallback();
         let mut status = self.status;
-        if attached.awaiting_replies() && !attached.open && !attached.copy_in {
+        if attached.awaiting_replies() && !attached.batch.is_open() && !attached.copy.running {
             // The client left with replies still due (drivers send a Close for each statement
             // they drop, often right before they disconnect): read them to their last
             // ReadyForQuery, unrelayed, so the connection can go back to the pool.
