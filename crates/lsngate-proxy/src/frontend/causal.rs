@@ -115,6 +115,20 @@ pub enum Discard {
 }
 
 impl Session {
+    /// What the routing plan reads of the session.
+    pub(super) fn view(&self) -> SessionView {
+        SessionView {
+            status: self.status,
+            pinned: self.pinned,
+            mid_batch: self
+                .backend
+                .as_ref()
+                .is_some_and(|b| b.batch.is_open() || b.copy.running),
+            attached: self.backend.is_some(),
+            hint: self.hint,
+        }
+    }
+
     /// Routes a flight and sends it. A read that may go to a replica is placed by its floor.
     pub(super) async fn dispatch(
         &mut self,
@@ -125,17 +139,7 @@ impl Session {
     ) -> anyhow::Result<()> {
         let mut heard = false;
         loop {
-            let view = SessionView {
-                status: self.status,
-                pinned: self.pinned,
-                mid_batch: self
-                    .backend
-                    .as_ref()
-                    .is_some_and(|b| b.batch.is_open() || b.copy.running),
-                attached: self.backend.is_some(),
-                hint: self.hint,
-            };
-            match plan(view, class, hint) {
+            match plan(self.view(), class, hint) {
                 Plan::ReplicaRead => {
                     return self.dispatch_read(flight, class, statement_floor).await;
                 }

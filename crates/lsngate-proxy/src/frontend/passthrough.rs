@@ -3,10 +3,12 @@
 //! `lsngate.min_lsn`, no lag bound), no route hint and nothing proxy-specific in its text, a
 //! query classified as a write, or as a read while no replica serves, goes to the primary as the
 //! client sent it: no re-encoding, no proxy segments, no allocation beyond the classification
-//! key. Everything else — and any of these conditions failing — takes the general path in
-//! `session.rs`, which gives the same result with more work. This path exists because a pooler
+//! key. The route is the one every flight gets (`plan.rs`): this is a fast branch of that plan,
+//! not a second router. Everything else — and any of these conditions failing — takes the
+//! general path in `session.rs`, which gives the same result with more work. This path exists because a pooler
 //! pays its per-statement cost on every statement of every client.
 
+use super::plan::{Plan, plan};
 use super::session::Session;
 use crate::backend::{Role, Target};
 use crate::causal::Outcome;
@@ -62,11 +64,14 @@ impl Session {
             // A SET among other statements: the general path reads the settings back after it.
             return Ok(false);
         }
-        // The primary, or for a read the node it would get: the primary when no replica serves
-        // (picked once here).
-        let node = match class {
-            Class::Write => self.proxy.nodes.pick(Target::Primary),
-            Class::Read => match self.proxy.nodes.pick(Target::Replica) {
+        // Routed by the plan every flight gets (`plan.rs`), and passed through where it sends
+        // the statement to the primary: a write, or a read while no replica serves (the node
+        // a replica read would get, picked once here).
+        let node = match (class, plan(self.view(), Some(class), None)) {
+            (Class::Write, Plan::Send(Some(Target::Primary))) => {
+                self.proxy.nodes.pick(Target::Primary)
+            }
+            (Class::Read, Plan::ReplicaRead) => match self.proxy.nodes.pick(Target::Replica) {
                 Some(n) if n.role() == Role::Replica => return Ok(false),
                 primary => primary,
             },
