@@ -61,8 +61,10 @@ impl Proxy {
                     let proxy = Arc::clone(&self);
                     let stop = shutdown.clone();
                     sessions.spawn(async move {
-                        if let Err(e) = crate::frontend::handshake::handle_client(proxy, stream, stop).await {
-                            tracing::debug!(%peer, "client session ended: {e}");
+                        match crate::frontend::handshake::handle_client(proxy, stream, stop).await {
+                            Err(e) if e.is_routine() => tracing::debug!(%peer, "client session ended: {e}"),
+                            Err(e) => tracing::info!(%peer, "client session ended: {e}"),
+                            Ok(()) => {}
                         }
                     });
                 }

@@ -12,6 +12,7 @@ use lsngate_core::probe::{REPLAY_SQL, wait_for_sql};
 use lsngate_core::{Decision, Fallback, Lsn, PrimaryReason, ReadRequest, Verdict, route};
 use tokio::time::Instant;
 
+use super::error::ClientError;
 use super::flight::Route;
 use super::plan::{Plan, SessionView, plan};
 use super::session::Session;
@@ -136,7 +137,7 @@ impl Session {
         class: Option<Class>,
         hint: Option<RouteHint>,
         statement_floor: Option<Floor>,
-    ) -> anyhow::Result<()> {
+    ) -> Result<(), ClientError> {
         let mut heard = false;
         loop {
             match plan(self.view(), class, hint) {
@@ -169,7 +170,7 @@ impl Session {
         flight: Vec<FrontendMessage>,
         class: Option<Class>,
         statement_floor: Option<Floor>,
-    ) -> anyhow::Result<()> {
+    ) -> Result<(), ClientError> {
         if self.backend.as_ref().is_some_and(|b| b.awaiting_replies()) {
             // A commit position or served position of an earlier flight may still be on its way.
             // This also keeps a server connection to one routed read at a time, with nothing
@@ -322,14 +323,14 @@ impl Session {
         })
     }
 
-    async fn read_primary(&mut self, read: CausalRead) -> anyhow::Result<()> {
+    async fn read_primary(&mut self, read: CausalRead) -> Result<(), ClientError> {
         self.dispatch_to(read.flight, read.class, Route::to(Some(Target::Primary)))
             .await
     }
 
     /// No replica showed the floor in time: the fallback policy decides (`stale` was handled
     /// where a replica answered; here none did, so it reads the primary).
-    pub(super) async fn fall_back(&mut self, read: CausalRead) -> anyhow::Result<()> {
+    pub(super) async fn fall_back(&mut self, read: CausalRead) -> Result<(), ClientError> {
         let causal = &self.proxy.causal;
         if self.config.causal.fallback == Fallback::Error {
             causal.record(Outcome::Error);
@@ -406,7 +407,7 @@ impl Session {
         flight: &[FrontendMessage],
         code: &str,
         message: &str,
-    ) -> anyhow::Result<()> {
+    ) -> Result<(), ClientError> {
         let ends =
             |m: &FrontendMessage| matches!(m, FrontendMessage::Sync | FrontendMessage::Query(_));
         for _ in flight.iter().filter(|m| ends(m)) {
@@ -426,7 +427,11 @@ impl Session {
     }
 
     /// The client committed (or read on the primary) at `floor`.
-    pub(super) async fn on_position(&mut self, floor: Floor, wrote: bool) -> anyhow::Result<()> {
+    pub(super) async fn on_position(
+        &mut self,
+        floor: Floor,
+        wrote: bool,
+    ) -> Result<(), ClientError> {
         self.floors.auto = Floor::merge(self.floors.auto, Some(floor));
         if wrote {
             self.floors.commit = Some(floor);
@@ -546,7 +551,7 @@ impl Session {
         read: CausalRead,
         floor: Floor,
         started: Instant,
-    ) -> anyhow::Result<()> {
+    ) -> Result<(), ClientError> {
         let deadline = started + self.config.causal.wait_timeout;
         let settled = self.settle_floor(floor, deadline).await;
         self.proxy.causal.stats.record_wait(started.elapsed());

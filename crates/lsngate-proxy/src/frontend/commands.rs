@@ -14,6 +14,7 @@
 use bytes::Bytes;
 
 use super::causal::ClientFloors;
+use super::error::ClientError;
 use super::session::Session;
 use crate::config::{Config, Consistency};
 use crate::net::backend::TxStatus;
@@ -147,7 +148,10 @@ impl Session {
     }
 
     /// A proxy command sent as a simple query.
-    pub(super) async fn answer_locally(&mut self, command: LocalCommand) -> anyhow::Result<()> {
+    pub(super) async fn answer_locally(
+        &mut self,
+        command: LocalCommand,
+    ) -> Result<(), ClientError> {
         // Earlier replies first, and with them any commit position SHOW must report.
         self.drain().await?;
         // In an aborted block the server refuses it, unless unsynced messages in front of it
@@ -181,7 +185,7 @@ impl Session {
     pub(super) async fn answer_extended_locally(
         &mut self,
         flight: Vec<FrontendMessage>,
-    ) -> anyhow::Result<()> {
+    ) -> Result<(), ClientError> {
         self.drain().await?;
         let command_of = |session: &Session, statement: &str| {
             let s = if statement.is_empty() {

@@ -17,6 +17,7 @@
 use std::collections::VecDeque;
 
 use super::attached::Owner;
+use super::error::ClientError;
 use super::session::Session;
 use crate::net::{Frame, FrontendMessage};
 
@@ -240,7 +241,7 @@ impl Session {
     pub(super) async fn copy_from_client(
         &mut self,
         message: FrontendMessage,
-    ) -> anyhow::Result<()> {
+    ) -> Result<(), ClientError> {
         if !self.pending.is_empty() {
             self.pending.push(FrontendMessage::Flush);
             let flight = std::mem::take(&mut self.pending);

@@ -16,6 +16,7 @@
 //! - Binding or describing a name the client does not hold closes a stale copy first, so the
 //!   server answers `26000` as it would directly (`flight.rs`).
 
+use super::error::ClientError;
 use super::session::Session;
 use crate::net::backend::TxStatus;
 use crate::net::backend::build;
@@ -85,7 +86,7 @@ impl Session {
     /// Answers `DEALLOCATE name` itself when the client prepared `name` with Parse, or does not
     /// hold it at all outside a transaction block (see the module doc); false when the server
     /// must run the statement.
-    pub(super) async fn deallocate(&mut self, what: &Deallocate) -> anyhow::Result<bool> {
+    pub(super) async fn deallocate(&mut self, what: &Deallocate) -> Result<bool, ClientError> {
         let name = match what {
             Deallocate::All => {
                 let names: Vec<String> = self.statements.keys().cloned().collect();

@@ -7,6 +7,7 @@ use std::collections::{HashMap, HashSet};
 
 use super::attached::{Duty, Owner, ProxyAnswer};
 use super::client_statement::ClientStatement;
+use super::error::ClientError;
 use super::flight::segment_ends;
 use super::pipeline::Unconfirmed;
 use super::preparation::{all_dropped, all_in_doubt, settings_sql};
@@ -308,7 +309,7 @@ impl Session {
     /// while this segment trails), so it is told of no value it never had. Where the client's
     /// next flight is already on the server (or the server is inside a batch or a COPY), the
     /// connection's books say they are not applied, and that flight's preparation applies them.
-    pub(super) async fn restore_settings(&mut self, missing: Settings) -> anyhow::Result<()> {
+    pub(super) async fn restore_settings(&mut self, missing: Settings) -> Result<(), ClientError> {
         let attached = self.backend.as_mut().expect("attached");
         if attached.client_segments_due() > 0 || !attached.may_add_frames() {
             return Ok(());

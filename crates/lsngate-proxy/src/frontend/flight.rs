@@ -12,6 +12,7 @@ use std::sync::Arc;
 use super::attached::{Attached, Batch, Duty, Owner, RetryBuffer};
 use super::causal::{CausalRead, PendingVerdict, ReadWait};
 use super::effects::reset_tags;
+use super::error::{ClientError, NoBackend};
 use super::preparation::settings_sql;
 use super::session::Session;
 use crate::backend::{NodeState, PooledConn, Role, Target};
@@ -93,7 +94,7 @@ impl Session {
         flight: Vec<FrontendMessage>,
         class: Option<Class>,
         route: Route,
-    ) -> anyhow::Result<()> {
+    ) -> Result<(), ClientError> {
         let want = route.target;
         while let Some(b) = self.backend.as_ref() {
             if b.doomed {
@@ -242,9 +243,9 @@ impl Session {
     /// No server connection could be had: each of the flight's `segments` gets the reason.
     pub(super) async fn no_backend(
         &mut self,
-        e: anyhow::Error,
+        e: NoBackend,
         segments: usize,
-    ) -> anyhow::Result<()> {
+    ) -> Result<(), ClientError> {
         metrics::counter!("lsngate_proxy_errors_total", "kind" => "no_backend").increment(1);
         for _ in 0..segments.max(1) {
             self.io.queue(
@@ -293,18 +294,14 @@ impl Session {
         &mut self,
         target: Target,
         chosen: Option<Arc<NodeState>>,
-    ) -> anyhow::Result<()> {
+    ) -> Result<(), NoBackend> {
         let config = Arc::clone(&self.config);
         let mut target = target;
         let mut chosen = chosen;
         loop {
             let node = match chosen.take() {
                 Some(node) => node,
-                None => self
-                    .proxy
-                    .nodes
-                    .pick(target)
-                    .ok_or_else(|| anyhow::anyhow!(crate::proxy::no_primary()))?,
+                None => self.proxy.nodes.pick(target).ok_or(NoBackend::NoPrimary)?,
             };
             let pool = match self.known_pool(&node) {
                 Some(pool) => Arc::clone(pool),
@@ -375,7 +372,7 @@ impl Session {
     /// up to ROLLBACK. So the server's block is made to fail too, with a statement whose replies
     /// the proxy keeps, and the client's status is `E`. False (nothing done) where no server
     /// connection holds the block, or it is inside a batch or a COPY.
-    pub(super) async fn abort_server_block(&mut self) -> anyhow::Result<bool> {
+    pub(super) async fn abort_server_block(&mut self) -> Result<bool, ClientError> {
         let Some(attached) = self.backend.as_mut() else {
             return Ok(false);
         };
@@ -397,7 +394,7 @@ impl Session {
         flight: Vec<FrontendMessage>,
         class: Option<Class>,
         read: Option<CausalRead>,
-    ) -> anyhow::Result<()> {
+    ) -> Result<(), ClientError> {
         let synced = matches!(
             flight.last(),
             Some(
@@ -449,10 +446,7 @@ impl Session {
         }
         if self.backend.is_none() {
             return self
-                .no_backend(
-                    anyhow::anyhow!(crate::proxy::no_primary()),
-                    segment_ends(&flight),
-                )
+                .no_backend(NoBackend::NoPrimary, segment_ends(&flight))
                 .await;
         }
         self.expect_shapes(&flight);

@@ -12,8 +12,9 @@ use tokio::net::TcpStream;
 use tokio::sync::watch;
 
 use super::client_io::{ClientIo, ClientSocket};
+use super::error::ClientError;
 use super::session::Session;
-use crate::auth::{Credential, ScramExchange, md5_response};
+use crate::auth::{AuthError, Credential, ScramExchange, md5_response};
 use crate::net::backend::build::{self, fatal};
 use crate::net::sqlstate;
 use crate::net::{FrontendMessage, StartupFrame, startup::decode_startup};
@@ -24,7 +25,7 @@ pub(crate) async fn handle_client(
     proxy: Arc<Proxy>,
     stream: TcpStream,
     shutdown: watch::Receiver<bool>,
-) -> anyhow::Result<()> {
+) -> Result<(), ClientError> {
     let _ = stream.set_nodelay(true);
     let config = proxy.config();
     let mut socket: Box<dyn ClientSocket> = Box::new(stream);
@@ -37,7 +38,9 @@ pub(crate) async fn handle_client(
                     if !buf.is_empty() {
                         // Bytes sent before the TLS handshake could be injected by a
                         // man in the middle; PostgreSQL refuses them too.
-                        anyhow::bail!("client sent data after SSLRequest before the TLS handshake");
+                        return Err(ClientError::Protocol(
+                            "client sent data after SSLRequest before the TLS handshake".into(),
+                        ));
                     }
                     socket.write_all(b"S").await?;
                     socket = Box::new(tls.acceptor.accept(socket).await?);
@@ -57,7 +60,7 @@ pub(crate) async fn handle_client(
         socket
             .write_all(&fatal(sqlstate::INVALID_AUTHORIZATION_SPECIFICATION, message).to_bytes())
             .await?;
-        anyhow::bail!(message);
+        return Err(ClientError::Refused(message.into()));
     }
     if proxy.client_joined() > config.max_client_connections {
         proxy.client_left();
@@ -70,7 +73,7 @@ pub(crate) async fn handle_client(
                 .to_bytes(),
             )
             .await?;
-        anyhow::bail!("client limit reached");
+        return Err(ClientError::Refused("client limit reached".into()));
     }
     let result = login_and_run(&proxy, socket, buf, minor, params, shutdown).await;
     proxy.client_left();
@@ -84,7 +87,7 @@ async fn login_and_run(
     minor: u16,
     params: Vec<(String, String)>,
     shutdown: watch::Receiver<bool>,
-) -> anyhow::Result<()> {
+) -> Result<(), ClientError> {
     let config = proxy.config();
     let mut io = ClientIo::new(stream, buf, config.max_message_size);
     let user = StartupFrame::param(&params, "user").unwrap_or_default();
@@ -105,10 +108,14 @@ async fn login_and_run(
             &message,
         ));
         io.flush().await?;
-        anyhow::bail!(message);
+        return Err(ClientError::Refused(message));
     };
     if let Err(e) = authenticate(&mut io, &user, &credential).await {
-        io.queue(&fatal(sqlstate::INVALID_PASSWORD, &e.to_string()));
+        let code = match e {
+            ClientError::Protocol(_) => sqlstate::PROTOCOL_VIOLATION,
+            _ => sqlstate::INVALID_PASSWORD,
+        };
+        io.queue(&fatal(code, &e.to_string()));
         let _ = io.flush().await;
         return Err(e);
     }
@@ -132,7 +139,7 @@ async fn login_and_run(
     result
 }
 
-async fn forward_cancel(proxy: &Proxy, pid: i32, secret: &[u8]) -> anyhow::Result<()> {
+async fn forward_cancel(proxy: &Proxy, pid: i32, secret: &[u8]) -> Result<(), ClientError> {
     if secret.len() != 4 {
         return Ok(());
     }
@@ -154,7 +161,7 @@ async fn read_startup(
     socket: &mut Box<dyn ClientSocket>,
     buf: &mut BytesMut,
     max_len: usize,
-) -> anyhow::Result<StartupFrame> {
+) -> Result<StartupFrame, ClientError> {
     loop {
         match decode_startup(buf, max_len) {
             Ok(Some(frame)) => return Ok(frame),
@@ -164,22 +171,27 @@ async fn read_startup(
                 let _ = socket
                     .write_all(&fatal(sqlstate::PROTOCOL_VIOLATION, &e.to_string()).to_bytes())
                     .await;
-                anyhow::bail!(e);
+                return Err(e.into());
             }
         }
-        if crate::timer::timeout(Duration::from_secs(30), socket.read_buf(buf)).await?? == 0 {
-            anyhow::bail!("client left during startup");
+        let read = crate::timer::timeout(Duration::from_secs(30), socket.read_buf(buf))
+            .await
+            .map_err(|_| ClientError::Refused("no startup message within 30 s".into()))?;
+        if read? == 0 {
+            return Err(ClientError::Io(std::io::ErrorKind::UnexpectedEof.into()));
         }
     }
 }
 
-async fn read_auth_response(io: &mut ClientIo) -> anyhow::Result<Bytes> {
+async fn read_auth_response(io: &mut ClientIo) -> Result<Bytes, ClientError> {
     match io.recv().await? {
         Some(frame) => match FrontendMessage::parse(&frame)? {
             FrontendMessage::AuthResponse(body) => Ok(body),
-            other => anyhow::bail!("expected a password message, got {other:?}"),
+            other => Err(ClientError::Protocol(format!(
+                "expected a password message, got {other:?}"
+            ))),
         },
-        None => anyhow::bail!("client left during authentication"),
+        None => Err(ClientError::Io(std::io::ErrorKind::UnexpectedEof.into())),
     }
 }
 
@@ -191,7 +203,7 @@ async fn authenticate(
     io: &mut ClientIo,
     user: &str,
     credential: &Credential,
-) -> anyhow::Result<()> {
+) -> Result<(), ClientError> {
     match credential {
         Credential::Trust => {}
         Credential::Md5 { hash } => {
@@ -200,7 +212,7 @@ async fn authenticate(
             io.flush().await?;
             let answer = cstring(&read_auth_response(io).await?);
             if answer != md5_response(hash, salt) {
-                anyhow::bail!(crate::auth::AuthError::BadPassword(user.to_string()));
+                return Err(crate::auth::AuthError::BadPassword(user.to_string()).into());
             }
         }
         Credential::Scram(verifier) => {
@@ -222,20 +234,22 @@ async fn authenticate(
     Ok(())
 }
 
-fn sasl_initial_data(body: &[u8]) -> anyhow::Result<String> {
+fn sasl_initial_data(body: &[u8]) -> Result<String, ClientError> {
     let nul = body
         .iter()
         .position(|&b| b == 0)
-        .ok_or_else(|| anyhow::anyhow!("malformed SASLInitialResponse"))?;
+        .ok_or(AuthError::BadScramMessage(
+            "no mechanism in SASLInitialResponse",
+        ))?;
     if &body[..nul] != b"SCRAM-SHA-256" {
-        anyhow::bail!(
+        return Err(ClientError::Protocol(format!(
             "unsupported SASL mechanism {:?}; use SCRAM-SHA-256",
             String::from_utf8_lossy(&body[..nul])
-        );
+        )));
     }
     let rest = &body[nul + 1..];
     if rest.len() < 4 {
-        anyhow::bail!("malformed SASLInitialResponse");
+        return Err(AuthError::BadScramMessage("SASLInitialResponse too short").into());
     }
     Ok(String::from_utf8_lossy(&rest[4..]).into_owned())
 }

@@ -11,6 +11,7 @@ mod commands;
 mod copy;
 mod deallocate;
 mod effects;
+pub mod error;
 mod flight;
 pub mod handshake;
 mod passthrough;

@@ -8,6 +8,7 @@
 //! general path in `session.rs`, which gives the same result with more work. This path exists because a pooler
 //! pays its per-statement cost on every statement of every client.
 
+use super::error::ClientError;
 use super::plan::{Plan, plan};
 use super::session::Session;
 use crate::backend::{Role, Target};
@@ -29,7 +30,7 @@ impl Session {
     /// Sends a simple Query (`message`: the whole message as the client sent it) straight to
     /// the primary when nothing about it needs the general path; false when it does (nothing was
     /// sent then, though a server connection may have been attached for it).
-    pub(super) async fn pass_through(&mut self, message: &[u8]) -> anyhow::Result<bool> {
+    pub(super) async fn pass_through(&mut self, message: &[u8]) -> Result<bool, ClientError> {
         let idle_session = self.status == TxStatus::Idle
             && !self.pinned
             && self.pending.is_empty()

@@ -9,6 +9,7 @@ use tokio::time::Instant;
 use super::attached::{Attached, Batch, Duty, Owner, ProxyAnswer};
 use super::causal::{Discard, ReadWait};
 use super::effects::RESYNC_SQL;
+use super::error::ClientError;
 use super::session::Session;
 use crate::backend::{BackendError, Target};
 use crate::causal::{Floor, Outcome};
@@ -104,7 +105,7 @@ impl Session {
     /// Relays replies until none are due. Not into a COPY FROM STDIN the client has not ended
     /// (the server answers nothing until it does); one it ended (CopyDone, CopyFail) is waited
     /// for, so what the session does next never takes the COPY's answer for its own.
-    pub(super) async fn drain(&mut self) -> anyhow::Result<()> {
+    pub(super) async fn drain(&mut self) -> Result<(), ClientError> {
         while let Some(b) = self.backend.as_mut() {
             if b.expect.is_empty() || (b.copy.running && b.copy.closed) {
                 break;
@@ -120,7 +121,7 @@ impl Session {
     /// to the next Sync, a simple Query included, so the session must not expect an answer to
     /// one. What the session answers itself (proxy commands) waits here too, so it is never
     /// queued ahead of the server's answers to messages sent before it.
-    pub(super) async fn settle_unsynced(&mut self) -> anyhow::Result<bool> {
+    pub(super) async fn settle_unsynced(&mut self) -> Result<bool, ClientError> {
         loop {
             let Some(b) = self.backend.as_mut() else {
                 return Ok(false);
@@ -140,7 +141,7 @@ impl Session {
     /// completions, notices…) are copied to the client as they are; everything that needs a
     /// decision (ReadyForQuery, errors, COPY IN, the proxy's own segments, held-back replica
     /// answers) goes through `on_backend` one by one.
-    pub(super) async fn on_buffered_replies(&mut self) -> anyhow::Result<()> {
+    pub(super) async fn on_buffered_replies(&mut self) -> Result<(), ClientError> {
         loop {
             let pinned = self.pinned;
             let Some(b) = self.backend.as_mut() else {
@@ -198,7 +199,7 @@ impl Session {
     pub(super) async fn on_backend(
         &mut self,
         frame: Result<Frame, BackendError>,
-    ) -> anyhow::Result<()> {
+    ) -> Result<(), ClientError> {
         let frame = match frame {
             Ok(f) => f,
             Err(e) => return self.backend_lost(e).await,
@@ -472,7 +473,7 @@ impl Session {
         }
     }
 
-    async fn relay(&mut self, frame: Frame) -> anyhow::Result<()> {
+    async fn relay(&mut self, frame: Frame) -> Result<(), ClientError> {
         let limit = self.config.retry_buffer_size;
         let attached = self.backend.as_mut().expect("attached");
         if let Some(retry) = attached.retry.as_mut() {
@@ -495,7 +496,7 @@ impl Session {
         Ok(())
     }
 
-    async fn client_ready(&mut self, frame: Frame, status: TxStatus) -> anyhow::Result<()> {
+    async fn client_ready(&mut self, frame: Frame, status: TxStatus) -> Result<(), ClientError> {
         let attached = self.backend.as_mut().expect("attached");
         if let Some(retry) = attached.retry.take() {
             if retry.read_only_violation && status == TxStatus::Idle {
@@ -581,7 +582,7 @@ impl Session {
         duty: Duty,
         frame: &Frame,
         message: BackendMessage,
-    ) -> anyhow::Result<()> {
+    ) -> Result<(), ClientError> {
         let attached = self.backend.as_mut().expect("attached");
         let status = match message {
             BackendMessage::Other(b'D') => {
@@ -710,7 +711,7 @@ impl Session {
     }
 
     /// The wait (or check) in front of a replica read answered.
-    async fn on_verdict(&mut self, mut answer: ProxyAnswer) -> anyhow::Result<()> {
+    async fn on_verdict(&mut self, mut answer: ProxyAnswer) -> Result<(), ClientError> {
         let attached = self.backend.as_mut().expect("attached");
         let Some(verdict) = attached.take_pending_verdict() else {
             return Ok(());
@@ -774,7 +775,7 @@ impl Session {
     }
 
     /// Every reply of a read whose wait failed has been dropped: fall back, or poll.
-    async fn after_discarded(&mut self) -> anyhow::Result<()> {
+    async fn after_discarded(&mut self) -> Result<(), ClientError> {
         let attached = self.backend.as_mut().expect("attached");
         let discard = attached.take_discard();
         let Some(read) = attached.read.take() else {
@@ -797,7 +798,7 @@ impl Session {
 
     /// The backend broke. Replies still due become errors; only a replica read (which cannot
     /// have written) is re-run, on the primary.
-    pub(super) async fn backend_lost(&mut self, error: BackendError) -> anyhow::Result<()> {
+    pub(super) async fn backend_lost(&mut self, error: BackendError) -> Result<(), ClientError> {
         let Some(attached) = self.backend.take() else {
             return Ok(());
         };
@@ -890,7 +891,7 @@ impl Session {
                 &message,
             ));
             self.io.flush().await?;
-            anyhow::bail!(message);
+            return Err(ClientError::Server(message));
         }
         self.io.flush().await?;
         Ok(())

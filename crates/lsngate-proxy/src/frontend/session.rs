@@ -13,6 +13,7 @@ use super::attached::{Attached, Batch, Substitute};
 use super::causal::ClientFloors;
 use super::client_io::{ClientIo, Incoming, ReadError};
 use super::client_statement::{ClientStatement, statement_identity};
+use super::error::ClientError;
 use super::startup::{
     LIST_QUOTED, is_setting_name, quote_literal, startup_lsngate, startup_settings, startup_values,
 };
@@ -114,7 +115,7 @@ impl Session {
         cancel_key: (i32, i32),
         cancel_slot: CancelSlot,
         shutdown: watch::Receiver<bool>,
-    ) -> anyhow::Result<Session> {
+    ) -> Result<Session, ClientError> {
         let mut config_seen = u64::MAX;
         let config = proxy
             .config_if_changed(&mut config_seen)
@@ -136,7 +137,7 @@ impl Session {
                     &format!("in the startup options: {message}"),
                 ));
                 io.flush().await?;
-                anyhow::bail!(message);
+                return Err(ClientError::Refused(message));
             }
         }
         let server_login = config.user(&user).and_then(|u| u.server_login.clone());
@@ -148,7 +149,7 @@ impl Session {
                     &e.to_string(),
                 ));
                 io.flush().await?;
-                return Err(e);
+                return Err(ClientError::Server(format!("{e:#}")));
             }
         };
         let mut reported = HashMap::new();
@@ -268,13 +269,13 @@ impl Session {
     }
 
     /// The session loop: until the client leaves, breaks the protocol or the proxy drains.
-    pub async fn run(mut self) -> anyhow::Result<()> {
+    pub async fn run(mut self) -> Result<(), ClientError> {
         let result = self.run_loop().await;
         self.finish().await;
         result
     }
 
-    async fn run_loop(&mut self) -> anyhow::Result<()> {
+    async fn run_loop(&mut self) -> Result<(), ClientError> {
         enum Event {
             Client(Result<Option<Incoming>, ReadError>),
             Backend(Result<(), crate::backend::BackendError>),
@@ -342,7 +343,7 @@ impl Session {
     }
 
     /// Handles one client message; false when the client said Terminate.
-    async fn on_client(&mut self, incoming: Incoming) -> anyhow::Result<bool> {
+    async fn on_client(&mut self, incoming: Incoming) -> Result<bool, ClientError> {
         let frame = match incoming {
             Incoming::Query(len) => {
                 self.refresh_config();
@@ -512,7 +513,7 @@ impl Session {
     /// statement and Sync, in one write). True when the server skips the Query: one of those
     /// messages failed, and until the next Sync the server ignores everything, so no answer is
     /// due.
-    async fn query_after_unsynced(&mut self, sql: &str) -> anyhow::Result<bool> {
+    async fn query_after_unsynced(&mut self, sql: &str) -> Result<bool, ClientError> {
         if !self.pending.is_empty() {
             // The Query runs where these go: they are routed as demandingly as it needs.
             let query = comment_hints(sql).map_or_else(|| sql.to_string(), |(_, s)| s);
@@ -586,7 +587,7 @@ impl Session {
         &mut self,
         flight: Vec<FrontendMessage>,
         also: Option<Class>,
-    ) -> anyhow::Result<()> {
+    ) -> Result<(), ClientError> {
         let result = self.extended_flight_sent(flight, also).await;
         // The pending messages are a flight of their own now: the next ones start afresh.
         self.log = Default::default();
@@ -597,7 +598,7 @@ impl Session {
         &mut self,
         mut flight: Vec<FrontendMessage>,
         also: Option<Class>,
-    ) -> anyhow::Result<()> {
+    ) -> Result<(), ClientError> {
         fn named(m: &FrontendMessage) -> Option<&str> {
             match m {
                 FrontendMessage::Parse { statement, .. }
@@ -705,7 +706,7 @@ impl Session {
         self.dispatch(flight, class, hint, floor).await
     }
 
-    async fn simple_query(&mut self, sql: String) -> anyhow::Result<()> {
+    async fn simple_query(&mut self, sql: String) -> Result<(), ClientError> {
         let (hints, sql) = comment_hints(&sql).unwrap_or((Hints::default(), sql));
         if let Some(command) = local_command(&sql) {
             return self.answer_locally(command).await;
@@ -786,7 +787,11 @@ impl Session {
 
     /// Answers a simple Query the proxy takes over (its commands, a refused hint, a DEALLOCATE
     /// it tracks) with the error `code`, `message`.
-    pub(super) async fn answer_error(&mut self, code: &str, message: &str) -> anyhow::Result<()> {
+    pub(super) async fn answer_error(
+        &mut self,
+        code: &str,
+        message: &str,
+    ) -> Result<(), ClientError> {
         let error = ErrorFields::new("ERROR", code, message).to_frame(b'E');
         self.answer_query(vec![error], true).await
     }
@@ -818,7 +823,7 @@ impl Session {
         &mut self,
         answer: Vec<Frame>,
         failed: bool,
-    ) -> anyhow::Result<()> {
+    ) -> Result<(), ClientError> {
         self.answer_query_installing(answer, failed, None).await
     }
 
@@ -836,7 +841,7 @@ impl Session {
         answer: Vec<Frame>,
         failed: bool,
         installs: Option<(ClientFloors, RouteHint)>,
-    ) -> anyhow::Result<()> {
+    ) -> Result<(), ClientError> {
         self.drain().await?;
         let status = self.status;
         let stand_in_safe = |b: &Attached| {

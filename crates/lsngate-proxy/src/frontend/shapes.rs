@@ -19,6 +19,7 @@
 
 use bytes::{Bytes, BytesMut};
 
+use super::error::ClientError;
 use super::session::Session;
 use crate::backend::BackendError;
 use crate::net::sqlstate;
@@ -160,7 +161,7 @@ impl Session {
     pub(super) async fn recheck_moved(
         &mut self,
         flight: &[FrontendMessage],
-    ) -> anyhow::Result<Option<BackendError>> {
+    ) -> Result<Option<BackendError>, ClientError> {
         let moved = self.moved_statements(flight);
         if moved.is_empty() {
             return Ok(None);

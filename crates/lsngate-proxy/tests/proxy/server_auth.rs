@@ -335,3 +335,68 @@ fn each_user_runs_as_its_server_role_from_pools_of_its_own() {
         "{metrics}"
     );
 }
+
+/// Logs in as `user` on `port` and answers the SASL offer with a mechanism nobody offered; the
+/// SQLSTATE of the error that follows.
+fn sqlstate_for_an_unoffered_sasl_mechanism(port: u16, user: &str) -> String {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(30)))
+        .unwrap();
+    let mut writer = stream.try_clone().unwrap();
+    let mut read_message = || {
+        let mut head = [0u8; 5];
+        stream.read_exact(&mut head).unwrap();
+        let len = u32::from_be_bytes(head[1..5].try_into().unwrap()) as usize;
+        let mut body = vec![0u8; len - 4];
+        stream.read_exact(&mut body).unwrap();
+        (head[0], body)
+    };
+    let mut startup = 196_608u32.to_be_bytes().to_vec();
+    for (key, value) in [("user", user), ("database", "postgres")] {
+        startup.extend([key.as_bytes(), b"\0", value.as_bytes(), b"\0"].concat());
+    }
+    startup.push(0);
+    let mut packet = ((startup.len() + 4) as u32).to_be_bytes().to_vec();
+    packet.extend(startup);
+    writer.write_all(&packet).unwrap();
+    loop {
+        match read_message() {
+            (b'R', body) if body[..4] == 10u32.to_be_bytes() => break,
+            (b'R', body) => panic!("expected a SASL offer, got authentication request {body:?}"),
+            (tag, body) => panic!("expected a SASL offer, got {:?} {body:?}", tag as char),
+        }
+    }
+    let mut initial = b"BOGUS-MECHANISM\0".to_vec();
+    initial.extend((-1i32).to_be_bytes());
+    let mut message = vec![b'p'];
+    message.extend(((initial.len() + 4) as u32).to_be_bytes());
+    message.extend(initial);
+    writer.write_all(&message).unwrap();
+    loop {
+        let (tag, body) = read_message();
+        if tag == b'E' {
+            return body
+                .split(|b| *b == 0)
+                .find_map(|field| field.strip_prefix(b"C"))
+                .map(|code| String::from_utf8_lossy(code).into_owned())
+                .expect("an error with a SQLSTATE");
+        }
+    }
+}
+
+/// A client that picks a SASL mechanism the proxy did not offer broke the protocol, as
+/// PostgreSQL says (08P01 "invalid SASL authentication mechanism"): compared with the server
+/// itself, whose pg_hba.conf demands SCRAM for ROLE. It used to get 28P01, a wrong password.
+#[test]
+fn an_unoffered_sasl_mechanism_is_a_protocol_violation_as_on_the_server() {
+    let cluster = scram_cluster();
+    let direct = sqlstate_for_an_unoffered_sasl_mechanism(cluster.primary().port(), ROLE);
+    let mut file = file_config(cluster);
+    file.users = vec![UserEntry::new("app", Some("client-pw"), "scram-sha-256")];
+    let proxy = TestProxy::with(file);
+    let proxied = sqlstate_for_an_unoffered_sasl_mechanism(proxy.addr.port(), "app");
+    assert_eq!(direct, "08P01", "the server's answer");
+    assert_eq!(proxied, direct, "the proxy answers as the server does");
+}
