@@ -5,6 +5,7 @@
 mod bench;
 mod cluster;
 mod duration;
+mod inproc_proxy;
 mod lag;
 mod pg;
 mod table;

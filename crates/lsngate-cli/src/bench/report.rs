@@ -3,7 +3,7 @@
 
 use serde::Serialize;
 
-use super::proxy::ProxyOutcomes;
+use crate::inproc_proxy::ProxyOutcomes;
 use super::workload::Sample;
 
 /// One row of the main table; also the JSON `results[]` entry.
