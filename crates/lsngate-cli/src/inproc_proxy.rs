@@ -96,6 +96,11 @@ impl InProcessProxy {
         connect(&self.client, consistency).await
     }
 
+    /// Where clients log in: the primary URL's user, password and database, the proxy's address.
+    pub fn client_config(&self) -> &tokio_postgres::Config {
+        &self.client
+    }
+
     /// The proxy's causal read outcomes so far (what its `/status` reports).
     pub fn outcomes(&self) -> ProxyOutcomes {
         let mut outcomes = ProxyOutcomes::default();

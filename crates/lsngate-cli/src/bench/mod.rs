@@ -244,7 +244,10 @@ fn proxy_setup(
 }
 
 /// Starts a fresh proxy for one proxy strategy and gives every worker its connections through it.
-async fn attach_proxy(setup: &ProxySetup, sessions: &mut [Session]) -> anyhow::Result<InProcessProxy> {
+async fn attach_proxy(
+    setup: &ProxySetup,
+    sessions: &mut [Session],
+) -> anyhow::Result<InProcessProxy> {
     let proxy = InProcessProxy::start(setup).await?;
     for session in sessions.iter_mut() {
         session.proxy = Some(ProxyClients::open(&proxy).await?);
