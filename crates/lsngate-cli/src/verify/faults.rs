@@ -158,14 +158,24 @@ impl Schedule {
     }
 }
 
-/// Runs the schedule until `stop` is set; every fault is healed before this returns. Blocking
-/// (the cluster helpers run psql and pg_ctl): run it on a thread of its own.
+/// Runs the schedule until `stop` is set, setting `covered` once the first round (every
+/// requested kind once) is over; every fault is healed before this returns. Blocking (the
+/// cluster helpers run psql and pg_ctl): run it on a thread of its own.
 pub fn run(
     mut schedule: Schedule,
     targets: &Targets,
     start: Instant,
     stop: &AtomicBool,
+    covered: &AtomicBool,
 ) -> anyhow::Result<Vec<FaultWindow>> {
+    // Whatever happens here, the workload must not wait for a round that will not end.
+    struct Covered<'a>(&'a AtomicBool);
+    impl Drop for Covered<'_> {
+        fn drop(&mut self) {
+            self.0.store(true, Ordering::SeqCst);
+        }
+    }
+    let _covered_at_the_latest_on_return = Covered(covered);
     let mut windows = Vec::new();
     let ms = || start.elapsed().as_secs_f64() * 1e3;
     while let Some(planned) = schedule.next_fault() {
@@ -184,6 +194,9 @@ pub fn run(
             start_ms,
             end_ms: ms(),
         });
+        if windows.len() >= schedule.kinds.len() {
+            covered.store(true, Ordering::SeqCst);
+        }
         if !held
             || !sleep_unless_stopped(period_end.saturating_duration_since(Instant::now()), stop)
         {

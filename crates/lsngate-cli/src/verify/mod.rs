@@ -26,7 +26,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 use lsngate_cluster::{Cluster, ClusterConfig, Forwarder};
 
 use checker::{FinalState, Rules};
-use faults::FaultList;
+use faults::{FaultKind, FaultList};
 use report::{Facts, Summary};
 use workload::{LOG_TABLE, Mode, Plan, REGISTER_TABLE};
 
@@ -46,7 +46,8 @@ pub struct VerifyArgs {
     /// eventual (the self-test control: must show violations when a replica lags).
     #[arg(long, value_enum, default_value = "session")]
     mode: Mode,
-    /// How long the clients run, in seconds.
+    /// How long the clients run, in seconds (at least until every requested fault has been
+    /// injected and healed once).
     #[arg(long, default_value_t = 10.0)]
     seconds: f64,
     /// Stop after this many operations in all (whichever of --seconds and --ops comes first).
@@ -137,22 +138,25 @@ pub async fn run(args: VerifyArgs) -> anyhow::Result<bool> {
 
     let start = Instant::now();
     let hang_after = args.budget + args.grace;
+    let fault_targets = target.fault_targets(&kinds);
+    let faults_covered = Arc::new(AtomicBool::new(fault_targets.is_none()));
     let plan = Arc::new(Plan {
         mode: args.mode,
         endpoint: endpoint.clone(),
         keys: args.keys,
         start,
         deadline: start + Duration::from_secs_f64(args.seconds),
+        faults_covered: Arc::clone(&faults_covered),
         max_ops: args.ops,
         hang_after,
         seed,
     });
     let stop = Arc::new(AtomicBool::new(false));
-    let schedule = target.fault_targets(&args).map(|targets| {
+    let schedule = fault_targets.map(|targets| {
         let schedule =
             faults::Schedule::new(seed, &kinds, targets.replicas.len(), args.fault_period);
         let stop = Arc::clone(&stop);
-        std::thread::spawn(move || faults::run(schedule, &targets, start, &stop))
+        std::thread::spawn(move || faults::run(schedule, &targets, start, &stop, &faults_covered))
     });
     let ops = workload::run(plan, args.workers, progress(&args)).await;
     let seconds = start.elapsed().as_secs_f64();
@@ -278,9 +282,9 @@ impl Target {
     }
 
     /// What the fault schedule acts on (local cluster only).
-    fn fault_targets(&self, args: &VerifyArgs) -> Option<faults::Targets> {
+    fn fault_targets(&self, kinds: &[FaultKind]) -> Option<faults::Targets> {
         let (cluster, forwarders) = self.local.as_ref()?;
-        if args.faults.as_ref().is_some_and(|list| list.0.is_empty()) {
+        if kinds.is_empty() {
             return None;
         }
         Some(faults::Targets {

@@ -8,7 +8,7 @@
 //! it to the other processes too. Every operation is bounded by the hang limit. Not the checker:
 //! nothing here decides whether what was seen is right.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -80,6 +80,9 @@ pub struct Plan {
     pub keys: usize,
     pub start: Instant,
     pub deadline: Instant,
+    /// Set once every requested fault was injected and healed at least once: the run goes on
+    /// past the deadline until then (so a short run still meets every fault).
+    pub faults_covered: Arc<AtomicBool>,
     /// Stop after this many operations in all (None: only the deadline).
     pub max_ops: Option<u64>,
     pub hang_after: Duration,
@@ -192,7 +195,7 @@ impl Process {
     }
 
     fn may_go_on(&self) -> bool {
-        if Instant::now() >= self.plan.deadline {
+        if Instant::now() >= self.plan.deadline && self.plan.faults_covered.load(Ordering::SeqCst) {
             return false;
         }
         match self.plan.max_ops {
