@@ -35,7 +35,7 @@ enum Command {
     /// Explain where each replica's lag comes from (network/disk, replay, conflicts).
     Lag(lag::LagArgs),
     /// A PostgreSQL wire-protocol proxy that pools connections and splits reads from writes.
-    Proxy(lsngate_proxy::ProxyArgs),
+    Proxy(Box<lsngate_proxy::ProxyArgs>),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -58,7 +58,7 @@ fn main() -> anyhow::Result<()> {
             }
             Ok(())
         }
-        Command::Proxy(args) => lsngate_proxy::main(args),
+        Command::Proxy(args) => lsngate_proxy::main(*args),
     }
 }
 

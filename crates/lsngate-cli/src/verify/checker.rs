@@ -128,11 +128,11 @@ pub fn check(
         let mut seen: HashMap<i32, i64> = HashMap::new();
         for &i in indices {
             let op = &ops[i];
-            if op.is_acknowledged_write() && rules.own_writes {
-                if let Some(version) = op.version {
-                    let floor = own_floor.entry(op.key).or_default();
-                    *floor = (*floor).max(version);
-                }
+            if let (true, Some(version)) =
+                (op.is_acknowledged_write() && rules.own_writes, op.version)
+            {
+                let floor = own_floor.entry(op.key).or_default();
+                *floor = (*floor).max(version);
             }
             let Some(version) = op.read_version() else {
                 continue;

@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 use anyhow::Context as _;
 use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
-use lsngate_cluster::{Cluster, ClusterConfig, Forwarder};
+use lsngate_cluster::{Cluster, Forwarder};
 
 use checker::{FinalState, Rules};
 use faults::{FaultKind, FaultList};
@@ -238,20 +238,18 @@ impl Target {
                 baseline_delay: Duration::ZERO,
             });
         }
-        anyhow::ensure!(
-            args.local_replicas > 0,
-            "--local-replicas must be at least 1"
-        );
-        let mut config = ClusterConfig::default().replicas(args.local_replicas);
-        config.apply_delay = args.apply_delay;
-        config.pg_bin = args.pg_bin.clone();
+        let config = crate::cluster::local_config(
+            args.local_replicas,
+            args.apply_delay,
+            args.pg_bin.clone(),
+        )?;
         if !args.json {
             eprintln!(
                 "starting a local cluster (1 primary, {} replica(s)) and an in-process proxy…",
                 args.local_replicas
             );
         }
-        let cluster = tokio::task::spawn_blocking(move || Cluster::start(&config)).await??;
+        let cluster = crate::cluster::start_local(config).await?;
         let mut forwarders = Vec::new();
         let mut replica_urls = Vec::new();
         for replica in cluster.replicas() {
@@ -374,12 +372,7 @@ async fn prepare_schema(
         }
         anyhow::Ok(version)
     };
-    tokio::time::timeout(SETUP_LIMIT, setup)
-        .await
-        .with_context(|| {
-            format!("creating the verify tables did not finish within {SETUP_LIMIT:?}")
-        })?
-        .context("creating the verify tables through the proxy")
+    bounded("creating the verify tables through the proxy", setup).await
 }
 
 /// How many times each op id is in the log on the primary.
@@ -398,12 +391,18 @@ async fn final_state(endpoint: &tokio_postgres::Config) -> anyhow::Result<FinalS
             .collect();
         anyhow::Ok(FinalState { committed })
     };
-    tokio::time::timeout(SETUP_LIMIT, read)
+    bounded("reading the log on the primary through the proxy", read).await
+}
+
+/// `work` within [`SETUP_LIMIT`], its error or the timeout saying what was being done.
+async fn bounded<T>(
+    what: &str,
+    work: impl std::future::Future<Output = anyhow::Result<T>>,
+) -> anyhow::Result<T> {
+    tokio::time::timeout(SETUP_LIMIT, work)
         .await
-        .with_context(|| {
-            format!("reading the log on the primary did not finish within {SETUP_LIMIT:?}")
-        })?
-        .context("reading the log on the primary through the proxy")
+        .with_context(|| format!("{what}: not finished within {SETUP_LIMIT:?}"))?
+        .context(what.to_string())
 }
 
 fn progress(args: &VerifyArgs) -> ProgressBar {
