@@ -73,8 +73,9 @@ pub struct VerifyArgs {
     #[arg(long, value_parser = duration::parse, default_value = "500ms")]
     budget: Duration,
     /// An operation taking longer than the budget plus this grace hung (and its connection is
-    /// given up).
-    #[arg(long, value_parser = duration::parse, default_value = "5s")]
+    /// given up). The default leaves room for the proxy's documented worst case for a server
+    /// that goes silent: health_interval_ms + connect_timeout_ms, 6 s by default.
+    #[arg(long, value_parser = duration::parse, default_value = "10s")]
     grace: Duration,
     /// recovery_min_apply_delay of the local cluster's replicas outside `delay` faults.
     #[arg(long, value_parser = duration::parse)]
