@@ -342,6 +342,42 @@ fn verify_through_the_proxy_under_every_fault_finds_no_violation() {
 }
 
 #[test]
+fn verify_token_and_global_modes_find_no_violation_under_faults() {
+    for (mode, faults) in [("token", "kill,net-delay"), ("global", "pause,stop")] {
+        let output = lsngate_status(&[
+            "verify",
+            "--mode",
+            mode,
+            "--faults",
+            faults,
+            "--seconds",
+            "3",
+            "--fault-period",
+            "1s",
+            "--seed",
+            "11",
+            "--json",
+        ]);
+        let stdout = String::from_utf8_lossy(&output.stdout);
+        assert!(
+            output.status.success(),
+            "verify --mode {mode} found a violation or failed (seed 11): {stdout}\n{}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        let doc: Value = serde_json::from_str(&stdout).expect("one JSON object");
+        assert_eq!(doc["mode"], mode);
+        assert_eq!(doc["violations"], 0, "{doc}");
+        assert!(doc["proved"].as_bool().unwrap(), "{doc}");
+        for kind in faults.split(',') {
+            assert!(
+                doc["faults"][kind].as_u64().unwrap_or(0) >= 1,
+                "{kind}: {doc}"
+            );
+        }
+    }
+}
+
+#[test]
 fn verify_self_test_catches_eventual_reads_on_a_delayed_replica() {
     let output = lsngate_status(&[
         "verify",
