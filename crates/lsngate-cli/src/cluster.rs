@@ -1,11 +1,31 @@
 //! `lsngate cluster up|status|down`: a local primary + streaming replicas that outlive the
 //! command, for trying lsngate by hand. Built on the same lsngate-cluster crate the tests use.
+//! Also the throwaway local cluster `bench` and `verify` start when no deployment is given.
 
 use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::{Args, Subcommand};
 use lsngate_cluster::{Cluster, ClusterConfig, SyncMode};
+
+/// The throwaway cluster of `bench` and `verify`: `replicas` streaming replicas (from
+/// `--local-replicas`) held back by `apply_delay`, from `pg_bin` (auto-detected when None).
+pub fn local_config(
+    replicas: usize,
+    apply_delay: Option<Duration>,
+    pg_bin: Option<PathBuf>,
+) -> anyhow::Result<ClusterConfig> {
+    anyhow::ensure!(replicas > 0, "--local-replicas must be at least 1");
+    let mut config = ClusterConfig::default().replicas(replicas);
+    config.apply_delay = apply_delay;
+    config.pg_bin = pg_bin;
+    Ok(config)
+}
+
+/// Starts it off the runtime's worker threads (initdb and base backups take seconds).
+pub async fn start_local(config: ClusterConfig) -> anyhow::Result<Cluster> {
+    Ok(tokio::task::spawn_blocking(move || Cluster::start(&config)).await??)
+}
 
 #[derive(Debug, Subcommand)]
 pub enum ClusterCommand {

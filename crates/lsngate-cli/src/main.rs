@@ -1,13 +1,16 @@
 //! `lsngate`: one binary for every lsngate command — local clusters (`cluster`), the
-//! read-your-writes benchmark (`bench`), replica lag diagnostics (`lag`) and the wire-protocol
+//! read-your-writes benchmark (`bench`), the checker of the guarantee under faults (`verify`),
+//! replica lag diagnostics (`lag`) and the wire-protocol
 //! proxy (`proxy`).
 
 mod bench;
 mod cluster;
 mod duration;
+mod inproc_proxy;
 mod lag;
 mod pg;
 mod table;
+mod verify;
 
 use clap::{Parser, Subcommand};
 
@@ -26,10 +29,13 @@ enum Command {
     Cluster(cluster::ClusterCommand),
     /// Measure stale reads and read latency per strategy, side by side, on one cluster.
     Bench(bench::BenchArgs),
+    /// Check read-your-writes, monotonic reads and write durability through a proxy, under
+    /// faults, from a recorded history (exit status 1 on any violation).
+    Verify(verify::VerifyArgs),
     /// Explain where each replica's lag comes from (network/disk, replay, conflicts).
     Lag(lag::LagArgs),
     /// A PostgreSQL wire-protocol proxy that pools connections and splits reads from writes.
-    Proxy(lsngate_proxy::ProxyArgs),
+    Proxy(Box<lsngate_proxy::ProxyArgs>),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -45,7 +51,14 @@ fn main() -> anyhow::Result<()> {
         Command::Cluster(command) => cluster::run(command),
         Command::Bench(args) => runtime()?.block_on(bench::run(args)),
         Command::Lag(args) => runtime()?.block_on(lag::run(args)),
-        Command::Proxy(args) => lsngate_proxy::main(args),
+        Command::Verify(args) => {
+            // The cluster and the proxy are gone by the time run returns.
+            if !runtime()?.block_on(verify::run(args))? {
+                std::process::exit(1);
+            }
+            Ok(())
+        }
+        Command::Proxy(args) => lsngate_proxy::main(*args),
     }
 }
 

@@ -1,7 +1,8 @@
 //! The `lsngate` binary end to end on real clusters: `bench` (strategies, the proxy's included,
-//! JSON schema), `lag` (verdicts for healthy, paused and stopped replicas) and
-//! `cluster up|status|down` (including where the cluster goes when run as root from a
-//! directory the servers' user cannot enter).
+//! JSON schema), `lag` (verdicts for healthy, paused and stopped replicas), `verify` (a seeded
+//! run under every fault with 0 violations, the eventual self-test that must fail, `--proxy`
+//! against `lsngate proxy`) and `cluster up|status|down` (including where the cluster goes when
+//! run as root from a directory the servers' user cannot enter).
 //! The server version follows LSNGATE_PG_BIN like every other test.
 
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
@@ -25,6 +26,30 @@ fn lsngate(args: &[&str]) -> Output {
     );
     output
 }
+
+/// Runs `lsngate` and returns its output whatever its exit status.
+fn lsngate_status(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_lsngate"))
+        .args(args)
+        .output()
+        .expect("run lsngate")
+}
+
+/// The keys `lsngate verify --json` promises.
+const VERIFY_KEYS: [&str; 12] = [
+    "ops",
+    "reads",
+    "writes",
+    "replica_reads",
+    "stale",
+    "nonmonotonic",
+    "lost",
+    "duplicated",
+    "indeterminate",
+    "hangs",
+    "errors",
+    "faults",
+];
 
 fn json_lines(output: &Output) -> Value {
     serde_json::from_slice(&output.stdout).expect("one JSON document on stdout")
@@ -252,6 +277,158 @@ fn bench_against_an_existing_cluster_says_what_it_cannot_run() {
 }
 
 #[test]
+fn verify_through_the_proxy_under_every_fault_finds_no_violation() {
+    let dir = tempfile::tempdir().unwrap();
+    let history = dir.path().join("history.jsonl");
+    let output = lsngate_status(&[
+        "verify",
+        "--seconds",
+        "6",
+        "--fault-period",
+        "1s",
+        "--seed",
+        "2026",
+        "--workers",
+        "4",
+        "--json",
+        "--history",
+        history.to_str().unwrap(),
+    ]);
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        output.status.success(),
+        "verify found a violation or failed (seed 2026): {stdout}\n{stderr}"
+    );
+    let doc: Value = serde_json::from_str(&stdout).expect("one JSON object");
+    for key in VERIFY_KEYS {
+        assert!(!doc[key].is_null(), "{key} missing: {doc}");
+    }
+    for key in ["stale", "nonmonotonic", "lost", "duplicated", "hangs"] {
+        assert_eq!(doc[key], 0, "{key}: {doc}");
+    }
+    assert_eq!(doc["seed"], 2026);
+    assert!(doc["ops"].as_u64().unwrap() > 0, "{doc}");
+    assert!(
+        doc["proved"].as_bool().unwrap(),
+        "some replica read was owed a write, so a stale read could have been caught: {doc}"
+    );
+    for kind in ["pause", "delay", "stop", "kill", "net-delay", "blackhole"] {
+        assert!(
+            doc["faults"][kind].as_u64().unwrap_or(0) >= 1,
+            "{kind} was never injected: {doc}"
+        );
+    }
+    // The history holds every operation and fault, and says who answered each read.
+    let text = std::fs::read_to_string(&history).unwrap();
+    let entries: Vec<Value> = text
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let ops = entries.iter().filter(|e| e["type"] == "op").count() as u64;
+    let faults = entries.iter().filter(|e| e["type"] == "fault").count() as u64;
+    assert_eq!(ops, doc["ops"].as_u64().unwrap());
+    let injected: u64 = doc["faults"]
+        .as_object()
+        .unwrap()
+        .values()
+        .map(|v| v.as_u64().unwrap())
+        .sum();
+    assert_eq!(faults, injected);
+    assert!(entries.iter().any(|e| e["type"] == "op"
+        && e["kind"] == "read"
+        && e["server"]["in_recovery"] == true
+        && e["server"]["port"].is_i64()));
+}
+
+#[test]
+fn verify_token_and_global_modes_find_no_violation_under_faults() {
+    for (mode, faults) in [("token", "kill,net-delay"), ("global", "pause,stop")] {
+        let output = lsngate_status(&[
+            "verify",
+            "--mode",
+            mode,
+            "--faults",
+            faults,
+            "--seconds",
+            "3",
+            "--fault-period",
+            "1s",
+            "--seed",
+            "11",
+            "--json",
+        ]);
+        let stdout = String::from_utf8_lossy(&output.stdout);
+        assert!(
+            output.status.success(),
+            "verify --mode {mode} found a violation or failed (seed 11): {stdout}\n{}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        let doc: Value = serde_json::from_str(&stdout).expect("one JSON object");
+        assert_eq!(doc["mode"], mode);
+        assert_eq!(doc["violations"], 0, "{doc}");
+        assert!(doc["proved"].as_bool().unwrap(), "{doc}");
+        for kind in faults.split(',') {
+            assert!(
+                doc["faults"][kind].as_u64().unwrap_or(0) >= 1,
+                "{kind}: {doc}"
+            );
+        }
+    }
+}
+
+#[test]
+fn verify_self_test_catches_eventual_reads_on_a_delayed_replica() {
+    let output = lsngate_status(&[
+        "verify",
+        "--mode",
+        "eventual",
+        "--faults",
+        "none",
+        "--apply-delay",
+        "200ms",
+        "--seconds",
+        "3",
+        "--seed",
+        "1",
+        "--json",
+    ]);
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert_eq!(
+        output.status.code(),
+        Some(1),
+        "violations must give exit status 1: {stdout}\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let doc: Value = serde_json::from_str(&stdout).expect("one JSON object");
+    assert!(doc["stale"].as_u64().unwrap() > 0, "{doc}");
+    let example = &doc["examples"][0];
+    assert_eq!(example["kind"], "stale", "{doc}");
+    assert_eq!(example["op"]["server"]["in_recovery"], true, "{example}");
+    assert!(
+        example["session"].as_array().unwrap().len() >= 2,
+        "the session's operations around it are shown: {example}"
+    );
+}
+
+#[test]
+fn verify_refuses_faults_on_a_deployment_it_does_not_own() {
+    let output = lsngate_status(&[
+        "verify",
+        "--proxy",
+        "postgres://app@127.0.0.1:1/app",
+        "--faults",
+        "kill",
+    ]);
+    assert_eq!(output.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("--faults needs the local cluster"),
+        "{stderr}"
+    );
+}
+
+#[test]
 fn lag_names_the_bottleneck_for_healthy_paused_and_stopped_replicas() {
     let cluster = Cluster::start(&ClusterConfig::default().replicas(2)).unwrap();
     let primary_url = cluster.primary_url();
@@ -460,7 +637,7 @@ fn cluster_up_with_a_dir_the_server_user_cannot_enter_names_the_parent_and_the_f
 }
 
 #[test]
-fn proxy_subcommand_splits_reads_and_stops_cleanly_on_sigterm() {
+fn proxy_subcommand_splits_reads_passes_verify_and_stops_cleanly_on_sigterm() {
     let cluster = Cluster::start(&ClusterConfig::default().replicas(1)).unwrap();
     let port = std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
@@ -510,6 +687,27 @@ fn proxy_subcommand_splits_reads_and_stops_cleanly_on_sigterm() {
         (true, "f".into()),
         "a hinted read goes to the primary"
     );
+    // verify --proxy: any deployment, no faults, the proxy's own counters not read.
+    let url = format!("postgres://postgres@127.0.0.1:{port}/postgres");
+    let output = lsngate(&[
+        "verify",
+        "--proxy",
+        &url,
+        "--seconds",
+        "2",
+        "--workers",
+        "2",
+        "--seed",
+        "5",
+        "--json",
+    ]);
+    let doc = json_lines(&output);
+    for key in VERIFY_KEYS {
+        assert!(!doc[key].is_null(), "{key} missing: {doc}");
+    }
+    assert_eq!(doc["violations"], 0, "{doc}");
+    assert!(doc["fallbacks"].is_null(), "{doc}");
+    assert_eq!(doc["faults"], serde_json::json!({}), "{doc}");
     let status = Command::new("kill")
         .args(["-TERM", &proxy.id().to_string()])
         .status()

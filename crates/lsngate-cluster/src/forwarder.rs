@@ -7,6 +7,8 @@
 //!   a hung host): new connections are accepted and never answered.
 //! - [`Fault::Reset`]: new connections are accepted and reset at once (`SO_LINGER 0`); the
 //!   ones already open go on.
+//! - [`Fault::Latency`]: every chunk of bytes, each way, is held for the latency given to
+//!   [`Forwarder::set_latency`] before it passes (a slow or congested link).
 //! - [`Fault::CutAfterReady`]: the next connection the server answers on is cut right after the
 //!   server's next ReadyForQuery: that message reaches the client, nothing after it does, both
 //!   sides are reset, and the fault becomes [`Fault::Reset`] (the server stays unreachable).
@@ -20,7 +22,7 @@
 
 use std::io::{Read, Write};
 use std::net::{Shutdown, TcpListener, TcpStream};
-use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -38,12 +40,15 @@ pub enum Fault {
     Reset = 2,
     /// Cuts the next server answer after its ReadyForQuery, then resets new connections.
     CutAfterReady = 3,
+    /// Delays every chunk each way by the latency set with [`Forwarder::set_latency`].
+    Latency = 4,
 }
 
 #[derive(Debug)]
 struct Shared {
     target: std::sync::atomic::AtomicU16,
     fault: AtomicU8,
+    latency_ms: AtomicU64,
     stopped: AtomicBool,
     open: Mutex<Vec<TcpStream>>,
     spared: Mutex<Vec<Vec<u8>>>,
@@ -55,6 +60,7 @@ impl Shared {
             1 => Fault::Blackhole,
             2 => Fault::Reset,
             3 => Fault::CutAfterReady,
+            4 => Fault::Latency,
             _ => Fault::None,
         }
     }
@@ -79,6 +85,7 @@ impl Forwarder {
         let shared = Arc::new(Shared {
             target: std::sync::atomic::AtomicU16::new(target),
             fault: AtomicU8::new(Fault::None as u8),
+            latency_ms: AtomicU64::new(0),
             stopped: AtomicBool::new(false),
             open: Mutex::new(Vec::new()),
             spared: Mutex::new(Vec::new()),
@@ -96,6 +103,15 @@ impl Forwarder {
     /// Switches the fault; takes effect for the next chunk of bytes and the next connection.
     pub fn set(&self, fault: Fault) {
         self.shared.fault.store(fault as u8, Ordering::SeqCst);
+    }
+
+    /// Adds `latency` to every chunk each way from now on ([`Fault::Latency`]); `set(Fault::None)`
+    /// lifts it.
+    pub fn set_latency(&self, latency: Duration) {
+        self.shared
+            .latency_ms
+            .store(latency.as_millis() as u64, Ordering::SeqCst);
+        self.set(Fault::Latency);
     }
 
     /// Sends new connections to 127.0.0.1:`target` from now on (a virtual IP moving to a
@@ -148,7 +164,7 @@ fn accept_loop(listener: TcpListener, shared: Arc<Shared>) {
                 remember(&shared, &client);
                 continue;
             }
-            Fault::None | Fault::CutAfterReady => {}
+            Fault::None | Fault::CutAfterReady | Fault::Latency => {}
         }
         let target = shared.target.load(Ordering::SeqCst);
         let Ok(server) = TcpStream::connect(("127.0.0.1", target)) else {
@@ -333,7 +349,11 @@ fn pump(mut link: Link, shared: &Shared) {
                     return;
                 }
             }
-            _ => {
+            fault => {
+                if fault == Fault::Latency {
+                    let ms = shared.latency_ms.load(Ordering::SeqCst);
+                    std::thread::sleep(Duration::from_millis(ms));
+                }
                 if link.to.write_all(&buf[..n]).is_err() {
                     return;
                 }
@@ -367,6 +387,14 @@ mod tests {
         client.set_read_timeout(None).unwrap();
         client.read_exact(&mut buf).unwrap();
         assert_eq!(&buf, b"pong", "held bytes pass once it lifts");
+
+        forwarder.set_latency(Duration::from_millis(200));
+        let sent = std::time::Instant::now();
+        client.write_all(b"slow").unwrap();
+        accepted.read_exact(&mut buf).unwrap();
+        assert_eq!(&buf, b"slow");
+        assert!(sent.elapsed() >= Duration::from_millis(200), "held for the latency");
+        forwarder.set(Fault::None);
 
         forwarder.set(Fault::Reset);
         let mut reset = TcpStream::connect(("127.0.0.1", forwarder.port())).unwrap();

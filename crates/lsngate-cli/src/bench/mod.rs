@@ -20,13 +20,14 @@ use std::time::Duration;
 use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
 
-use proxy::{BenchProxy, ProxyClients, ProxySetup};
+use proxy::ProxyClients;
 use report::{Document, Skipped};
 use strategy::{Session, Strategy};
 use target::Target;
 use workload::Plan;
 
 use crate::duration;
+use crate::inproc_proxy::{InProcessProxy, ProxySetup};
 
 #[derive(Debug, Args)]
 pub struct BenchArgs {
@@ -243,8 +244,11 @@ fn proxy_setup(
 }
 
 /// Starts a fresh proxy for one proxy strategy and gives every worker its connections through it.
-async fn attach_proxy(setup: &ProxySetup, sessions: &mut [Session]) -> anyhow::Result<BenchProxy> {
-    let proxy = BenchProxy::start(setup).await?;
+async fn attach_proxy(
+    setup: &ProxySetup,
+    sessions: &mut [Session],
+) -> anyhow::Result<InProcessProxy> {
+    let proxy = InProcessProxy::start(setup).await?;
     for session in sessions.iter_mut() {
         session.proxy = Some(ProxyClients::open(&proxy).await?);
     }

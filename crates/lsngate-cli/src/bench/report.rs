@@ -3,8 +3,8 @@
 
 use serde::Serialize;
 
-use super::proxy::ProxyOutcomes;
 use super::workload::Sample;
+use crate::inproc_proxy::ProxyOutcomes;
 
 /// One row of the main table; also the JSON `results[]` entry.
 #[derive(Debug, Clone, Serialize)]

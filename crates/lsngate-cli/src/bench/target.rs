@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use lsngate_cluster::{Cluster, ClusterConfig, SyncMode};
+use lsngate_cluster::{Cluster, SyncMode};
 use tokio_postgres::Client;
 
 use super::BenchArgs;
@@ -35,13 +35,11 @@ impl Target {
                 (None, primary.clone(), args.replicas.clone())
             }
             None => {
-                anyhow::ensure!(
-                    args.local_replicas > 0,
-                    "--local-replicas must be at least 1"
-                );
-                let mut config = ClusterConfig::default().replicas(args.local_replicas);
-                config.apply_delay = args.apply_delay;
-                config.pg_bin = args.pg_bin.clone();
+                let mut config = crate::cluster::local_config(
+                    args.local_replicas,
+                    args.apply_delay,
+                    args.pg_bin.clone(),
+                )?;
                 if wants_sync {
                     // replica1 becomes the synchronous standby; every other strategy's sessions
                     // commit with synchronous_commit = local, as fast as plain async replication.
@@ -51,8 +49,7 @@ impl Target {
                     "starting a local cluster (1 primary, {} replica(s))…",
                     args.local_replicas
                 );
-                let cluster =
-                    tokio::task::spawn_blocking(move || Cluster::start(&config)).await??;
+                let cluster = crate::cluster::start_local(config).await?;
                 let (primary, replicas) = (cluster.primary_url(), cluster.replica_urls());
                 (Some(cluster), primary, replicas)
             }

@@ -1,0 +1,569 @@
+//! The history checker: given every operation the clients ran, the faults injected and the op ids
+//! found on the primary at the end, says which reads broke read-your-writes or monotonic reads,
+//! which acknowledged writes were lost or applied twice, which writes ended with an unknown
+//! outcome, and which operations hung. Pure: no I/O, no clock — the same history always gives
+//! the same verdict, so a failing run's `--history` file can be checked again and again.
+//!
+//! The registers make the check exact: every committed write raises its key's version by one
+//! under the row lock, so "read saw version v" means "saw exactly the writes to that key up to
+//! v" — a read below the version of a write it was owed is stale, whatever the timing.
+
+use std::collections::HashMap;
+
+use lsngate_core::Lsn;
+
+use super::history::{FaultWindow, Op, OpKind, Outcome};
+
+/// What the mode under test promises, beyond a session's own writes and monotonic reads (which
+/// every mode but `eventual` promises, and which the checker holds `eventual` to as well: that is
+/// what the self-test shows failing).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Rules {
+    /// `session`, `global`, `eventual`: a process's reads see its own acknowledged writes. Not in
+    /// `token` mode, where a process writes and reads on two connections and only the floor it
+    /// hands over counts (see `token_floors`).
+    pub own_writes: bool,
+    /// `global` / `universal`: a read sees every write acknowledged (to anyone) before it began.
+    pub all_acknowledged: bool,
+    /// `token`: a read carrying a floor sees every write whose commit position is at or below it.
+    pub token_floors: bool,
+    /// An operation that took longer than this (the wait budget plus a grace) hung.
+    pub hang_after_ms: f64,
+}
+
+/// What the primary holds at the end: how many times each op id is in the log.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct FinalState {
+    pub committed: HashMap<String, u32>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ViolationKind {
+    /// A read missed a write it was owed (its own, a handed-off token's, or under `global` any
+    /// acknowledged before it).
+    Stale,
+    /// A read saw an older version of a key than the same process had already read.
+    NonMonotonic,
+    /// An acknowledged write is not on the primary.
+    Lost,
+    /// A write's op id is on the primary more than once.
+    Duplicated,
+    /// An operation past the hang limit.
+    Hang,
+}
+
+impl ViolationKind {
+    pub fn name(self) -> &'static str {
+        match self {
+            ViolationKind::Stale => "stale",
+            ViolationKind::NonMonotonic => "nonmonotonic",
+            ViolationKind::Lost => "lost",
+            ViolationKind::Duplicated => "duplicated",
+            ViolationKind::Hang => "hang",
+        }
+    }
+}
+
+/// One violation, with what a reader needs to see it happen.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Violation {
+    pub kind: ViolationKind,
+    /// Index of the offending operation in the history.
+    pub op: usize,
+    /// What was expected and what was seen.
+    pub explanation: String,
+    /// The same process's operations around it (indices, in order, the offender included).
+    pub context: Vec<usize>,
+    /// Faults active while it ran (indices).
+    pub faults: Vec<usize>,
+}
+
+/// Counts per class; `violations()` is what decides the exit status.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Counts {
+    pub stale: u64,
+    pub nonmonotonic: u64,
+    pub lost: u64,
+    pub duplicated: u64,
+    pub hangs: u64,
+    /// Writes with an unknown outcome: neither lost nor acknowledged.
+    pub indeterminate: u64,
+    /// Of those, how many the primary holds at the end (for information only).
+    pub indeterminate_committed: u64,
+    /// Reads a replica served that were owed a version above 0: the reads that could have been
+    /// stale. With none, the run proved nothing about read-your-writes.
+    pub owed_replica_reads: u64,
+}
+
+impl Counts {
+    pub fn violations(&self) -> u64 {
+        self.stale + self.nonmonotonic + self.lost + self.duplicated + self.hangs
+    }
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Verdict {
+    pub counts: Counts,
+    pub violations: Vec<Violation>,
+}
+
+/// Operations of the same process shown before a violation (and one after).
+const CONTEXT_BEFORE: usize = 4;
+
+/// Checks a history. `ops` in any order; each process's operations must not overlap in time.
+pub fn check(
+    ops: &[Op],
+    faults: &[FaultWindow],
+    final_state: &FinalState,
+    rules: &Rules,
+) -> Verdict {
+    let by_process = by_process(ops);
+    let owed_by_others = owed_by_others(ops, rules);
+    let mut found: Vec<(ViolationKind, usize, String)> = Vec::new();
+    let mut counts = Counts::default();
+
+    for indices in by_process.values() {
+        // Per key: the newest own acknowledged write, the newest version read.
+        let mut own_floor: HashMap<i32, i64> = HashMap::new();
+        let mut seen: HashMap<i32, i64> = HashMap::new();
+        for &i in indices {
+            let op = &ops[i];
+            if let (true, Some(version)) =
+                (op.is_acknowledged_write() && rules.own_writes, op.version)
+            {
+                let floor = own_floor.entry(op.key).or_default();
+                *floor = (*floor).max(version);
+            }
+            let Some(version) = op.read_version() else {
+                continue;
+            };
+            let own = own_floor.get(&op.key).copied().unwrap_or(0);
+            let (others, whose) = owed_by_others.get(&i).copied().unwrap_or((0, ""));
+            let owed = own.max(others);
+            if owed > 0 && op.server.is_some_and(|s| s.in_recovery) {
+                counts.owed_replica_reads += 1;
+            }
+            let before = seen.get(&op.key).copied().unwrap_or(0);
+            if version < owed {
+                let source = if own >= others {
+                    "its own write"
+                } else {
+                    whose
+                };
+                found.push((
+                    ViolationKind::Stale,
+                    i,
+                    format!(
+                        "read key {} and saw version {version}, but {source} had made it version {owed}",
+                        op.key
+                    ),
+                ));
+            } else if version < before {
+                found.push((
+                    ViolationKind::NonMonotonic,
+                    i,
+                    format!(
+                        "read key {} and saw version {version} after this process had already read version {before}",
+                        op.key
+                    ),
+                ));
+            }
+            seen.insert(op.key, before.max(version));
+        }
+    }
+
+    for (i, op) in ops.iter().enumerate() {
+        if op.outcome == Outcome::Hang || op.complete_ms - op.invoke_ms > rules.hang_after_ms {
+            found.push((
+                ViolationKind::Hang,
+                i,
+                format!(
+                    "took {:.0} ms, past the hang limit of {:.0} ms",
+                    op.complete_ms - op.invoke_ms,
+                    rules.hang_after_ms
+                ),
+            ));
+        }
+        if op.kind != OpKind::Write {
+            continue;
+        }
+        let committed = op
+            .op_id
+            .as_ref()
+            .and_then(|id| final_state.committed.get(id))
+            .copied()
+            .unwrap_or(0);
+        if op.outcome == Outcome::Indeterminate {
+            counts.indeterminate += 1;
+            counts.indeterminate_committed += u64::from(committed > 0);
+        }
+        if op.outcome == Outcome::Ok && committed == 0 {
+            found.push((
+                ViolationKind::Lost,
+                i,
+                format!(
+                    "write {} was acknowledged (version {}) but is not on the primary",
+                    op.op_id.as_deref().unwrap_or("?"),
+                    op.version.unwrap_or(0)
+                ),
+            ));
+        }
+        if committed > 1 {
+            found.push((
+                ViolationKind::Duplicated,
+                i,
+                format!(
+                    "write {} is on the primary {committed} times",
+                    op.op_id.as_deref().unwrap_or("?")
+                ),
+            ));
+        }
+    }
+
+    let position = positions(&by_process);
+    let mut violations: Vec<Violation> = found
+        .into_iter()
+        .map(|(kind, i, explanation)| {
+            match kind {
+                ViolationKind::Stale => counts.stale += 1,
+                ViolationKind::NonMonotonic => counts.nonmonotonic += 1,
+                ViolationKind::Lost => counts.lost += 1,
+                ViolationKind::Duplicated => counts.duplicated += 1,
+                ViolationKind::Hang => counts.hangs += 1,
+            }
+            let op = &ops[i];
+            let (process_ops, at) = (&by_process[&op.process], position[&i]);
+            let context = process_ops
+                [at.saturating_sub(CONTEXT_BEFORE)..(at + 2).min(process_ops.len())]
+                .to_vec();
+            let faults = faults
+                .iter()
+                .enumerate()
+                .filter(|(_, f)| f.overlaps(op.invoke_ms, op.complete_ms))
+                .map(|(j, _)| j)
+                .collect();
+            Violation {
+                kind,
+                op: i,
+                explanation,
+                context,
+                faults,
+            }
+        })
+        .collect();
+    violations.sort_by(|a, b| ops[a.op].invoke_ms.total_cmp(&ops[b.op].invoke_ms));
+    Verdict { counts, violations }
+}
+
+/// Each process's operations, in the order it ran them.
+fn by_process(ops: &[Op]) -> HashMap<usize, Vec<usize>> {
+    let mut by_process: HashMap<usize, Vec<usize>> = HashMap::new();
+    for (i, op) in ops.iter().enumerate() {
+        by_process.entry(op.process).or_default().push(i);
+    }
+    for indices in by_process.values_mut() {
+        indices.sort_by(|&a, &b| ops[a].invoke_ms.total_cmp(&ops[b].invoke_ms));
+    }
+    by_process
+}
+
+/// Where each operation stands in its process's list.
+fn positions(by_process: &HashMap<usize, Vec<usize>>) -> HashMap<usize, usize> {
+    by_process
+        .values()
+        .flat_map(|indices| indices.iter().enumerate().map(|(at, &i)| (i, at)))
+        .collect()
+}
+
+/// For each read (by index): the highest version of its key that writes of *other* rules owe it
+/// (`global`: every write acknowledged before the read began; `token`: every write whose commit
+/// position its floor covers), and which rule owes it.
+fn owed_by_others(ops: &[Op], rules: &Rules) -> HashMap<usize, (i64, &'static str)> {
+    let mut owed: HashMap<usize, (i64, &'static str)> = HashMap::new();
+    let acknowledged: Vec<&Op> = ops.iter().filter(|op| op.is_acknowledged_write()).collect();
+    let reads: Vec<usize> = (0..ops.len())
+        .filter(|&i| ops[i].read_version().is_some())
+        .collect();
+    let mut raise = |i: usize, version: i64, whose: &'static str| {
+        let entry = owed.entry(i).or_insert((0, whose));
+        if version > entry.0 {
+            *entry = (version, whose);
+        }
+    };
+    if rules.all_acknowledged {
+        // Sweep reads by start time over writes by acknowledgement time.
+        let mut writes = acknowledged.clone();
+        writes.sort_by(|a, b| a.complete_ms.total_cmp(&b.complete_ms));
+        let mut reads = reads.clone();
+        reads.sort_by(|&a, &b| ops[a].invoke_ms.total_cmp(&ops[b].invoke_ms));
+        let mut newest: HashMap<i32, i64> = HashMap::new();
+        let mut next = 0;
+        for i in reads {
+            while next < writes.len() && writes[next].complete_ms < ops[i].invoke_ms {
+                let w = writes[next];
+                let v = newest.entry(w.key).or_default();
+                *v = (*v).max(w.version.unwrap_or(0));
+                next += 1;
+            }
+            raise(
+                i,
+                newest.get(&ops[i].key).copied().unwrap_or(0),
+                "a write acknowledged before the read began",
+            );
+        }
+    }
+    if rules.token_floors {
+        let lsn = |op: &Op| op.lsn.as_deref().and_then(|text| Lsn::parse(text).ok());
+        let mut writes: Vec<(Lsn, &Op)> = acknowledged
+            .iter()
+            .filter_map(|w| Some((lsn(w)?, *w)))
+            .collect();
+        writes.sort_by_key(|(at, _)| *at);
+        let mut reads: Vec<(Lsn, usize)> = reads
+            .iter()
+            .filter_map(|&i| Some((lsn(&ops[i])?, i)))
+            .collect();
+        reads.sort_by_key(|(at, _)| *at);
+        let mut newest: HashMap<i32, i64> = HashMap::new();
+        let mut next = 0;
+        for (floor, i) in reads {
+            while next < writes.len() && writes[next].0 <= floor {
+                let w = writes[next].1;
+                let v = newest.entry(w.key).or_default();
+                *v = (*v).max(w.version.unwrap_or(0));
+                next += 1;
+            }
+            raise(
+                i,
+                newest.get(&ops[i].key).copied().unwrap_or(0),
+                "a write its token covers",
+            );
+        }
+    }
+    owed
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::history::Server;
+    use super::*;
+
+    const SESSION: Rules = Rules {
+        own_writes: true,
+        all_acknowledged: false,
+        token_floors: false,
+        hang_after_ms: 1000.0,
+    };
+
+    fn write(process: usize, key: i32, id: &str, at: f64, version: i64) -> Op {
+        Op {
+            process,
+            kind: OpKind::Write,
+            key,
+            op_id: Some(id.into()),
+            invoke_ms: at,
+            complete_ms: at + 1.0,
+            outcome: Outcome::Ok,
+            version: Some(version),
+            server: None,
+            lsn: None,
+            sqlstate: None,
+            error: None,
+        }
+    }
+
+    fn read(process: usize, key: i32, at: f64, version: i64, replica: bool) -> Op {
+        Op {
+            process,
+            kind: OpKind::Read,
+            key,
+            op_id: None,
+            invoke_ms: at,
+            complete_ms: at + 1.0,
+            outcome: Outcome::Ok,
+            version: Some(version),
+            server: Some(Server {
+                in_recovery: replica,
+                port: Some(if replica { 5433 } else { 5432 }),
+            }),
+            lsn: None,
+            sqlstate: None,
+            error: None,
+        }
+    }
+
+    /// Every write of the history committed exactly once.
+    fn all_committed(ops: &[Op]) -> FinalState {
+        FinalState {
+            committed: ops
+                .iter()
+                .filter_map(|op| Some((op.op_id.clone()?, 1)))
+                .collect(),
+        }
+    }
+
+    fn kinds(verdict: &Verdict) -> Vec<ViolationKind> {
+        verdict.violations.iter().map(|v| v.kind).collect()
+    }
+
+    #[test]
+    fn a_correct_history_passes_and_counts_the_reads_that_could_have_been_stale() {
+        let ops = vec![
+            write(1, 0, "p1-0", 0.0, 1),
+            read(1, 0, 2.0, 1, true),
+            read(1, 1, 4.0, 0, true),
+            write(2, 0, "p2-0", 5.0, 2),
+            read(1, 0, 7.0, 1, true), // p2's write is not owed to p1 in session mode
+            read(1, 0, 9.0, 2, false),
+        ];
+        let verdict = check(&ops, &[], &all_committed(&ops), &SESSION);
+        assert_eq!(verdict.violations, vec![]);
+        assert_eq!(verdict.counts.violations(), 0);
+        assert_eq!(verdict.counts.owed_replica_reads, 2);
+    }
+
+    #[test]
+    fn a_read_missing_its_own_write_is_stale_and_shows_the_session_and_the_fault() {
+        let ops = vec![
+            read(1, 0, 0.0, 0, true),
+            write(1, 0, "p1-1", 2.0, 1),
+            read(1, 0, 4.0, 0, true),
+            read(1, 0, 6.0, 1, true),
+        ];
+        let faults = vec![
+            FaultWindow {
+                kind: "pause".into(),
+                node: "replica1".into(),
+                detail: String::new(),
+                start_ms: 3.0,
+                end_ms: 4.5,
+            },
+            FaultWindow {
+                kind: "stop".into(),
+                node: "replica1".into(),
+                detail: String::new(),
+                start_ms: 10.0,
+                end_ms: 11.0,
+            },
+        ];
+        let verdict = check(&ops, &faults, &all_committed(&ops), &SESSION);
+        assert_eq!(kinds(&verdict), vec![ViolationKind::Stale]);
+        let v = &verdict.violations[0];
+        assert_eq!(v.op, 2);
+        assert_eq!(v.context, vec![0, 1, 2, 3]);
+        assert_eq!(v.faults, vec![0]);
+        assert!(v.explanation.contains("its own write"), "{}", v.explanation);
+    }
+
+    #[test]
+    fn going_back_to_an_older_version_is_nonmonotonic() {
+        let ops = vec![
+            write(2, 5, "p2-0", 0.0, 1),
+            write(2, 5, "p2-1", 2.0, 2),
+            read(1, 5, 4.0, 2, false),
+            read(1, 5, 6.0, 1, true),
+        ];
+        let verdict = check(&ops, &[], &all_committed(&ops), &SESSION);
+        assert_eq!(kinds(&verdict), vec![ViolationKind::NonMonotonic]);
+        assert_eq!(verdict.violations[0].op, 3);
+    }
+
+    #[test]
+    fn global_owes_every_write_acknowledged_before_the_read_began() {
+        let ops = vec![
+            write(2, 0, "p2-0", 0.0, 1), // acknowledged at 1.0
+            read(1, 0, 0.5, 0, true),    // began before the ack: not owed
+            read(1, 0, 2.0, 0, true),    // owed
+        ];
+        let global = Rules {
+            all_acknowledged: true,
+            ..SESSION
+        };
+        assert_eq!(
+            check(&ops, &[], &all_committed(&ops), &SESSION)
+                .violations
+                .len(),
+            0
+        );
+        let verdict = check(&ops, &[], &all_committed(&ops), &global);
+        assert_eq!(kinds(&verdict), vec![ViolationKind::Stale]);
+        assert_eq!(verdict.violations[0].op, 2);
+    }
+
+    #[test]
+    fn a_token_owes_the_writes_at_or_below_its_floor() {
+        let mut w1 = write(2, 0, "p2-0", 0.0, 1);
+        w1.lsn = Some("0/3000100".into());
+        let mut w2 = write(2, 0, "p2-1", 2.0, 2);
+        w2.lsn = Some("0/3000200".into());
+        let mut covered = read(1, 0, 4.0, 1, true);
+        covered.lsn = Some("0/3000150".into());
+        let mut stale = read(3, 0, 4.0, 1, true);
+        stale.lsn = Some("0/3000200".into());
+        let ops = vec![w1, w2, covered, stale];
+        let token = Rules {
+            own_writes: false,
+            token_floors: true,
+            ..SESSION
+        };
+        let verdict = check(&ops, &[], &all_committed(&ops), &token);
+        assert_eq!(kinds(&verdict), vec![ViolationKind::Stale]);
+        assert_eq!(verdict.violations[0].op, 3);
+        assert!(verdict.violations[0].explanation.contains("token"));
+    }
+
+    #[test]
+    fn lost_and_duplicated_writes_are_found_on_the_primary_and_indeterminate_ones_are_neither() {
+        let mut unknown = write(1, 0, "p1-2", 4.0, 0);
+        unknown.outcome = Outcome::Indeterminate;
+        unknown.version = None;
+        let mut unknown_gone = write(1, 0, "p1-3", 6.0, 0);
+        unknown_gone.outcome = Outcome::Indeterminate;
+        unknown_gone.version = None;
+        let ops = vec![
+            write(1, 0, "p1-0", 0.0, 1),
+            write(1, 0, "p1-1", 2.0, 2),
+            unknown,
+            unknown_gone,
+        ];
+        let final_state = FinalState {
+            committed: [("p1-1".to_string(), 2), ("p1-2".to_string(), 1)].into(),
+        };
+        let verdict = check(&ops, &[], &final_state, &SESSION);
+        assert_eq!(
+            kinds(&verdict),
+            vec![ViolationKind::Lost, ViolationKind::Duplicated]
+        );
+        assert_eq!(verdict.counts.lost, 1);
+        assert_eq!(verdict.counts.duplicated, 1);
+        assert_eq!(verdict.counts.indeterminate, 2);
+        assert_eq!(verdict.counts.indeterminate_committed, 1);
+    }
+
+    #[test]
+    fn an_operation_past_the_limit_or_given_up_hung() {
+        let mut slow = read(1, 0, 0.0, 0, true);
+        slow.complete_ms = 1500.0;
+        let mut given_up = read(1, 0, 2000.0, 0, true);
+        given_up.outcome = Outcome::Hang;
+        given_up.version = None;
+        let ops = vec![slow, given_up, read(1, 0, 3000.0, 0, true)];
+        let verdict = check(&ops, &[], &FinalState::default(), &SESSION);
+        assert_eq!(verdict.counts.hangs, 2);
+        assert_eq!(verdict.counts.violations(), 2);
+    }
+
+    #[test]
+    fn failed_reads_and_unacknowledged_writes_owe_nothing() {
+        let mut failed = write(1, 0, "p1-0", 0.0, 0);
+        failed.outcome = Outcome::Failed;
+        failed.version = None;
+        let mut unknown = write(1, 0, "p1-1", 2.0, 0);
+        unknown.outcome = Outcome::Indeterminate;
+        unknown.version = None;
+        let ops = vec![failed, unknown, read(1, 0, 4.0, 0, true)];
+        let verdict = check(&ops, &[], &FinalState::default(), &SESSION);
+        assert_eq!(verdict.counts.violations(), 0, "{:?}", verdict.violations);
+        assert_eq!(verdict.counts.owed_replica_reads, 0);
+    }
+}

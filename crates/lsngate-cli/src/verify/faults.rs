@@ -1,0 +1,313 @@
+//! The fault schedule over a local cluster: a seeded sequence of faults on the replicas, each
+//! injected, held, healed and recorded as a [`FaultWindow`] for the history. Time is cut into
+//! periods; each period holds one fault, starting 10–30 % into it and lasting 40–70 % of it; the
+//! kinds come in rounds, each round every requested kind once in a seeded order, so a run of
+//! `kinds × period` injects every kind at least once and the same seed replays the same schedule.
+//! Not the workload (which never learns what is injected) nor the checker.
+
+use std::str::FromStr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use lsngate_cluster::{Fault, Forwarder, Node};
+use rand::rngs::StdRng;
+use rand::seq::SliceRandom;
+use rand::{RngExt, SeedableRng};
+
+use super::history::FaultWindow;
+
+/// The faults a local run can inject, by their `--faults` names.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FaultKind {
+    /// `pg_wal_replay_pause()` on a replica, resumed at the end.
+    Pause,
+    /// A `recovery_min_apply_delay` spike (200–1000 ms) on a replica, with a reload.
+    Delay,
+    /// SIGSTOP of every process of a replica, SIGCONT at the end: a hung host.
+    Stop,
+    /// kill -9 of a replica, restarted at the end.
+    Kill,
+    /// 20–200 ms added each way between the proxy and a replica (fault forwarder).
+    NetDelay,
+    /// Nothing passes between the proxy and a replica; connections stay open (fault forwarder).
+    Blackhole,
+}
+
+pub const ALL: [FaultKind; 6] = [
+    FaultKind::Pause,
+    FaultKind::Delay,
+    FaultKind::Stop,
+    FaultKind::Kill,
+    FaultKind::NetDelay,
+    FaultKind::Blackhole,
+];
+
+impl FaultKind {
+    pub fn name(self) -> &'static str {
+        match self {
+            FaultKind::Pause => "pause",
+            FaultKind::Delay => "delay",
+            FaultKind::Stop => "stop",
+            FaultKind::Kill => "kill",
+            FaultKind::NetDelay => "net-delay",
+            FaultKind::Blackhole => "blackhole",
+        }
+    }
+}
+
+impl FromStr for FaultKind {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<FaultKind, String> {
+        let text = text.trim().to_ascii_lowercase();
+        ALL.into_iter()
+            .find(|kind| kind.name() == text)
+            .ok_or_else(|| {
+                let names: Vec<&str> = ALL.iter().map(|k| k.name()).collect();
+                format!(
+                    "unknown fault {text:?}: use {} or all (kill-primary and failover are not built yet)",
+                    names.join(", ")
+                )
+            })
+    }
+}
+
+/// A `--faults` list (a type of its own so clap takes it as one value).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FaultList(pub Vec<FaultKind>);
+
+/// Parses a `--faults` list: names, `all`, or `none`.
+pub fn parse_list(text: &str) -> Result<FaultList, String> {
+    let mut kinds = Vec::new();
+    for part in text.split(',').filter(|p| !p.trim().is_empty()) {
+        match part.trim() {
+            "none" => {}
+            "all" => kinds.extend(ALL),
+            name => kinds.push(name.parse()?),
+        }
+    }
+    kinds.dedup();
+    Ok(FaultList(kinds))
+}
+
+/// What the schedule acts on: the replicas and, per replica, the forwarder the proxy reaches it
+/// through.
+pub struct Targets {
+    pub replicas: Vec<Node>,
+    pub forwarders: Vec<Arc<Forwarder>>,
+    /// The apply delay the replicas run with outside a `delay` fault.
+    pub baseline_delay: Duration,
+}
+
+/// One fault as planned: when, how long, where, how hard.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Planned {
+    pub kind: FaultKind,
+    pub replica: usize,
+    pub offset: Duration,
+    pub hold: Duration,
+    /// The delay or latency of `delay` / `net-delay`.
+    pub amount: Duration,
+}
+
+/// The planned fault of each period, from the seed alone.
+pub struct Schedule {
+    rng: StdRng,
+    kinds: Vec<FaultKind>,
+    round: Vec<FaultKind>,
+    replicas: usize,
+    period: Duration,
+}
+
+impl Schedule {
+    pub fn new(seed: u64, kinds: &[FaultKind], replicas: usize, period: Duration) -> Schedule {
+        Schedule {
+            rng: StdRng::seed_from_u64(seed),
+            kinds: kinds.to_vec(),
+            round: Vec::new(),
+            replicas,
+            period,
+        }
+    }
+
+    /// The next period's fault (None when no kinds were requested).
+    pub fn next_fault(&mut self) -> Option<Planned> {
+        if self.kinds.is_empty() {
+            return None;
+        }
+        if self.round.is_empty() {
+            self.round = self.kinds.clone();
+            self.round.shuffle(&mut self.rng);
+            self.round.reverse();
+        }
+        let kind = self.round.pop()?;
+        let period = self.period.as_secs_f64();
+        let amount_ms = match kind {
+            FaultKind::Delay => self.rng.random_range(200..=1000),
+            FaultKind::NetDelay => self.rng.random_range(20..=200),
+            _ => 0,
+        };
+        Some(Planned {
+            kind,
+            replica: self.rng.random_range(0..self.replicas.max(1)),
+            offset: Duration::from_secs_f64(period * self.rng.random_range(0.10..0.30)),
+            hold: Duration::from_secs_f64(period * self.rng.random_range(0.40..0.70)),
+            amount: Duration::from_millis(amount_ms),
+        })
+    }
+}
+
+/// Runs the schedule until `stop` is set, setting `covered` once the first round (every
+/// requested kind once) is over; every fault is healed before this returns. Blocking (the
+/// cluster helpers run psql and pg_ctl): run it on a thread of its own.
+pub fn run(
+    mut schedule: Schedule,
+    targets: &Targets,
+    start: Instant,
+    stop: &AtomicBool,
+    covered: &AtomicBool,
+) -> anyhow::Result<Vec<FaultWindow>> {
+    // Whatever happens here, the workload must not wait for a round that will not end.
+    struct Covered<'a>(&'a AtomicBool);
+    impl Drop for Covered<'_> {
+        fn drop(&mut self) {
+            self.0.store(true, Ordering::SeqCst);
+        }
+    }
+    let _covered_at_the_latest_on_return = Covered(covered);
+    let mut windows = Vec::new();
+    let ms = || start.elapsed().as_secs_f64() * 1e3;
+    while let Some(planned) = schedule.next_fault() {
+        let period_end = Instant::now() + schedule.period;
+        if !sleep_unless_stopped(planned.offset, stop) {
+            break;
+        }
+        let start_ms = ms();
+        let detail = inject(&planned, targets)?;
+        let held = sleep_unless_stopped(planned.hold, stop);
+        heal(&planned, targets)?;
+        windows.push(FaultWindow {
+            kind: planned.kind.name().into(),
+            node: targets.replicas[planned.replica].name().into(),
+            detail,
+            start_ms,
+            end_ms: ms(),
+        });
+        if windows.len() >= schedule.kinds.len() {
+            covered.store(true, Ordering::SeqCst);
+        }
+        if !held
+            || !sleep_unless_stopped(period_end.saturating_duration_since(Instant::now()), stop)
+        {
+            break;
+        }
+    }
+    Ok(windows)
+}
+
+/// Sleeps in small steps; false when `stop` was set meanwhile.
+fn sleep_unless_stopped(total: Duration, stop: &AtomicBool) -> bool {
+    let until = Instant::now() + total;
+    while Instant::now() < until {
+        if stop.load(Ordering::SeqCst) {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(10).min(until - Instant::now()));
+    }
+    !stop.load(Ordering::SeqCst)
+}
+
+fn inject(planned: &Planned, targets: &Targets) -> anyhow::Result<String> {
+    let replica = &targets.replicas[planned.replica];
+    let forwarder = &targets.forwarders[planned.replica];
+    Ok(match planned.kind {
+        FaultKind::Pause => {
+            replica.pause_replay()?;
+            "pg_wal_replay_pause()".into()
+        }
+        FaultKind::Delay => {
+            replica.set_apply_delay(planned.amount)?;
+            format!(
+                "recovery_min_apply_delay = {}ms",
+                planned.amount.as_millis()
+            )
+        }
+        FaultKind::Stop => {
+            replica.freeze();
+            "SIGSTOP".into()
+        }
+        FaultKind::Kill => {
+            replica.kill()?;
+            "kill -9".into()
+        }
+        FaultKind::NetDelay => {
+            forwarder.set_latency(planned.amount);
+            format!(
+                "+{}ms each way, proxy to replica",
+                planned.amount.as_millis()
+            )
+        }
+        FaultKind::Blackhole => {
+            forwarder.set(Fault::Blackhole);
+            "nothing passes, proxy to replica".into()
+        }
+    })
+}
+
+fn heal(planned: &Planned, targets: &Targets) -> anyhow::Result<()> {
+    let replica = &targets.replicas[planned.replica];
+    let forwarder = &targets.forwarders[planned.replica];
+    match planned.kind {
+        FaultKind::Pause => replica.resume_replay()?,
+        FaultKind::Delay => replica.set_apply_delay(targets.baseline_delay)?,
+        FaultKind::Stop => replica.thaw(),
+        FaultKind::Kill => replica.start()?,
+        FaultKind::NetDelay | FaultKind::Blackhole => forwarder.set(Fault::None),
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_round_holds_every_kind_once_and_a_seed_replays_the_schedule() {
+        let plan = |seed| {
+            let mut schedule = Schedule::new(seed, &ALL, 2, Duration::from_secs(1));
+            (0..12)
+                .map(|_| schedule.next_fault().unwrap())
+                .collect::<Vec<_>>()
+        };
+        let faults = plan(7);
+        for round in faults.chunks(ALL.len()) {
+            let mut kinds: Vec<&str> = round.iter().map(|p| p.kind.name()).collect();
+            kinds.sort();
+            let mut all: Vec<&str> = ALL.iter().map(|k| k.name()).collect();
+            all.sort();
+            assert_eq!(kinds, all);
+        }
+        for p in &faults {
+            assert!(p.replica < 2);
+            assert!(p.offset + p.hold < Duration::from_secs(1));
+        }
+        assert_eq!(faults, plan(7));
+        assert_ne!(faults, plan(8));
+    }
+
+    #[test]
+    fn fault_lists_parse_by_name_and_name_what_is_accepted() {
+        assert_eq!(
+            parse_list("pause,kill").unwrap().0,
+            vec![FaultKind::Pause, FaultKind::Kill]
+        );
+        assert_eq!(parse_list("all").unwrap().0, ALL.to_vec());
+        assert_eq!(parse_list("none").unwrap().0, vec![]);
+        let err = parse_list("pause,failover").unwrap_err();
+        assert!(
+            err.contains("failover") && err.contains("net-delay"),
+            "{err}"
+        );
+    }
+}

@@ -1,0 +1,192 @@
+//! What a verify run did and saw, one record per operation and per fault: the input of the
+//! checker and the `--history FILE` format (JSON lines, one [`Entry`] a line, in completion
+//! order). Records only what the clients observed — which server answered comes from PostgreSQL
+//! itself (`pg_is_in_recovery()`, `inet_server_port()`), never from the proxy's counters.
+//! Not the checker: nothing here judges an operation.
+
+use std::io::Write;
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+
+/// A line of the history file.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum Entry {
+    Op(Op),
+    Fault(FaultWindow),
+}
+
+/// What an operation does to its register.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OpKind {
+    /// Raises the key's version by one and appends the op id to the log, in one transaction.
+    Write,
+    /// Reads the key's version.
+    Read,
+}
+
+/// How an operation ended, as far as the client can tell.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Outcome {
+    /// Acknowledged: a write committed, a read returned a row.
+    Ok,
+    /// Certainly had no effect (it was never sent: no connection could be opened), or a read
+    /// that failed.
+    Failed,
+    /// A write whose statement was sent and then failed: it may or may not have committed.
+    Indeterminate,
+    /// No answer within the hang limit; the client gave the connection up.
+    Hang,
+}
+
+/// The server that answered a read, in its own words.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Server {
+    /// `pg_is_in_recovery()`: a replica answered.
+    pub in_recovery: bool,
+    /// `inet_server_port()` (None over a Unix socket).
+    pub port: Option<i32>,
+}
+
+/// One operation of one process (a client running one operation at a time).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Op {
+    /// The client that ran it; its operations never overlap.
+    pub process: usize,
+    pub kind: OpKind,
+    /// The register.
+    pub key: i32,
+    /// Writes: the unique id committed with the register change (`p3-17`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub op_id: Option<String>,
+    /// Milliseconds since the run started, when the client sent it and when it had the answer.
+    pub invoke_ms: f64,
+    pub complete_ms: f64,
+    pub outcome: Outcome,
+    /// An acknowledged write: the version it created; a read: the version it saw.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub version: Option<i64>,
+    /// A read: the server that answered it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub server: Option<Server>,
+    /// A token-mode write: the commit position the proxy reported; a token-mode read: the floor
+    /// it carried (`X/Y`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lsn: Option<String>,
+    /// The SQLSTATE of the error, or `connection` / `hang` when there is none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sqlstate: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+impl Op {
+    /// Whether this is an acknowledged write.
+    pub fn is_acknowledged_write(&self) -> bool {
+        self.kind == OpKind::Write && self.outcome == Outcome::Ok
+    }
+
+    /// A read that returned a version.
+    pub fn read_version(&self) -> Option<i64> {
+        match (self.kind, self.outcome) {
+            (OpKind::Read, Outcome::Ok) => self.version,
+            _ => None,
+        }
+    }
+}
+
+/// A fault the schedule injected, from when it began to when it was healed.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct FaultWindow {
+    /// `pause`, `delay`, `stop`, `kill`, `net-delay`, `blackhole`.
+    pub kind: String,
+    /// The node it hit (`replica1`).
+    pub node: String,
+    /// What exactly (`recovery_min_apply_delay = 400ms`).
+    pub detail: String,
+    pub start_ms: f64,
+    pub end_ms: f64,
+}
+
+impl FaultWindow {
+    /// Whether the fault was active at some point in `[from_ms, to_ms]`.
+    pub fn overlaps(&self, from_ms: f64, to_ms: f64) -> bool {
+        self.start_ms <= to_ms && from_ms <= self.end_ms
+    }
+}
+
+/// Writes the history as JSON lines.
+pub fn write(path: &Path, ops: &[Op], faults: &[FaultWindow]) -> anyhow::Result<()> {
+    let mut out = std::io::BufWriter::new(std::fs::File::create(path)?);
+    let mut entries: Vec<(f64, Entry)> = ops
+        .iter()
+        .map(|op| (op.complete_ms, Entry::Op(op.clone())))
+        .chain(faults.iter().map(|f| (f.end_ms, Entry::Fault(f.clone()))))
+        .collect();
+    entries.sort_by(|a, b| a.0.total_cmp(&b.0));
+    for (_, entry) in entries {
+        serde_json::to_writer(&mut out, &entry)?;
+        out.write_all(b"\n")?;
+    }
+    out.flush()?;
+    Ok(())
+}
+
+/// Reads a history written by [`write`].
+#[cfg(test)]
+pub fn parse(text: &str) -> anyhow::Result<(Vec<Op>, Vec<FaultWindow>)> {
+    let mut ops = Vec::new();
+    let mut faults = Vec::new();
+    for line in text.lines().filter(|l| !l.trim().is_empty()) {
+        match serde_json::from_str(line)? {
+            Entry::Op(op) => ops.push(op),
+            Entry::Fault(fault) => faults.push(fault),
+        }
+    }
+    Ok((ops, faults))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_history_round_trips_through_json_lines() {
+        let ops = vec![Op {
+            process: 1,
+            kind: OpKind::Read,
+            key: 3,
+            op_id: None,
+            invoke_ms: 1.0,
+            complete_ms: 2.5,
+            outcome: Outcome::Ok,
+            version: Some(7),
+            server: Some(Server {
+                in_recovery: true,
+                port: Some(5433),
+            }),
+            lsn: None,
+            sqlstate: None,
+            error: None,
+        }];
+        let faults = vec![FaultWindow {
+            kind: "pause".into(),
+            node: "replica1".into(),
+            detail: "pg_wal_replay_pause()".into(),
+            start_ms: 0.5,
+            end_ms: 3.0,
+        }];
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("h.jsonl");
+        write(&path, &ops, &faults).unwrap();
+        let text = std::fs::read_to_string(&path).unwrap();
+        assert!(
+            text.lines().next().unwrap().contains(r#""type":"op""#),
+            "{text}"
+        );
+        assert_eq!(parse(&text).unwrap(), (ops, faults));
+    }
+}
