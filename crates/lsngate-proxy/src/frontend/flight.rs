@@ -437,11 +437,31 @@ impl Session {
             self.proxy.causal.record(crate::causal::Outcome::Replica);
         }
         let attached = self.backend.as_ref().expect("attached before send");
+        let (target, node) = (attached.target, attached.conn.node);
         if !attached.batch.is_open()
             && !attached.copy.running
             && let Some(lost) = self.recheck_moved(&flight).await?
         {
             self.backend = None;
+            // Nothing of the flight was sent, and outside a transaction block nothing of the
+            // session's lived on that connection: a read meant for a replica runs on the primary
+            // (found by `lsngate verify` killing a replica: the read got the loss as 08006).
+            if target == Target::Replica && self.status == TxStatus::Idle && !self.pinned {
+                metrics::counter!("lsngate_proxy_retries_total", "reason" => "replica_lost")
+                    .increment(1);
+                tracing::warn!(
+                    "replica connection lost before the read was sent ({lost}); reading the primary"
+                );
+                if let Some(n) = self.proxy.nodes.get(node) {
+                    n.request_check();
+                }
+                // As when the connection is lost before the read's answer (`backend_lost`).
+                if let Some(read) = read {
+                    return Box::pin(self.fall_back(read)).await;
+                }
+                let route = Route::to(Some(Target::Primary));
+                return Box::pin(self.dispatch_to(flight, class, route)).await;
+            }
             return self.no_backend(lost.into(), segment_ends(&flight)).await;
         }
         if self.backend.is_none() {

@@ -288,6 +288,70 @@ fn a_replica_that_resets_new_connections_costs_reads_nothing() {
     });
 }
 
+/// Found by `lsngate verify --faults kill --seed 7`: a read sent to a replica whose connection
+/// died as it was attached got `08006 connection … lost`. The proxy first checks, in a round
+/// trip of its own, the shape of a prepared statement the connection lacks (`recheck_moved`);
+/// that round trip met the dead connection, and its error went to the client although nothing
+/// of the read had been sent. The read runs on the primary instead. Here the connection goes
+/// silent (a blackhole) rather than dead, which takes the same path every time.
+#[test]
+fn a_read_whose_replica_connection_failed_before_it_was_sent_runs_on_the_primary() {
+    let cluster = shared_cluster();
+    let t = unique("recheck");
+    cluster
+        .primary()
+        .sql(&format!("CREATE TABLE {t} (id int)"))
+        .unwrap();
+    caught_up(cluster);
+    let forwarder = lsngate_cluster::Forwarder::start(cluster.replica(0).port()).unwrap();
+    // Without a floor (eventual), and with one (session, after a write): a proxy each, whose
+    // monitor checks rarely, so the read meets the fault before it does.
+    for mode in ["eventual", "session"] {
+        let proxy = proxy_through(cluster, &forwarder, true, |f| {
+            f.health_interval_ms = Some(60_000);
+            f.connect_timeout_ms = Some(1000);
+        });
+        rt().block_on(async {
+            let conninfo = format!(
+                "{} options='-c lsngate.consistency={mode}'",
+                proxy.conninfo()
+            );
+            let client = connect(&conninfo).await;
+            let row = client
+                .query_one("SELECT pg_is_in_recovery()", &[])
+                .await
+                .unwrap();
+            assert!(
+                row.get::<_, bool>(0),
+                "{mode}: a pooled replica connection, open before the fault"
+            );
+            // Prepared on the primary: the replica connection lacks it.
+            client
+                .batch_execute("SET lsngate.route = primary")
+                .await
+                .unwrap();
+            let statement = client
+                .prepare(&format!("SELECT pg_is_in_recovery(), count(*) FROM {t}"))
+                .await
+                .unwrap();
+            client.batch_execute("RESET lsngate.route").await.unwrap();
+            if mode == "session" {
+                client
+                    .batch_execute(&format!("INSERT INTO {t} VALUES (1)"))
+                    .await
+                    .unwrap();
+            }
+            forwarder.set(lsngate_cluster::Fault::Blackhole);
+            let row = client.query_one(&statement, &[]).await;
+            forwarder.set(lsngate_cluster::Fault::None);
+            let row = row.unwrap_or_else(|e| panic!("{mode}: the read runs elsewhere: {e:?}"));
+            assert!(!row.get::<_, bool>(0), "{mode}: served by the primary");
+            let expected = i64::from(mode == "session");
+            assert_eq!(row.get::<_, i64>(1), expected, "{mode}: its own write seen");
+        });
+    }
+}
+
 /// Issue #21: a read sent to a replica just before its processes got SIGSTOP came back when the
 /// freeze ended (12 s later). Once the health check times out the proxy gives up the replica's
 /// connections, and the read, nothing of which reached the client, runs on the primary.
