@@ -22,9 +22,6 @@ use crate::net::sqlstate;
 use crate::net::{ErrorFields, FrontendMessage};
 use crate::statement::Class;
 
-/// What [`Duty::Abort`] sends: fails at once, and says why in the server's log.
-const ABORT_SQL: &str = "DO $$BEGIN RAISE EXCEPTION 'lsngate: the client''s transaction block failed at a statement the proxy answered'; END$$";
-
 /// Where a flight should go.
 #[derive(Debug, Default)]
 pub struct Route {
@@ -365,28 +362,6 @@ impl Session {
         if idle && self.status == TxStatus::Idle && !self.pinned {
             self.release_backend();
         }
-    }
-
-    /// After an error the proxy answered itself inside a transaction block (a proxy command
-    /// that failed): a direct connection's block would now be failed, refusing every statement
-    /// up to ROLLBACK. So the server's block is made to fail too, with a statement whose replies
-    /// the proxy keeps, and the client's status is `E`. False (nothing done) where no server
-    /// connection holds the block, or it is inside a batch or a COPY.
-    pub(super) async fn abort_server_block(&mut self) -> Result<bool, ClientError> {
-        let Some(attached) = self.backend.as_mut() else {
-            return Ok(false);
-        };
-        if self.status != TxStatus::InBlock || !attached.may_add_frames() || attached.copy.running {
-            return Ok(false);
-        }
-        self.status = TxStatus::Failed;
-        if let Err(e) = attached
-            .send_query(ABORT_SQL, Owner::Proxy(Duty::Abort))
-            .await
-        {
-            self.backend_lost(e).await?;
-        }
-        Ok(true)
     }
 
     async fn send_flight(

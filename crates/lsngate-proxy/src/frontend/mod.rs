@@ -3,6 +3,7 @@
 //! it sends and relays. Sessions share `crate::proxy::Proxy`, passed in explicitly, never read
 //! from a global.
 
+mod answers;
 mod attached;
 mod causal;
 pub mod client_io;
@@ -14,6 +15,7 @@ mod effects;
 pub mod error;
 mod flight;
 pub mod handshake;
+mod lost;
 mod passthrough;
 mod pipeline;
 mod plan;

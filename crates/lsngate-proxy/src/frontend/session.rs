@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use tokio::sync::watch;
 
-use super::attached::{Attached, Batch, Substitute};
+use super::attached::Attached;
 use super::causal::ClientFloors;
 use super::client_io::{ClientIo, Incoming, ReadError};
 use super::client_statement::{ClientStatement, statement_identity};
@@ -21,7 +21,7 @@ use crate::causal::Floor;
 use crate::net::backend::TxStatus;
 use crate::net::backend::build;
 use crate::net::sqlstate;
-use crate::net::{ErrorFields, Frame, FrontendMessage, ProtocolError};
+use crate::net::{FrontendMessage, ProtocolError};
 use crate::proxy::{CancelSlot, Proxy};
 use crate::statement::{
     Class, Hints, LocalCommand, RouteHint, comment_hints, local_command, setting_reset,
@@ -783,111 +783,6 @@ impl Session {
             format!("SET {name} = {}", quote_literal(value)),
             tag == "RESET",
         ))
-    }
-
-    /// Answers a simple Query the proxy takes over (its commands, a refused hint, a DEALLOCATE
-    /// it tracks) with the error `code`, `message`.
-    pub(super) async fn answer_error(
-        &mut self,
-        code: &str,
-        message: &str,
-    ) -> Result<(), ClientError> {
-        let error = ErrorFields::new("ERROR", code, message).to_frame(b'E');
-        self.answer_query(vec![error], true).await
-    }
-
-    /// Answers a simple Query the proxy takes over with `answer` (its replies up to, not
-    /// including, ReadyForQuery; `failed` when they end in an error). Where the Query comes
-    /// behind extended messages still unsynced on the server, the server's transaction must move
-    /// as it would for the client's Query: PostgreSQL 15 commits the batch's implicit
-    /// transaction at a Query, 19 keeps it open, and an error aborts it. So a stand-in Query
-    /// goes there in its place (empty, or one that fails), its answer is replaced by `answer`
-    /// (`replies.rs`), and the client gets the server's ReadyForQuery with the status it reports.
-    /// Elsewhere the proxy answers at once, with the status the client last saw (`E` behind an
-    /// error inside a transaction block, which fails the server's block too:
-    /// `Session::abort_server_block`).
-    ///
-    /// Not on PostgreSQL 19 when an Execute outside a transaction block is among the unsynced
-    /// messages and the answer is no error: 19rc1 keeps that implicit transaction open across
-    /// the Query (ReadyForQuery T) and the Sync that then ends it leaves the server connection
-    /// unable to start its next transaction (`XX000 StartTransactionCommand: unexpected state
-    /// STARTED`), which on a pooled connection would hit whichever client comes next. There the
-    /// proxy answers at once (status `I`, where a direct connection would say `T`: a documented
-    /// difference). An error stand-in ends that block cleanly, so it is always sent.
-    ///
-    /// In an aborted block (status `E`) the stand-in is a statement the server refuses there
-    /// (25P02, which the client then hears) unless the unsynced messages ended the block (an
-    /// `END` over the extended protocol): the server, not the status the client last heard,
-    /// judges. `installs` is what a proxy `SET` leaves in force once its answer holds.
-    pub(super) async fn answer_query(
-        &mut self,
-        answer: Vec<Frame>,
-        failed: bool,
-    ) -> Result<(), ClientError> {
-        self.answer_query_installing(answer, failed, None).await
-    }
-
-    /// Whether a simple Query the proxy answers itself would go to the server as a stand-in
-    /// (see [`Session::answer_query`]): behind unsynced extended messages the server has not
-    /// failed.
-    pub(super) fn stand_in_due(&self) -> bool {
-        self.backend
-            .as_ref()
-            .is_some_and(|b| b.batch.open_and_sound())
-    }
-
-    pub(super) async fn answer_query_installing(
-        &mut self,
-        answer: Vec<Frame>,
-        failed: bool,
-        installs: Option<(ClientFloors, RouteHint)>,
-    ) -> Result<(), ClientError> {
-        self.drain().await?;
-        let status = self.status;
-        let stand_in_safe = |b: &Attached| {
-            failed
-                || !b.conn.facts.has_wait_for()
-                || status != TxStatus::Idle
-                || matches!(
-                    b.batch,
-                    Batch::Open {
-                        executed: None | Some(true),
-                        ..
-                    }
-                )
-        };
-        if let Some(attached) = self
-            .backend
-            .as_mut()
-            .filter(|b| b.batch.open_and_sound() && stand_in_safe(b))
-        {
-            let stand_in = match (failed, status) {
-                (true, _) => "SELECT 1/0",
-                (false, TxStatus::Failed) => "SELECT 1",
-                (false, _) => "",
-            };
-            // What a Query does to the server's state: the batch needs no Sync any more.
-            attached.batch = Batch::Synced;
-            attached.substitute = Some(Substitute { answer, installs });
-            attached.may_commit = true;
-            let sent = attached.send_query(stand_in, super::attached::Owner::Client);
-            if let Err(e) = sent.await {
-                return self.backend_lost(e).await;
-            }
-            return Ok(());
-        }
-        if let Some((floors, hint)) = installs {
-            (self.floors, self.hint) = (floors, hint);
-        }
-        if failed {
-            // Inside a transaction block the error fails the block, there as on the server.
-            self.abort_server_block().await?;
-        }
-        answer.iter().for_each(|f| self.io.queue(f));
-        let status = self.status;
-        self.io.queue_ready(status);
-        self.io.flush().await?;
-        Ok(())
     }
 
     /// Ends the session: a backend that is mid-transaction is closed (the server rolls back);
