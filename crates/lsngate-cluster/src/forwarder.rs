@@ -393,7 +393,10 @@ mod tests {
         client.write_all(b"slow").unwrap();
         accepted.read_exact(&mut buf).unwrap();
         assert_eq!(&buf, b"slow");
-        assert!(sent.elapsed() >= Duration::from_millis(200), "held for the latency");
+        assert!(
+            sent.elapsed() >= Duration::from_millis(200),
+            "held for the latency"
+        );
         forwarder.set(Fault::None);
 
         forwarder.set(Fault::Reset);
