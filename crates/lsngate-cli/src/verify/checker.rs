@@ -24,9 +24,15 @@ pub struct Rules {
     /// hands over counts (see `token_floors`).
     pub own_writes: bool,
     /// `global` / `universal`: a read sees every write acknowledged (to anyone) before it began.
+    /// A read of a read-only transaction began with the transaction's `BEGIN`.
     pub all_acknowledged: bool,
     /// `token`: a read carrying a floor sees every write whose commit position is at or below it.
     pub token_floors: bool,
+    /// A process never reads an older version of a key than it already read. Every mode of the
+    /// proxy promises it (its token mode is session plus tokens); the library's bare token reads
+    /// (`Gate::read().after(token)`) do not — they remember nothing — so `--library --mode token`
+    /// is held to its tokens alone.
+    pub monotonic: bool,
     /// An operation that took longer than this (the wait budget plus a grace) hung.
     pub hang_after_ms: f64,
 }
@@ -158,7 +164,7 @@ pub fn check(
                         op.key
                     ),
                 ));
-            } else if version < before {
+            } else if rules.monotonic && version < before {
                 found.push((
                     ViolationKind::NonMonotonic,
                     i,
@@ -352,6 +358,7 @@ mod tests {
         own_writes: true,
         all_acknowledged: false,
         token_floors: false,
+        monotonic: true,
         hang_after_ms: 1000.0,
     };
 
@@ -361,6 +368,7 @@ mod tests {
             kind: OpKind::Write,
             key,
             op_id: Some(id.into()),
+            txn: None,
             invoke_ms: at,
             complete_ms: at + 1.0,
             outcome: Outcome::Ok,
@@ -378,6 +386,7 @@ mod tests {
             kind: OpKind::Read,
             key,
             op_id: None,
+            txn: None,
             invoke_ms: at,
             complete_ms: at + 1.0,
             outcome: Outcome::Ok,
@@ -510,6 +519,76 @@ mod tests {
         assert_eq!(kinds(&verdict), vec![ViolationKind::Stale]);
         assert_eq!(verdict.violations[0].op, 3);
         assert!(verdict.violations[0].explanation.contains("token"));
+    }
+
+    #[test]
+    fn without_the_monotonic_rule_going_back_is_allowed_but_a_missed_token_is_not() {
+        let mut write_at = write(2, 0, "p2-0", 0.0, 1);
+        write_at.lsn = Some("0/3000100".into());
+        let mut newer = read(1, 0, 2.0, 1, false);
+        newer.lsn = Some("0/3000100".into());
+        let older = read(1, 0, 4.0, 0, true); // no floor: owed nothing, but went back
+        let ops = vec![write_at, newer, older];
+        let token = Rules {
+            own_writes: false,
+            token_floors: true,
+            ..SESSION
+        };
+        let verdict = check(&ops, &[], &all_committed(&ops), &token);
+        assert_eq!(kinds(&verdict), vec![ViolationKind::NonMonotonic]);
+        let bare_tokens = Rules {
+            monotonic: false,
+            ..token
+        };
+        let verdict = check(&ops, &[], &all_committed(&ops), &bare_tokens);
+        assert_eq!(verdict.violations, vec![]);
+        // The floor still binds: the same read carrying the write's position is stale.
+        let mut ops = ops;
+        ops[2].lsn = Some("0/3000100".into());
+        let verdict = check(&ops, &[], &all_committed(&ops), &bare_tokens);
+        assert_eq!(kinds(&verdict), vec![ViolationKind::Stale]);
+    }
+
+    #[test]
+    fn the_reads_of_a_read_only_transaction_are_owed_what_was_acknowledged_before_its_begin() {
+        // p2's write is acknowledged at 3.0, between the transaction's BEGIN (2.0) and its
+        // second SELECT: under global the transaction is not owed it, but the first read of
+        // the same key in it is owed p2's earlier write, and going back inside it is caught.
+        let global = Rules {
+            all_acknowledged: true,
+            ..SESSION
+        };
+        let in_txn = |key, complete_ms, version| {
+            let mut op = read(1, key, 2.0, version, true);
+            op.txn = Some("p1-t1".into());
+            op.complete_ms = complete_ms;
+            op
+        };
+        let ops = vec![
+            write(2, 0, "p2-0", 0.0, 1),
+            write(2, 0, "p2-1", 2.0, 2),
+            in_txn(0, 2.5, 1),
+            in_txn(0, 3.5, 1),
+        ];
+        let verdict = check(&ops, &[], &all_committed(&ops), &global);
+        assert_eq!(verdict.violations, vec![]);
+        let ops = vec![
+            write(2, 0, "p2-0", 0.0, 1),
+            in_txn(0, 2.5, 0),
+            in_txn(0, 3.5, 1),
+        ];
+        let verdict = check(&ops, &[], &all_committed(&ops), &global);
+        assert_eq!(kinds(&verdict), vec![ViolationKind::Stale]);
+        assert_eq!(verdict.violations[0].op, 1);
+        let ops = vec![
+            write(2, 0, "p2-0", 0.0, 1),
+            write(2, 0, "p2-1", 2.0, 2),
+            in_txn(0, 2.5, 2),
+            in_txn(0, 3.5, 1),
+        ];
+        let verdict = check(&ops, &[], &all_committed(&ops), &global);
+        assert_eq!(kinds(&verdict), vec![ViolationKind::NonMonotonic]);
+        assert_eq!(verdict.violations[0].op, 3);
     }
 
     #[test]
