@@ -40,9 +40,10 @@ use crate::duration;
 #[derive(Debug, Args)]
 pub struct VerifyArgs {
     /// A running lsngate proxy to check (libpq URL, e.g. postgres://app:secret@10.0.0.5:6432/app).
-    /// Without it a local cluster (--local-replicas replicas) and an in-process proxy in front of
-    /// it are started, used and removed. Faults need the local cluster. The run recreates the
-    /// tables lsngate_verify_register and lsngate_verify_log and leaves them for inspection.
+    /// Without it (and without --primary) a local cluster (--local-replicas replicas) and an
+    /// in-process proxy in front of it (or, with --library, the library) are started, used and
+    /// removed. Faults need the local cluster. The run recreates the tables
+    /// lsngate_verify_register and lsngate_verify_log and leaves them for inspection.
     #[arg(long, conflicts_with_all = ["library", "primary"])]
     proxy: Option<String>,
     /// Check the lsngate library instead of the proxy: the clients share one lsngate Gate over
@@ -77,7 +78,7 @@ pub struct VerifyArgs {
     #[arg(long, default_value_t = 8)]
     keys: usize,
     /// Faults to inject on the local cluster, comma-separated: pause, delay, stop, kill,
-    /// net-delay, blackhole, all or none [default: all locally, none with --proxy].
+    /// net-delay, blackhole, all or none [default: all locally, none with --proxy or --primary].
     #[arg(long, value_parser = faults::parse_list)]
     faults: Option<FaultList>,
     /// Length of one fault period: each period holds one fault for 40–70 % of it.
