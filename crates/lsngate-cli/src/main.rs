@@ -29,8 +29,8 @@ enum Command {
     Cluster(cluster::ClusterCommand),
     /// Measure stale reads and read latency per strategy, side by side, on one cluster.
     Bench(bench::BenchArgs),
-    /// Check read-your-writes, monotonic reads and write durability through a proxy, under
-    /// faults, from a recorded history (exit status 1 on any violation).
+    /// Check read-your-writes, monotonic reads and write durability through a proxy or the
+    /// library, under faults, from a recorded history (exit status 1 on any violation).
     Verify(verify::VerifyArgs),
     /// Explain where each replica's lag comes from (network/disk, replay, conflicts).
     Lag(lag::LagArgs),

@@ -1,8 +1,10 @@
 //! The `lsngate` binary end to end on real clusters: `bench` (strategies, the proxy's included,
-//! JSON schema), `lag` (verdicts for healthy, paused and stopped replicas), `verify` (a seeded
-//! run under every fault with 0 violations, the eventual self-test that must fail, `--proxy`
-//! against `lsngate proxy`) and `cluster up|status|down` (including where the cluster goes when
-//! run as root from a directory the servers' user cannot enter).
+//! JSON schema), `lag` (verdicts for healthy, paused and stopped replicas), `verify` (seeded
+//! runs under faults with 0 violations through the proxy and through the library, read-only
+//! transactions, the eventual self-tests that must fail, `--proxy` against `lsngate proxy`,
+//! `--primary`/`--replica` against a cluster it does not own, the refused mode and faults) and
+//! `cluster up|status|down` (including where the cluster goes when run as root from a directory
+//! the servers' user cannot enter).
 //! The server version follows LSNGATE_PG_BIN like every other test.
 
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
@@ -425,6 +427,253 @@ fn verify_refuses_faults_on_a_deployment_it_does_not_own() {
     assert!(
         stderr.contains("--faults needs the local cluster"),
         "{stderr}"
+    );
+}
+
+#[test]
+fn verify_universal_mode_and_read_only_transactions_through_the_proxy_find_no_violation() {
+    let dir = tempfile::tempdir().unwrap();
+    let history = dir.path().join("history.jsonl");
+    let output = lsngate_status(&[
+        "verify",
+        "--mode",
+        "universal",
+        "--faults",
+        "pause,blackhole",
+        "--seconds",
+        "3",
+        "--fault-period",
+        "1s",
+        "--seed",
+        "12",
+        "--json",
+        "--history",
+        history.to_str().unwrap(),
+    ]);
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "verify --mode universal found a violation or failed (seed 12): {stdout}\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let doc: Value = serde_json::from_str(&stdout).expect("one JSON object");
+    assert_eq!(doc["mode"], "universal");
+    assert_eq!(doc["violations"], 0, "{doc}");
+    assert!(doc["proved"].as_bool().unwrap(), "{doc}");
+    assert!(doc["transactions"].as_u64().unwrap() > 0, "{doc}");
+    // Each read of a read-only transaction is in the history, tagged with it, and some were
+    // answered by the replica (in the server's own words).
+    let text = std::fs::read_to_string(&history).unwrap();
+    let in_txn: Vec<Value> = text
+        .lines()
+        .map(|l| serde_json::from_str::<Value>(l).unwrap())
+        .filter(|e| e["type"] == "op" && e["txn"].is_string())
+        .collect();
+    assert!(
+        in_txn
+            .iter()
+            .any(|e| e["outcome"] == "ok" && e["server"]["in_recovery"] == true),
+        "no read of a read-only transaction ran on the replica"
+    );
+}
+
+#[test]
+fn verify_the_library_under_every_replica_fault_finds_no_violation() {
+    let dir = tempfile::tempdir().unwrap();
+    let history = dir.path().join("history.jsonl");
+    let output = lsngate_status(&[
+        "verify",
+        "--library",
+        "--seconds",
+        "6",
+        "--fault-period",
+        "1s",
+        "--seed",
+        "2026",
+        "--json",
+        "--history",
+        history.to_str().unwrap(),
+    ]);
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "verify --library found a violation or failed (seed 2026): {stdout}\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let doc: Value = serde_json::from_str(&stdout).expect("one JSON object");
+    for key in VERIFY_KEYS {
+        assert!(!doc[key].is_null(), "{key} missing: {doc}");
+    }
+    for key in ["stale", "nonmonotonic", "lost", "duplicated", "hangs"] {
+        assert_eq!(doc[key], 0, "{key}: {doc}");
+    }
+    assert!(
+        doc["target"].as_str().unwrap().contains("lsngate library"),
+        "{doc}"
+    );
+    assert!(doc["proved"].as_bool().unwrap(), "{doc}");
+    assert!(
+        doc["fallbacks"].is_u64(),
+        "the library says which reads it sent to the primary: {doc}"
+    );
+    assert_eq!(
+        doc["transactions"], 0,
+        "the library has no transactions on replicas: {doc}"
+    );
+    for kind in ["pause", "delay", "stop", "kill", "net-delay", "blackhole"] {
+        assert!(
+            doc["faults"][kind].as_u64().unwrap_or(0) >= 1,
+            "{kind} was never injected: {doc}"
+        );
+    }
+    let text = std::fs::read_to_string(&history).unwrap();
+    assert!(text.lines().any(|l| {
+        let e: Value = serde_json::from_str(l).unwrap();
+        e["kind"] == "read" && e["server"]["in_recovery"] == true && e["server"]["port"].is_i64()
+    }));
+}
+
+#[test]
+fn verify_the_library_in_token_and_universal_modes_finds_no_violation_under_faults() {
+    for (mode, faults) in [("token", "kill,net-delay"), ("universal", "pause,stop")] {
+        let output = lsngate_status(&[
+            "verify",
+            "--library",
+            "--mode",
+            mode,
+            "--faults",
+            faults,
+            "--seconds",
+            "3",
+            "--fault-period",
+            "1s",
+            "--seed",
+            "11",
+            "--json",
+        ]);
+        let stdout = String::from_utf8_lossy(&output.stdout);
+        assert!(
+            output.status.success(),
+            "verify --library --mode {mode} found a violation or failed (seed 11): {stdout}\n{}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        let doc: Value = serde_json::from_str(&stdout).expect("one JSON object");
+        assert_eq!(doc["mode"], mode);
+        assert_eq!(doc["violations"], 0, "{doc}");
+        assert!(doc["proved"].as_bool().unwrap(), "{doc}");
+        for kind in faults.split(',') {
+            assert!(
+                doc["faults"][kind].as_u64().unwrap_or(0) >= 1,
+                "{kind}: {doc}"
+            );
+        }
+    }
+}
+
+#[test]
+fn verify_self_test_catches_eventual_library_reads_on_a_delayed_replica() {
+    let output = lsngate_status(&[
+        "verify",
+        "--library",
+        "--mode",
+        "eventual",
+        "--faults",
+        "none",
+        "--apply-delay",
+        "200ms",
+        "--seconds",
+        "3",
+        "--seed",
+        "1",
+        "--json",
+    ]);
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert_eq!(
+        output.status.code(),
+        Some(1),
+        "violations must give exit status 1: {stdout}\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let doc: Value = serde_json::from_str(&stdout).expect("one JSON object");
+    assert!(doc["stale"].as_u64().unwrap() > 0, "{doc}");
+    assert_eq!(
+        doc["examples"][0]["op"]["server"]["in_recovery"], true,
+        "{doc}"
+    );
+}
+
+#[test]
+fn verify_the_library_refuses_global_mode_and_faults_on_a_deployment_it_does_not_own() {
+    // Refused before anything starts: no cluster, no connection.
+    let output = lsngate_status(&["verify", "--library", "--mode", "global"]);
+    assert_eq!(output.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("--mode global") && stderr.contains("no gate-wide commit floor"),
+        "the cause: {stderr}"
+    );
+    assert!(stderr.contains("--mode universal"), "the fix: {stderr}");
+    let output = lsngate_status(&[
+        "verify",
+        "--primary",
+        "postgres://app@127.0.0.1:1/app",
+        "--replica",
+        "postgres://app@127.0.0.1:2/app",
+        "--faults",
+        "kill",
+    ]);
+    assert_eq!(output.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("--faults needs the local cluster") && stderr.contains("--primary"),
+        "{stderr}"
+    );
+    // A replica without its primary, and two targets at once, are usage errors.
+    let output = lsngate_status(&["verify", "--replica", "postgres://app@127.0.0.1:2/app"]);
+    assert_eq!(output.status.code(), Some(2), "{output:?}");
+    let output = lsngate_status(&[
+        "verify",
+        "--proxy",
+        "postgres://app@127.0.0.1:1/app",
+        "--library",
+    ]);
+    assert_eq!(output.status.code(), Some(2), "{output:?}");
+}
+
+#[test]
+fn verify_the_library_over_primary_and_replica_urls_finds_no_violation() {
+    // Behind enough that reads owed a write reach the replica before it has replayed it.
+    let config = ClusterConfig::default()
+        .replicas(1)
+        .apply_delay(Duration::from_millis(50));
+    let cluster = Cluster::start(&config).unwrap();
+    let output = lsngate(&[
+        "verify",
+        "--primary",
+        &cluster.primary_url(),
+        "--replica",
+        &cluster.replica_urls()[0],
+        "--seconds",
+        "2",
+        "--workers",
+        "2",
+        "--seed",
+        "5",
+        "--json",
+    ]);
+    let doc = json_lines(&output);
+    for key in VERIFY_KEYS {
+        assert!(!doc[key].is_null(), "{key} missing: {doc}");
+    }
+    assert_eq!(doc["violations"], 0, "{doc}");
+    assert!(doc["proved"].as_bool().unwrap(), "{doc}");
+    assert_eq!(doc["faults"], serde_json::json!({}), "{doc}");
+    assert!(
+        doc["target"]
+            .as_str()
+            .unwrap()
+            .starts_with("lsngate library over primary"),
+        "{doc}"
     );
 }
 

@@ -24,9 +24,15 @@ pub struct Rules {
     /// hands over counts (see `token_floors`).
     pub own_writes: bool,
     /// `global` / `universal`: a read sees every write acknowledged (to anyone) before it began.
+    /// A read of a read-only transaction began with the transaction's `BEGIN`.
     pub all_acknowledged: bool,
     /// `token`: a read carrying a floor sees every write whose commit position is at or below it.
     pub token_floors: bool,
+    /// A process never reads an older version of a key than it already read. Every mode of the
+    /// proxy promises it (its token mode is session plus tokens); the library's bare token reads
+    /// (`Gate::read().after(token)`) do not — they remember nothing — so `--library --mode token`
+    /// is held to its tokens alone.
+    pub monotonic: bool,
     /// An operation that took longer than this (the wait budget plus a grace) hung.
     pub hang_after_ms: f64,
 }
@@ -158,7 +164,7 @@ pub fn check(
                         op.key
                     ),
                 ));
-            } else if version < before {
+            } else if rules.monotonic && version < before {
                 found.push((
                     ViolationKind::NonMonotonic,
                     i,
@@ -277,7 +283,14 @@ fn positions(by_process: &HashMap<usize, Vec<usize>>) -> HashMap<usize, usize> {
 
 /// For each read (by index): the highest version of its key that writes of *other* rules owe it
 /// (`global`: every write acknowledged before the read began; `token`: every write whose commit
-/// position its floor covers), and which rule owes it.
+/// position its floor covers and that was acknowledged before the read began), and which rule
+/// owes it.
+///
+/// Why a token owes only acknowledged writes: a write still in flight when the read began may
+/// have its commit record below the floor (another client's token, taken after that record, can
+/// even be the same position) and still be invisible on the primary, where a transaction shows
+/// once its backend has left the proc array, after its commit record. A read that falls back to
+/// the primary may then miss it, and rightly: it was concurrent with the read.
 fn owed_by_others(ops: &[Op], rules: &Rules) -> HashMap<usize, (i64, &'static str)> {
     let mut owed: HashMap<usize, (i64, &'static str)> = HashMap::new();
     let acknowledged: Vec<&Op> = ops.iter().filter(|op| op.is_acknowledged_write()).collect();
@@ -290,57 +303,88 @@ fn owed_by_others(ops: &[Op], rules: &Rules) -> HashMap<usize, (i64, &'static st
             *entry = (version, whose);
         }
     };
+    let before_start = if rules.all_acknowledged || rules.token_floors {
+        acknowledged_before_start(ops, &acknowledged, &reads)
+    } else {
+        HashMap::new()
+    };
     if rules.all_acknowledged {
-        // Sweep reads by start time over writes by acknowledgement time.
-        let mut writes = acknowledged.clone();
-        writes.sort_by(|a, b| a.complete_ms.total_cmp(&b.complete_ms));
-        let mut reads = reads.clone();
-        reads.sort_by(|&a, &b| ops[a].invoke_ms.total_cmp(&ops[b].invoke_ms));
-        let mut newest: HashMap<i32, i64> = HashMap::new();
-        let mut next = 0;
-        for i in reads {
-            while next < writes.len() && writes[next].complete_ms < ops[i].invoke_ms {
-                let w = writes[next];
-                let v = newest.entry(w.key).or_default();
-                *v = (*v).max(w.version.unwrap_or(0));
-                next += 1;
-            }
-            raise(
-                i,
-                newest.get(&ops[i].key).copied().unwrap_or(0),
-                "a write acknowledged before the read began",
-            );
+        for &i in &reads {
+            let version = before_start.get(&i).copied().unwrap_or(0);
+            raise(i, version, "a write acknowledged before the read began");
         }
     }
     if rules.token_floors {
-        let lsn = |op: &Op| op.lsn.as_deref().and_then(|text| Lsn::parse(text).ok());
-        let mut writes: Vec<(Lsn, &Op)> = acknowledged
-            .iter()
-            .filter_map(|w| Some((lsn(w)?, *w)))
-            .collect();
-        writes.sort_by_key(|(at, _)| *at);
-        let mut reads: Vec<(Lsn, usize)> = reads
-            .iter()
-            .filter_map(|&i| Some((lsn(&ops[i])?, i)))
-            .collect();
-        reads.sort_by_key(|(at, _)| *at);
-        let mut newest: HashMap<i32, i64> = HashMap::new();
-        let mut next = 0;
-        for (floor, i) in reads {
-            while next < writes.len() && writes[next].0 <= floor {
-                let w = writes[next].1;
-                let v = newest.entry(w.key).or_default();
-                *v = (*v).max(w.version.unwrap_or(0));
-                next += 1;
-            }
+        for (i, covered) in covered_by_floor(ops, &acknowledged, &reads) {
+            // Per key, versions follow commit order: the newest write acknowledged before the
+            // read (version a) committed before the read began, and the newest one under the
+            // floor (version b) has its commit record below it. The older of the two committed
+            // no later than either, so it is both visible on the primary when the read began
+            // and replayed by any replica at the floor: owed. (Both facts hold for min(a, b).)
+            let acknowledged_by_then = before_start.get(&i).copied().unwrap_or(0);
             raise(
                 i,
-                newest.get(&ops[i].key).copied().unwrap_or(0),
-                "a write its token covers",
+                covered.min(acknowledged_by_then),
+                "a write its token covers, acknowledged before the read began,",
             );
         }
     }
     owed
+}
+
+/// Per read: the newest version of its key among the writes acknowledged before it began
+/// (a sweep of reads by start time over writes by acknowledgement time).
+fn acknowledged_before_start(
+    ops: &[Op],
+    acknowledged: &[&Op],
+    reads: &[usize],
+) -> HashMap<usize, i64> {
+    let mut writes = acknowledged.to_vec();
+    writes.sort_by(|a, b| a.complete_ms.total_cmp(&b.complete_ms));
+    let mut reads = reads.to_vec();
+    reads.sort_by(|&a, &b| ops[a].invoke_ms.total_cmp(&ops[b].invoke_ms));
+    let mut newest: HashMap<i32, i64> = HashMap::new();
+    let mut next = 0;
+    let mut found = HashMap::new();
+    for i in reads {
+        while next < writes.len() && writes[next].complete_ms < ops[i].invoke_ms {
+            let w = writes[next];
+            let v = newest.entry(w.key).or_default();
+            *v = (*v).max(w.version.unwrap_or(0));
+            next += 1;
+        }
+        found.insert(i, newest.get(&ops[i].key).copied().unwrap_or(0));
+    }
+    found
+}
+
+/// Per read carrying a floor: the newest version of its key among the writes whose commit
+/// position is at or below the floor (a sweep of reads by floor over writes by position).
+fn covered_by_floor(ops: &[Op], acknowledged: &[&Op], reads: &[usize]) -> Vec<(usize, i64)> {
+    let lsn = |op: &Op| op.lsn.as_deref().and_then(|text| Lsn::parse(text).ok());
+    let mut writes: Vec<(Lsn, &Op)> = acknowledged
+        .iter()
+        .filter_map(|w| Some((lsn(w)?, *w)))
+        .collect();
+    writes.sort_by_key(|(at, _)| *at);
+    let mut reads: Vec<(Lsn, usize)> = reads
+        .iter()
+        .filter_map(|&i| Some((lsn(&ops[i])?, i)))
+        .collect();
+    reads.sort_by_key(|(at, _)| *at);
+    let mut newest: HashMap<i32, i64> = HashMap::new();
+    let mut next = 0;
+    let mut found = Vec::with_capacity(reads.len());
+    for (floor, i) in reads {
+        while next < writes.len() && writes[next].0 <= floor {
+            let w = writes[next].1;
+            let v = newest.entry(w.key).or_default();
+            *v = (*v).max(w.version.unwrap_or(0));
+            next += 1;
+        }
+        found.push((i, newest.get(&ops[i].key).copied().unwrap_or(0)));
+    }
+    found
 }
 
 #[cfg(test)]
@@ -352,6 +396,7 @@ mod tests {
         own_writes: true,
         all_acknowledged: false,
         token_floors: false,
+        monotonic: true,
         hang_after_ms: 1000.0,
     };
 
@@ -361,6 +406,7 @@ mod tests {
             kind: OpKind::Write,
             key,
             op_id: Some(id.into()),
+            txn: None,
             invoke_ms: at,
             complete_ms: at + 1.0,
             outcome: Outcome::Ok,
@@ -378,6 +424,7 @@ mod tests {
             kind: OpKind::Read,
             key,
             op_id: None,
+            txn: None,
             invoke_ms: at,
             complete_ms: at + 1.0,
             outcome: Outcome::Ok,
@@ -510,6 +557,108 @@ mod tests {
         assert_eq!(kinds(&verdict), vec![ViolationKind::Stale]);
         assert_eq!(verdict.violations[0].op, 3);
         assert!(verdict.violations[0].explanation.contains("token"));
+    }
+
+    #[test]
+    fn a_token_does_not_owe_a_write_still_in_flight_when_the_read_began() {
+        // Found by `lsngate verify --library --mode token --faults kill,net-delay --seed 11`:
+        // p2's write committed below p1's floor (both tokens are the same insert position) but
+        // was acknowledged only after p1's read, which fell back to the primary, began.
+        let mut concurrent = write(2, 4, "p2-166", 627.8, 93);
+        concurrent.complete_ms = 637.0;
+        concurrent.lsn = Some("0/3034DB8".into());
+        let mut floor_from = write(1, 7, "p1-222", 636.5, 113);
+        floor_from.complete_ms = 636.7;
+        floor_from.lsn = Some("0/3034DB8".into());
+        let mut on_primary = read(1, 4, 636.74, 92, false);
+        on_primary.lsn = Some("0/3034DB8".into());
+        let mut later = read(1, 4, 637.5, 92, true);
+        later.lsn = Some("0/3034DB8".into());
+        let token = Rules {
+            own_writes: false,
+            token_floors: true,
+            monotonic: false,
+            ..SESSION
+        };
+        let mut ops = vec![write(2, 4, "p2-165", 600.0, 92), concurrent, floor_from];
+        ops.push(on_primary);
+        let verdict = check(&ops, &[], &all_committed(&ops), &token);
+        assert_eq!(verdict.violations, vec![]);
+        // Once it was acknowledged, a read at that floor owes it.
+        ops.push(later);
+        let verdict = check(&ops, &[], &all_committed(&ops), &token);
+        assert_eq!(kinds(&verdict), vec![ViolationKind::Stale]);
+        assert_eq!(verdict.violations[0].op, 4);
+    }
+
+    #[test]
+    fn without_the_monotonic_rule_going_back_is_allowed_but_a_missed_token_is_not() {
+        let mut write_at = write(2, 0, "p2-0", 0.0, 1);
+        write_at.lsn = Some("0/3000100".into());
+        let mut newer = read(1, 0, 2.0, 1, false);
+        newer.lsn = Some("0/3000100".into());
+        let older = read(1, 0, 4.0, 0, true); // no floor: owed nothing, but went back
+        let ops = vec![write_at, newer, older];
+        let token = Rules {
+            own_writes: false,
+            token_floors: true,
+            ..SESSION
+        };
+        let verdict = check(&ops, &[], &all_committed(&ops), &token);
+        assert_eq!(kinds(&verdict), vec![ViolationKind::NonMonotonic]);
+        let bare_tokens = Rules {
+            monotonic: false,
+            ..token
+        };
+        let verdict = check(&ops, &[], &all_committed(&ops), &bare_tokens);
+        assert_eq!(verdict.violations, vec![]);
+        // The floor still binds: the same read carrying the write's position is stale.
+        let mut ops = ops;
+        ops[2].lsn = Some("0/3000100".into());
+        let verdict = check(&ops, &[], &all_committed(&ops), &bare_tokens);
+        assert_eq!(kinds(&verdict), vec![ViolationKind::Stale]);
+    }
+
+    #[test]
+    fn the_reads_of_a_read_only_transaction_are_owed_what_was_acknowledged_before_its_begin() {
+        // p2's write is acknowledged at 3.0, between the transaction's BEGIN (2.0) and its
+        // second SELECT: under global the transaction is not owed it, but the first read of
+        // the same key in it is owed p2's earlier write, and going back inside it is caught.
+        let global = Rules {
+            all_acknowledged: true,
+            ..SESSION
+        };
+        let in_txn = |key, complete_ms, version| {
+            let mut op = read(1, key, 2.0, version, true);
+            op.txn = Some("p1-t1".into());
+            op.complete_ms = complete_ms;
+            op
+        };
+        let ops = vec![
+            write(2, 0, "p2-0", 0.0, 1),
+            write(2, 0, "p2-1", 2.0, 2),
+            in_txn(0, 2.5, 1),
+            in_txn(0, 3.5, 1),
+        ];
+        let verdict = check(&ops, &[], &all_committed(&ops), &global);
+        assert_eq!(verdict.violations, vec![]);
+        let ops = vec![
+            write(2, 0, "p2-0", 0.0, 1),
+            in_txn(0, 2.5, 0),
+            in_txn(0, 3.5, 1),
+        ];
+        let verdict = check(&ops, &[], &all_committed(&ops), &global);
+        assert_eq!(kinds(&verdict), vec![ViolationKind::Stale]);
+        assert_eq!(verdict.violations[0].op, 1);
+        let ops = vec![
+            write(2, 0, "p2-0", 0.0, 1),
+            write(2, 0, "p2-1", 2.0, 2),
+            in_txn(0, 2.5, 2),
+            in_txn(0, 3.5, 1),
+        ];
+        let verdict = check(&ops, &[], &all_committed(&ops), &global);
+        assert_eq!(kinds(&verdict), vec![ViolationKind::NonMonotonic]);
+        assert_eq!(verdict.violations[0].op, 3);
     }
 
     #[test]

@@ -62,7 +62,12 @@ pub struct Op {
     /// Writes: the unique id committed with the register change (`p3-17`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub op_id: Option<String>,
+    /// A read inside a read-only transaction: the transaction (`p3-t4`), shared by its reads.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub txn: Option<String>,
     /// Milliseconds since the run started, when the client sent it and when it had the answer.
+    /// The reads of a read-only transaction all start when its `BEGIN` was sent: what they are
+    /// owed is fixed then (the floor is waited for at the `BEGIN`), whenever each `SELECT` ran.
     pub invoke_ms: f64,
     pub complete_ms: f64,
     pub outcome: Outcome,
@@ -160,6 +165,7 @@ mod tests {
             kind: OpKind::Read,
             key: 3,
             op_id: None,
+            txn: Some("p1-t1".into()),
             invoke_ms: 1.0,
             complete_ms: 2.5,
             outcome: Outcome::Ok,

@@ -1,20 +1,25 @@
 //! `lsngate verify`: a Jepsen-style check of the guarantee on a deployment, under faults.
-//! Concurrent clients read and write versioned registers through an lsngate proxy (one it is
-//! given, or an in-process one in front of a local cluster it starts), a seeded schedule injects
-//! faults into the local cluster's replicas, every operation goes into a history, and the checker
-//! says whether any read was stale or went back in time, whether any acknowledged write was lost
-//! or applied twice, and whether anything hung. Exit status 1 on any violation.
+//! Concurrent clients read and write versioned registers through the target — an lsngate proxy
+//! (one it is given, or an in-process one in front of a local cluster it starts) or the lsngate
+//! library's `Gate` (over URLs it is given, or over the local cluster) — a seeded schedule
+//! injects faults into the local cluster's replicas, every operation goes into a history, and
+//! the checker says whether any read was stale or went back in time, whether any acknowledged
+//! write was lost or applied twice, and whether anything hung. Exit status 1 on any violation.
 //!
-//! The pieces: [`workload`] (the clients), [`faults`] (the schedule), [`history`] (the records
-//! and `--history FILE`), [`checker`] (pure), [`report`] (the table and `--json`).
+//! The pieces: [`workload`] (the clients), [`client`] (how they reach the target:
+//! [`proxy_client`], [`library_client`]), [`faults`] (the schedule), [`history`] (the records and
+//! `--history FILE`), [`checker`] (pure), [`report`] (the table and `--json`).
 
 mod checker;
+mod client;
 mod faults;
 mod history;
+mod library_client;
+mod proxy_client;
 mod report;
+mod target;
 mod workload;
 
-use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -23,27 +28,40 @@ use std::time::{Duration, Instant};
 use anyhow::Context as _;
 use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
-use lsngate_cluster::{Cluster, Forwarder};
 
-use checker::{FinalState, Rules};
-use faults::{FaultKind, FaultList};
+use checker::Rules;
+use faults::FaultList;
 use report::{Facts, Summary};
-use workload::{LOG_TABLE, Mode, Plan, REGISTER_TABLE};
+use target::Target;
+use workload::{Mode, Plan};
 
 use crate::duration;
-use crate::inproc_proxy::{self, InProcessProxy, ProxySetup};
 
 #[derive(Debug, Args)]
 pub struct VerifyArgs {
     /// A running lsngate proxy to check (libpq URL, e.g. postgres://app:secret@10.0.0.5:6432/app).
-    /// Without it a local cluster (--local-replicas replicas) and an in-process proxy in front of
-    /// it are started, used and removed. Faults need the local cluster. The run recreates the
-    /// tables lsngate_verify_register and lsngate_verify_log and leaves them for inspection.
-    #[arg(long)]
+    /// Without it (and without --primary) a local cluster (--local-replicas replicas) and an
+    /// in-process proxy in front of it (or, with --library, the library) are started, used and
+    /// removed. Faults need the local cluster. The run recreates the tables
+    /// lsngate_verify_register and lsngate_verify_log and leaves them for inspection.
+    #[arg(long, conflicts_with_all = ["library", "primary"])]
     proxy: Option<String>,
-    /// Consistency mode the clients ask the proxy for: session, token (writes on one connection,
-    /// reads on another with the commit position handed over, also between clients), global, or
-    /// eventual (the self-test control: must show violations when a replica lags).
+    /// Check the lsngate library instead of the proxy: the clients share one lsngate Gate over
+    /// the primary and the replicas (the local cluster's, or --primary/--replica). No proxy runs.
+    #[arg(long)]
+    library: bool,
+    /// The library over an existing deployment: its primary (libpq URL, e.g.
+    /// postgres://app:secret@10.0.0.4:5432/app). Implies --library; needs --replica; no faults.
+    #[arg(long, requires = "replica")]
+    primary: Option<String>,
+    /// A replica of --primary for the library (libpq URL); repeat for each replica.
+    #[arg(long, requires = "primary")]
+    replica: Vec<String>,
+    /// Consistency mode of the clients: session, token (writes on one connection, reads on
+    /// another with the commit position handed over, also between clients), global (proxy
+    /// only: every write committed through the proxy before the read), universal (every write
+    /// committed on the primary before the read), or eventual (the self-test control: must show
+    /// violations when a replica lags).
     #[arg(long, value_enum, default_value = "session")]
     mode: Mode,
     /// How long the clients run, in seconds (at least until every requested fault has been
@@ -60,7 +78,7 @@ pub struct VerifyArgs {
     #[arg(long, default_value_t = 8)]
     keys: usize,
     /// Faults to inject on the local cluster, comma-separated: pause, delay, stop, kill,
-    /// net-delay, blackhole, all or none [default: all locally, none with --proxy].
+    /// net-delay, blackhole, all or none [default: all locally, none with --proxy or --primary].
     #[arg(long, value_parser = faults::parse_list)]
     faults: Option<FaultList>,
     /// Length of one fault period: each period holds one fault for 40–70 % of it.
@@ -69,7 +87,8 @@ pub struct VerifyArgs {
     /// Seed of the fault schedule and the clients' choices [default: random, printed].
     #[arg(long)]
     seed: Option<u64>,
-    /// The in-process proxy's wait budget per read (wait_timeout_ms), e.g. 500ms.
+    /// The wait budget per read of the in-process proxy (wait_timeout_ms) or of the library's
+    /// Gate, e.g. 500ms.
     #[arg(long, value_parser = duration::parse, default_value = "500ms")]
     budget: Duration,
     /// An operation taking longer than the budget plus this grace hung (and its connection is
@@ -94,12 +113,14 @@ pub struct VerifyArgs {
     history: Option<PathBuf>,
 }
 
-/// What the checker holds each mode to.
-fn rules(mode: Mode, hang_after: Duration) -> Rules {
+/// What the checker holds each mode to, on the proxy or the library.
+fn rules(mode: Mode, library: bool, hang_after: Duration) -> Rules {
     Rules {
         own_writes: mode != Mode::Token,
-        all_acknowledged: mode == Mode::Global,
+        all_acknowledged: matches!(mode, Mode::Global | Mode::Universal),
         token_floors: mode == Mode::Token,
+        // The library's bare token reads remember nothing (see library_client).
+        monotonic: !(library && mode == Mode::Token),
         hang_after_ms: hang_after.as_secs_f64() * 1e3,
     }
 }
@@ -110,20 +131,22 @@ pub async fn run(args: VerifyArgs) -> anyhow::Result<bool> {
         args.workers > 0 && args.keys > 0 && args.seconds > 0.0,
         "--workers, --keys and --seconds must be above 0"
     );
+    let library = args.library || args.primary.is_some();
+    if library && let Some(why) = library_client::refusal(args.mode) {
+        anyhow::bail!("{why}");
+    }
     let seed = args.seed.unwrap_or_else(rand::random);
-    let kinds = match (&args.faults, &args.proxy) {
-        (Some(FaultList(kinds)), Some(_)) if !kinds.is_empty() => anyhow::bail!(
-            "--faults needs the local cluster: with --proxy the hosts are not lsngate's to fault; drop --faults or --proxy"
+    let elsewhere = args.proxy.is_some() || args.primary.is_some();
+    let kinds = match (&args.faults, elsewhere) {
+        (Some(FaultList(kinds)), true) if !kinds.is_empty() => anyhow::bail!(
+            "--faults needs the local cluster: with --proxy or --primary the hosts are not lsngate's to fault; drop --faults, or drop --proxy/--primary to verify a local cluster"
         ),
         (Some(FaultList(kinds)), _) => kinds.clone(),
-        (None, Some(_)) => Vec::new(),
-        (None, None) => faults::ALL.to_vec(),
+        (None, true) => Vec::new(),
+        (None, false) => faults::ALL.to_vec(),
     };
-    let target = Target::open(&args).await?;
-    let mut endpoint = target.endpoint.clone();
-    endpoint.application_name("lsngate-verify");
-
-    let server_version = prepare_schema(&endpoint, &target, args.keys).await?;
+    let target = Target::open(&args, library).await?;
+    let server_version = target.prepare_schema(args.keys).await?;
     if !args.json {
         eprintln!(
             "verifying mode {} on {} (PostgreSQL {server_version}), seed {seed}, faults: {}",
@@ -143,8 +166,10 @@ pub async fn run(args: VerifyArgs) -> anyhow::Result<bool> {
     let faults_covered = Arc::new(AtomicBool::new(fault_targets.is_none()));
     let plan = Arc::new(Plan {
         mode: args.mode,
-        endpoint: endpoint.clone(),
+        via: target.via.clone(),
         keys: args.keys,
+        // The library reads one statement at a time: no transactions on replicas.
+        transactions: !library,
         start,
         deadline: start + Duration::from_secs_f64(args.seconds),
         faults_covered: Arc::clone(&faults_covered),
@@ -170,12 +195,12 @@ pub async fn run(args: VerifyArgs) -> anyhow::Result<bool> {
         None => Vec::new(),
     };
 
-    let final_state = final_state(&endpoint).await?;
+    let final_state = target.final_state().await?;
     let verdict = checker::check(
         &ops,
         &fault_windows,
         &final_state,
-        &rules(args.mode, hang_after),
+        &rules(args.mode, library, hang_after),
     );
     if let Some(path) = &args.history {
         history::write(path, &ops, &fault_windows)
@@ -188,10 +213,7 @@ pub async fn run(args: VerifyArgs) -> anyhow::Result<bool> {
         server_version,
         seconds,
         workers: args.workers,
-        fallbacks: target.proxy.as_ref().map(|p| {
-            let outcomes = p.outcomes();
-            outcomes.fallback + outcomes.no_replica
-        }),
+        fallbacks: target.fallbacks(),
         ..Summary::default()
     };
     Facts {
@@ -212,188 +234,8 @@ pub async fn run(args: VerifyArgs) -> anyhow::Result<bool> {
     Ok(summary.violations == 0)
 }
 
-/// The proxy the clients talk to, and the local cluster behind it when there is one.
-struct Target {
-    endpoint: tokio_postgres::Config,
-    describe: String,
-    proxy: Option<InProcessProxy>,
-    /// The local cluster and, per replica, the forwarder the proxy reaches it through (where the
-    /// network faults are made).
-    local: Option<(Cluster, Vec<Arc<Forwarder>>)>,
-    baseline_delay: Duration,
-}
-
-impl Target {
-    async fn open(args: &VerifyArgs) -> anyhow::Result<Target> {
-        if let Some(url) = &args.proxy {
-            let endpoint: tokio_postgres::Config = url.parse().with_context(|| {
-                format!("invalid --proxy {url:?}: expected postgres://user:password@host:port/db")
-            })?;
-            let mut shown = endpoint.clone();
-            shown.password("");
-            return Ok(Target {
-                endpoint,
-                describe: format!("proxy {}", describe_endpoint(&shown)),
-                proxy: None,
-                local: None,
-                baseline_delay: Duration::ZERO,
-            });
-        }
-        let config = crate::cluster::local_config(
-            args.local_replicas,
-            args.apply_delay,
-            args.pg_bin.clone(),
-        )?;
-        if !args.json {
-            eprintln!(
-                "starting a local cluster (1 primary, {} replica(s)) and an in-process proxy…",
-                args.local_replicas
-            );
-        }
-        let cluster = crate::cluster::start_local(config).await?;
-        let mut forwarders = Vec::new();
-        let mut replica_urls = Vec::new();
-        for replica in cluster.replicas() {
-            let forwarder = Arc::new(Forwarder::start(replica.port())?);
-            replica_urls.push(format!(
-                "postgres://postgres@127.0.0.1:{}/postgres",
-                forwarder.port()
-            ));
-            forwarders.push(forwarder);
-        }
-        let setup = ProxySetup::new(
-            &cluster.primary_url(),
-            &replica_urls,
-            args.workers * 2,
-            args.budget,
-        )?;
-        let proxy = InProcessProxy::start(&setup).await?;
-        Ok(Target {
-            endpoint: proxy.client_config().clone(),
-            describe: format!(
-                "local cluster (1 primary, {} replica(s)) + in-process proxy",
-                args.local_replicas
-            ),
-            proxy: Some(proxy),
-            local: Some((cluster, forwarders)),
-            baseline_delay: args.apply_delay.unwrap_or(Duration::ZERO),
-        })
-    }
-
-    /// What the fault schedule acts on (local cluster only).
-    fn fault_targets(&self, kinds: &[FaultKind]) -> Option<faults::Targets> {
-        let (cluster, forwarders) = self.local.as_ref()?;
-        if kinds.is_empty() {
-            return None;
-        }
-        Some(faults::Targets {
-            replicas: cluster.replicas().to_vec(),
-            forwarders: forwarders.clone(),
-            baseline_delay: self.baseline_delay,
-        })
-    }
-
-    /// Drains the in-process proxy, then stops and removes the local cluster.
-    async fn shutdown(self) -> anyhow::Result<()> {
-        if let Some(proxy) = self.proxy {
-            proxy.shutdown().await?;
-        }
-        if let Some((cluster, forwarders)) = self.local {
-            drop(forwarders);
-            tokio::task::block_in_place(|| drop(cluster));
-        }
-        Ok(())
-    }
-}
-
-fn describe_endpoint(config: &tokio_postgres::Config) -> String {
-    let host = config
-        .get_hosts()
-        .first()
-        .map(|h| match h {
-            tokio_postgres::config::Host::Tcp(name) => name.clone(),
-            tokio_postgres::config::Host::Unix(path) => path.display().to_string(),
-        })
-        .unwrap_or_default();
-    let port = config.get_ports().first().copied().unwrap_or(5432);
-    format!(
-        "{}@{host}:{port}/{}",
-        config.get_user().unwrap_or(""),
-        config.get_dbname().unwrap_or("")
-    )
-}
-
 /// How long setting up and reading back the tables may take.
 const SETUP_LIMIT: Duration = Duration::from_secs(60);
-
-/// Recreates the tables through the proxy (DDL goes to the primary) and waits until the
-/// replicas have them, so no read fails on a missing table; returns the server version.
-async fn prepare_schema(
-    endpoint: &tokio_postgres::Config,
-    target: &Target,
-    keys: usize,
-) -> anyhow::Result<String> {
-    let setup = async {
-        let client = inproc_proxy::connect(endpoint, "session").await?;
-        client.batch_execute(&workload::schema_sql(keys)).await?;
-        let row = client
-            .query_one(
-                "/* lsngate:route=primary */ SELECT pg_current_wal_insert_lsn()::text, current_setting('server_version')",
-                &[],
-            )
-            .await?;
-        let (position, version): (String, String) = (row.get(0), row.get(1));
-        match &target.local {
-            Some((cluster, _)) => {
-                let replicas = cluster.replicas().to_vec();
-                tokio::task::spawn_blocking(move || {
-                    for replica in replicas {
-                        replica.wait_replayed(&position, Duration::from_secs(30))?;
-                    }
-                    anyhow::Ok(())
-                })
-                .await??;
-            }
-            // Another deployment's replicas are not ours to ask: read the table on a replica
-            // through the proxy until it is there a few times in a row.
-            None => {
-                let probe =
-                    format!("/* lsngate:route=replica */ SELECT count(*) FROM {REGISTER_TABLE}");
-                let mut in_a_row = 0;
-                while in_a_row < 5 {
-                    match client.simple_query(&probe).await {
-                        Ok(_) => in_a_row += 1,
-                        Err(_) => {
-                            in_a_row = 0;
-                            tokio::time::sleep(Duration::from_millis(50)).await;
-                        }
-                    }
-                }
-            }
-        }
-        anyhow::Ok(version)
-    };
-    bounded("creating the verify tables through the proxy", setup).await
-}
-
-/// How many times each op id is in the log on the primary.
-async fn final_state(endpoint: &tokio_postgres::Config) -> anyhow::Result<FinalState> {
-    let read = async {
-        let client = inproc_proxy::connect(endpoint, "session").await?;
-        let rows = client
-            .query(
-                &format!("/* lsngate:route=primary */ SELECT op_id, count(*)::int FROM {LOG_TABLE} GROUP BY op_id"),
-                &[],
-            )
-            .await?;
-        let committed: HashMap<String, u32> = rows
-            .iter()
-            .map(|row| (row.get::<_, String>(0), row.get::<_, i32>(1) as u32))
-            .collect();
-        anyhow::Ok(FinalState { committed })
-    };
-    bounded("reading the log on the primary through the proxy", read).await
-}
 
 /// `work` within [`SETUP_LIMIT`], its error or the timeout saying what was being done.
 async fn bounded<T>(

@@ -26,10 +26,12 @@ pub struct Summary {
     pub ops_per_s: f64,
     pub reads: u64,
     pub writes: u64,
+    /// Read-only transactions (each of their reads is counted in `reads`).
+    pub transactions: u64,
     /// Reads a replica answered (`pg_is_in_recovery()` true in the answer).
     pub replica_reads: u64,
-    /// Reads the in-process proxy sent to the primary because no replica had the floor in time
-    /// or none was up (None through `--proxy`: its counters are not ours to read).
+    /// Reads the in-process proxy or the library sent to the primary because no replica had the
+    /// floor in time or none was up (None through `--proxy`: its counters are not ours to read).
     pub fallbacks: Option<u64>,
     pub stale: u64,
     pub nonmonotonic: u64,
@@ -76,6 +78,9 @@ impl Facts<'_> {
         summary.ops_per_s = ops.len() as f64 / summary.seconds.max(1e-9);
         summary.reads = ops.iter().filter(|o| o.kind == OpKind::Read).count() as u64;
         summary.writes = ops.iter().filter(|o| o.kind == OpKind::Write).count() as u64;
+        let transactions: std::collections::HashSet<&str> =
+            ops.iter().filter_map(|o| o.txn.as_deref()).collect();
+        summary.transactions = transactions.len() as u64;
         summary.replica_reads = ops
             .iter()
             .filter(|o| o.read_version().is_some() && o.server.is_some_and(|s| s.in_recovery))
@@ -157,7 +162,10 @@ pub fn print(summary: &Summary) {
         ),
         (
             "reads / writes",
-            format!("{} / {}", summary.reads, summary.writes),
+            format!(
+                "{} / {} ({} read-only transactions)",
+                summary.reads, summary.writes, summary.transactions
+            ),
         ),
         (
             "reads on replicas",
@@ -239,6 +247,9 @@ fn describe(op: &Op) -> String {
     );
     if let Some(id) = &op.op_id {
         line.push_str(&format!(" {id}"));
+    }
+    if let Some(txn) = &op.txn {
+        line.push_str(&format!(" in {txn}"));
     }
     line.push_str(&format!(" {:?}", op.outcome).to_lowercase());
     if let Some(v) = op.version {

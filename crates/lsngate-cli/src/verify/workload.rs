@@ -1,12 +1,13 @@
 //! The verify workload: concurrent clients ("processes") over a small key space of versioned
-//! registers, each through a proxy in the mode under test, recording every operation into the
-//! history. A write raises a key's version and appends its unique op id to a log in the *same*
-//! statement (so the same transaction); a read returns the key's version and which server
-//! answered, as PostgreSQL itself says. Reads go to keys the process wrote (read-your-writes)
-//! and to any key (monotonic reads, others' writes); in `token` mode a process writes on one
-//! connection and reads on another, carrying the commit position the proxy reported, and hands
-//! it to the other processes too. Every operation is bounded by the hang limit. Not the checker:
-//! nothing here decides whether what was seen is right.
+//! registers, each through the target (a proxy or the library, see [`super::client`]) in the mode
+//! under test, recording every operation into the history. A write raises a key's version and
+//! appends its unique op id to a log in the *same* statement (so the same transaction); a read
+//! returns the key's version and which server answered, as PostgreSQL itself says. Reads go to
+//! keys the process wrote (read-your-writes) and to any key (monotonic reads, others' writes),
+//! alone or two in a read-only transaction; in `token` mode a process carries the commit
+//! position of its writes to its reads and hands it to the other processes too. Every operation
+//! is bounded by the hang limit. Not the checker: nothing here decides whether what was seen is
+//! right.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -16,36 +17,26 @@ use indicatif::ProgressBar;
 use lsngate_core::Lsn;
 use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
-use tokio_postgres::types::Type;
-use tokio_postgres::{Client, SimpleQueryMessage, Statement};
 
-use super::history::{Op, OpKind, Outcome, Server};
-use crate::inproc_proxy;
+use super::client::{Client, Failure, Seen, Via};
+use super::history::{Op, OpKind, Outcome};
 
 pub const REGISTER_TABLE: &str = "lsngate_verify_register";
 pub const LOG_TABLE: &str = "lsngate_verify_log";
 
-/// Raises the key's version and logs the op id in one statement: one transaction, so the log
-/// holds an op id exactly when its register change committed.
-const WRITE_SQL: &str = "WITH changed AS (
-        UPDATE lsngate_verify_register SET version = version + 1, last_op = $1
-        WHERE key = $2 RETURNING version)
-    INSERT INTO lsngate_verify_log (op_id, key, version, process)
-    SELECT $1, $2, version, $3 FROM changed RETURNING version";
-
-/// The read, and who served it in the server's own words.
-const READ_SQL: &str = "SELECT version, pg_is_in_recovery(), inet_server_port()
-    FROM lsngate_verify_register WHERE key = $1";
-
-/// The consistency mode the clients ask the proxy for (`lsngate.consistency`).
+/// The consistency mode the clients ask for (the proxy's `lsngate.consistency`; what the
+/// library offers for it, see [`super::library_client`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum Mode {
-    /// Each connection reads its own writes and never goes back in time.
+    /// Each client reads its own writes and never goes back in time.
     Session,
     /// Writes on one connection, reads on another with the reported commit position.
     Token,
-    /// Every read waits for the primary's position when it starts.
+    /// Every read sees every write committed through the proxy before it began.
     Global,
+    /// Every read sees every write committed on the primary before it began (the primary's
+    /// position is read before each read).
+    Universal,
     /// No floors at all: the self-test control, which must be caught.
     Eventual,
 }
@@ -56,6 +47,7 @@ impl Mode {
             Mode::Session => "session",
             Mode::Token => "token",
             Mode::Global => "global",
+            Mode::Universal => "universal",
             Mode::Eventual => "eventual",
         }
     }
@@ -75,9 +67,12 @@ pub fn schema_sql(keys: usize) -> String {
 /// What every process shares.
 pub struct Plan {
     pub mode: Mode,
-    /// Where clients log in (the proxy), without the consistency option.
-    pub endpoint: tokio_postgres::Config,
+    /// What the clients talk to.
+    pub via: Via,
     pub keys: usize,
+    /// Whether reads also run two at a time in read-only transactions (not through the library,
+    /// which has no transactions on replicas).
+    pub transactions: bool,
     pub start: Instant,
     pub deadline: Instant,
     /// Set once every requested fault was injected and healed at least once: the run goes on
@@ -117,44 +112,21 @@ pub async fn run(plan: Arc<Plan>, workers: usize, bar: ProgressBar) -> Vec<Op> {
     ops
 }
 
-/// One process's connections through the proxy.
-struct Conn {
-    main: Client,
-    write: Statement,
-    read: Statement,
-    /// Token mode: the connection reads go to, with a floor in a comment.
-    reader: Option<Client>,
-}
-
-impl Conn {
-    async fn open(plan: &Plan) -> anyhow::Result<Conn> {
-        let main = inproc_proxy::connect(&plan.endpoint, plan.mode.name()).await?;
-        let reader = match plan.mode {
-            Mode::Token => Some(inproc_proxy::connect(&plan.endpoint, "token").await?),
-            _ => None,
-        };
-        let write = main
-            .prepare_typed(WRITE_SQL, &[Type::TEXT, Type::INT4, Type::INT4])
-            .await?;
-        let read = main.prepare_typed(READ_SQL, &[Type::INT4]).await?;
-        Ok(Conn {
-            main,
-            write,
-            read,
-            reader,
-        })
-    }
-
-    fn is_closed(&self) -> bool {
-        self.main.is_closed() || self.reader.as_ref().is_some_and(Client::is_closed)
-    }
-}
-
-/// What a finished operation adds to its record.
-struct Answer {
-    version: Option<i64>,
-    server: Option<Server>,
-    lsn: Option<String>,
+/// What one turn of a process does.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Step {
+    Write {
+        key: i32,
+    },
+    /// `own`: a key this process wrote.
+    Read {
+        key: i32,
+        own: bool,
+    },
+    /// `BEGIN READ ONLY`, a read of each key, `COMMIT`.
+    ReadOnly {
+        keys: [i32; 2],
+    },
 }
 
 struct Process {
@@ -163,12 +135,13 @@ struct Process {
     shared: Arc<Shared>,
     bar: ProgressBar,
     rng: StdRng,
-    conn: Option<Conn>,
+    client: Option<Client>,
     /// Keys this process has written (acknowledged or not).
     written: Vec<i32>,
     /// Token mode: the newest commit position of this process's writes.
     token: Option<Lsn>,
     writes: u64,
+    transactions: u64,
     ops: Vec<Op>,
 }
 
@@ -182,10 +155,11 @@ impl Process {
             shared,
             bar,
             rng,
-            conn: None,
+            client: None,
             written: Vec::new(),
             token: None,
             writes: 0,
+            transactions: 0,
             ops: Vec::new(),
         }
     }
@@ -206,81 +180,211 @@ impl Process {
 
     async fn run(mut self) -> Vec<Op> {
         while self.may_go_on() {
-            let (kind, key, own) = self.choose();
-            let op_id = (kind == OpKind::Write).then(|| {
-                self.writes += 1;
-                format!("p{}-{}", self.id, self.writes)
-            });
-            let invoke_ms = self.ms();
-            let mut op = Op {
-                process: self.id,
-                kind,
-                key,
-                op_id,
-                invoke_ms,
-                complete_ms: invoke_ms,
-                outcome: Outcome::Ok,
-                version: None,
-                server: None,
-                lsn: None,
-                sqlstate: None,
-                error: None,
-            };
-            if self.conn.is_none() {
-                match tokio::time::timeout(self.plan.hang_after, Conn::open(&self.plan)).await {
-                    Ok(Ok(conn)) => self.conn = Some(conn),
-                    failed => {
-                        // Never sent: a write that could not be sent certainly had no effect.
-                        op.outcome = Outcome::Failed;
-                        op.sqlstate = Some("connection".into());
-                        op.error = Some(match failed {
-                            Ok(Err(e)) => format!("{e:#}"),
-                            _ => "no connection within the hang limit".into(),
-                        });
-                        op.complete_ms = self.ms();
-                        self.record(op);
-                        tokio::time::sleep(Duration::from_millis(100)).await;
-                        continue;
-                    }
-                }
+            let step = self.choose();
+            if self.client.is_none() && !self.connect(step).await {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
             }
-            if kind == OpKind::Write {
-                self.written.push(key);
+            match step {
+                Step::Write { key } => self.write(key).await,
+                Step::Read { key, own } => self.read(key, own).await,
+                Step::ReadOnly { keys } => self.read_only(keys).await,
             }
-            let answer = tokio::time::timeout(self.plan.hang_after, self.execute(&op, own)).await;
-            op.complete_ms = self.ms();
-            match answer {
-                Ok(Ok(answer)) if kind == OpKind::Read && answer.version.is_none() => {
-                    op.outcome = Outcome::Failed;
-                    op.sqlstate = Some("no-row".into());
-                    op.error = Some(format!("no row for key {key}: the table was not there"));
-                }
-                Ok(Ok(answer)) => {
-                    op.version = answer.version;
-                    op.server = answer.server;
-                    op.lsn = answer.lsn;
-                }
-                Ok(Err(e)) => {
-                    op.outcome = match kind {
-                        OpKind::Write => Outcome::Indeterminate,
-                        OpKind::Read => Outcome::Failed,
-                    };
-                    op.sqlstate = Some(sqlstate(&e));
-                    op.error = Some(message(&e));
-                    if self.conn.as_ref().is_some_and(Conn::is_closed) {
-                        self.conn = None;
-                    }
-                }
-                Err(_) => {
-                    op.outcome = Outcome::Hang;
-                    op.sqlstate = Some("hang".into());
-                    // Nobody knows what the connection is doing now: give it up.
-                    self.conn = None;
-                }
-            }
-            self.record(op);
         }
         self.ops
+    }
+
+    /// A record of `kind` on `key`, started now.
+    fn start(&self, kind: OpKind, key: i32) -> Op {
+        let invoke_ms = self.ms();
+        Op {
+            process: self.id,
+            kind,
+            key,
+            op_id: None,
+            txn: None,
+            invoke_ms,
+            complete_ms: invoke_ms,
+            outcome: Outcome::Ok,
+            version: None,
+            server: None,
+            lsn: None,
+            sqlstate: None,
+            error: None,
+        }
+    }
+
+    /// Opens the client; when it cannot, records the step's operation as failed.
+    async fn connect(&mut self, step: Step) -> bool {
+        let (kind, key) = match step {
+            Step::Write { key } => (OpKind::Write, key),
+            Step::Read { key, .. } => (OpKind::Read, key),
+            Step::ReadOnly { keys } => (OpKind::Read, keys[0]),
+        };
+        let mut op = self.start(kind, key);
+        let opened = tokio::time::timeout(
+            self.plan.hang_after,
+            Client::open(&self.plan.via, self.plan.mode),
+        )
+        .await;
+        match opened {
+            Ok(Ok(client)) => {
+                self.client = Some(client);
+                true
+            }
+            failed => {
+                // Never sent: a write that could not be sent certainly had no effect.
+                op.outcome = Outcome::Failed;
+                op.sqlstate = Some("connection".into());
+                op.error = Some(match failed {
+                    Ok(Err(e)) => format!("{e:#}"),
+                    _ => "no connection within the hang limit".into(),
+                });
+                op.complete_ms = self.ms();
+                self.record(op);
+                false
+            }
+        }
+    }
+
+    async fn write(&mut self, key: i32) {
+        self.writes += 1;
+        let mut op = self.start(OpKind::Write, key);
+        let op_id = format!("p{}-{}", self.id, self.writes);
+        op.op_id = Some(op_id.clone());
+        self.written.push(key);
+        let client = self.client.as_mut().expect("connected before a step");
+        let written = bounded(
+            self.plan.hang_after,
+            client.write(&op_id, key, self.id as i32),
+        )
+        .await;
+        op.complete_ms = self.ms();
+        match written {
+            Ok(written) => {
+                op.version = Some(written.version);
+                if let Some(lsn) = written.commit {
+                    self.token = self.token.max(Some(lsn));
+                    let mut board = self.shared.board.lock().unwrap_or_else(|p| p.into_inner());
+                    *board = (*board).max(Some(lsn));
+                    op.lsn = Some(lsn.to_string());
+                }
+            }
+            // Sent, then failed: it may or may not have committed.
+            Err(ended) => self.failed(&mut op, ended, Outcome::Indeterminate),
+        }
+        self.record(op);
+    }
+
+    async fn read(&mut self, key: i32, own: bool) {
+        let mut op = self.start(OpKind::Read, key);
+        let floor = self.floor(own);
+        op.lsn = floor.map(|l| l.to_string());
+        let client = self.client.as_mut().expect("connected before a step");
+        let seen = bounded(self.plan.hang_after, client.read(key, floor)).await;
+        op.complete_ms = self.ms();
+        self.seen(&mut op, seen);
+        self.record(op);
+    }
+
+    /// Two reads in one read-only transaction; both start when the `BEGIN` is sent. Any failure
+    /// inside gives the connection up (what state the block is in is unknown).
+    async fn read_only(&mut self, keys: [i32; 2]) {
+        self.transactions += 1;
+        let txn = format!("p{}-t{}", self.id, self.transactions);
+        let floor = self.floor(false);
+        let mut first = self.start(OpKind::Read, keys[0]);
+        first.txn = Some(txn);
+        first.lsn = floor.map(|l| l.to_string());
+        let hang_after = self.plan.hang_after;
+        let client = self.client.as_mut().expect("connected before a step");
+        if let Err(ended) = bounded(hang_after, client.begin_read_only(floor)).await {
+            first.complete_ms = self.ms();
+            self.failed(&mut first, ended, Outcome::Failed);
+            self.client = None;
+            self.record(first);
+            return;
+        }
+        for key in keys {
+            let mut op = Op {
+                key,
+                ..first.clone()
+            };
+            let client = self.client.as_mut().expect("connected before a step");
+            let seen = bounded(hang_after, client.read_in_transaction(key)).await;
+            op.complete_ms = self.ms();
+            let ok = seen.is_ok();
+            self.seen(&mut op, seen);
+            self.record(op);
+            if !ok {
+                self.client = None;
+                return;
+            }
+        }
+        let client = self.client.as_mut().expect("connected before a step");
+        if let Err(ended) = bounded(hang_after, client.commit()).await {
+            // What the reads saw stands (nothing of a read-only block can be undone); the
+            // failed COMMIT shows on the last read and the connection is given up.
+            if let Some(last) = self.ops.last_mut() {
+                let (code, message) = match ended {
+                    Ended::Failed(f) => (f.sqlstate, f.message),
+                    Ended::Hang => ("hang".into(), "COMMIT past the hang limit".into()),
+                };
+                last.error = Some(format!("COMMIT failed [{code}]: {message}"));
+            }
+            self.client = None;
+        }
+    }
+
+    /// The floor a token-mode read carries: own keys this process's token, others' keys the
+    /// newest anyone handed over (which covers this process's own too).
+    fn floor(&self, own: bool) -> Option<Lsn> {
+        if self.plan.mode != Mode::Token {
+            return None;
+        }
+        if own {
+            return self.token;
+        }
+        let board = *self.shared.board.lock().unwrap_or_else(|p| p.into_inner());
+        board.max(self.token)
+    }
+
+    fn seen(&mut self, op: &mut Op, seen: Result<Seen, Ended>) {
+        match seen {
+            Ok(Seen { version: None, .. }) => {
+                op.outcome = Outcome::Failed;
+                op.sqlstate = Some("no-row".into());
+                op.error = Some(format!(
+                    "no row for key {}: the table was not there",
+                    op.key
+                ));
+            }
+            Ok(seen) => {
+                op.version = seen.version;
+                op.server = seen.server;
+            }
+            Err(ended) => self.failed(op, ended, Outcome::Failed),
+        }
+    }
+
+    /// Records how an operation ended badly; a hang or a broken connection gives the client up.
+    fn failed(&mut self, op: &mut Op, ended: Ended, outcome: Outcome) {
+        match ended {
+            Ended::Failed(failure) => {
+                op.outcome = outcome;
+                op.sqlstate = Some(failure.sqlstate);
+                op.error = Some(failure.message);
+                if self.client.as_ref().is_some_and(Client::is_closed) {
+                    self.client = None;
+                }
+            }
+            Ended::Hang => {
+                op.outcome = Outcome::Hang;
+                op.sqlstate = Some("hang".into());
+                // Nobody knows what the connection is doing now: give it up.
+                self.client = None;
+            }
+        }
     }
 
     fn record(&mut self, op: Op) {
@@ -288,109 +392,42 @@ impl Process {
         self.ops.push(op);
     }
 
-    /// Write 40 %, read a key this process wrote 35 %, read any key 25 %.
-    fn choose(&mut self) -> (OpKind, i32, bool) {
+    /// Write 40 %, read a key this process wrote 30 %, read any key 20 % (30 % without
+    /// transactions), a read-only transaction reading one of each 10 %.
+    fn choose(&mut self) -> Step {
         let any_key = self.rng.random_range(0..self.plan.keys as i32);
         let roll = self.rng.random_range(0..100);
-        if roll < 40 || (roll < 75 && self.written.is_empty()) {
-            (OpKind::Write, any_key, true)
-        } else if roll < 75 {
-            let at = self.rng.random_range(0..self.written.len());
-            (OpKind::Read, self.written[at], true)
-        } else {
-            (OpKind::Read, any_key, false)
-        }
-    }
-
-    async fn execute(&mut self, op: &Op, own: bool) -> Result<Answer, tokio_postgres::Error> {
-        let conn = self.conn.as_ref().expect("connected before executing");
-        match op.kind {
-            OpKind::Write => {
-                let id = op.op_id.as_deref().unwrap_or_default();
-                let row = conn
-                    .main
-                    .query_one(&conn.write, &[&id, &op.key, &(self.id as i32)])
-                    .await?;
-                let lsn = match self.plan.mode {
-                    Mode::Token => commit_lsn(&conn.main).await?,
-                    _ => None,
-                };
-                if let Some(lsn) = lsn {
-                    self.token = self.token.max(Some(lsn));
-                    let mut board = self.shared.board.lock().unwrap_or_else(|p| p.into_inner());
-                    *board = (*board).max(Some(lsn));
-                }
-                Ok(Answer {
-                    version: Some(row.get(0)),
-                    server: None,
-                    lsn: lsn.map(|l| l.to_string()),
-                })
-            }
-            OpKind::Read => {
-                let (row, floor) = match &conn.reader {
-                    Some(reader) => {
-                        // Own keys carry this process's token; others' keys the newest anyone
-                        // handed over (which covers this process's own too).
-                        let floor = if own {
-                            self.token
-                        } else {
-                            let board =
-                                *self.shared.board.lock().unwrap_or_else(|p| p.into_inner());
-                            board.max(self.token)
-                        };
-                        let sql = match floor {
-                            Some(floor) => format!("/* lsngate_min_lsn='{floor}' */ {READ_SQL}"),
-                            None => READ_SQL.to_string(),
-                        };
-                        let row = reader
-                            .query_typed_opt(&sql, &[(&op.key, Type::INT4)])
-                            .await?;
-                        (row, floor)
-                    }
-                    None => (conn.main.query_opt(&conn.read, &[&op.key]).await?, None),
-                };
-                Ok(match row {
-                    Some(row) => Answer {
-                        version: Some(row.get(0)),
-                        server: Some(Server {
-                            in_recovery: row.get(1),
-                            port: row.get(2),
-                        }),
-                        lsn: floor.map(|l| l.to_string()),
-                    },
-                    // The registers exist from the start: no row means the table was not there.
-                    None => Answer {
-                        version: None,
-                        server: None,
-                        lsn: None,
-                    },
-                })
-            }
+        let own_key = (!self.written.is_empty())
+            .then(|| self.written[self.rng.random_range(0..self.written.len())]);
+        match own_key {
+            _ if roll < 40 => Step::Write { key: any_key },
+            None if roll < 70 => Step::Write { key: any_key },
+            Some(key) if roll < 70 => Step::Read { key, own: true },
+            _ if roll < 90 || !self.plan.transactions => Step::Read {
+                key: any_key,
+                own: false,
+            },
+            own => Step::ReadOnly {
+                keys: [own.unwrap_or(any_key), any_key],
+            },
         }
     }
 }
 
-/// `SHOW lsngate.commit_lsn`: the position of this connection's last commit, from the proxy.
-async fn commit_lsn(client: &Client) -> Result<Option<Lsn>, tokio_postgres::Error> {
-    let messages = client.simple_query("SHOW lsngate.commit_lsn").await?;
-    Ok(messages.iter().find_map(|m| match m {
-        SimpleQueryMessage::Row(row) => row.get(0).and_then(|text| Lsn::parse(text).ok()),
-        _ => None,
-    }))
+/// How an operation ended when it did not succeed.
+enum Ended {
+    Failed(Failure),
+    /// No answer within the hang limit.
+    Hang,
 }
 
-/// The server's (or the proxy's) message, not tokio-postgres's bare "db error".
-fn message(e: &tokio_postgres::Error) -> String {
-    match e.as_db_error() {
-        Some(db) => db.message().to_string(),
-        None => e.to_string(),
-    }
-}
-
-/// The SQLSTATE, or `connection` for an error without one (the connection broke).
-fn sqlstate(e: &tokio_postgres::Error) -> String {
-    match e.code() {
-        Some(code) => code.code().to_string(),
-        None => "connection".to_string(),
+async fn bounded<T>(
+    limit: Duration,
+    work: impl Future<Output = Result<T, Failure>>,
+) -> Result<T, Ended> {
+    match tokio::time::timeout(limit, work).await {
+        Ok(Ok(value)) => Ok(value),
+        Ok(Err(failure)) => Err(Ended::Failed(failure)),
+        Err(_) => Err(Ended::Hang),
     }
 }

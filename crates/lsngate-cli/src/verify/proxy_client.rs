@@ -1,0 +1,122 @@
+//! A verify process's connections through an lsngate proxy, in the consistency mode under test
+//! (`lsngate.consistency` at login). In `token` mode a process writes on one connection and
+//! reads on another, carrying the commit position the proxy reported (`SHOW
+//! lsngate.commit_lsn`) in a `/* lsngate_min_lsn='X/Y' */` comment; in every other mode it reads
+//! and writes on one connection and the proxy keeps the floor. Read-only transactions are plain
+//! `BEGIN READ ONLY … COMMIT` blocks, which the proxy routes to a replica as a whole.
+//! Not the workload: which floor a read carries is decided there.
+
+use lsngate_core::Lsn;
+use tokio_postgres::types::Type;
+use tokio_postgres::{Client, SimpleQueryMessage, Statement};
+
+use super::client::{Failure, READ_SQL, Seen, WRITE_SQL, Written, seen};
+use super::workload::Mode;
+use crate::inproc_proxy;
+
+pub struct ProxyClient {
+    mode: Mode,
+    main: Client,
+    write: Statement,
+    read: Statement,
+    /// Token mode: the connection reads go to, with a floor in a comment.
+    reader: Option<Client>,
+}
+
+impl ProxyClient {
+    pub async fn open(endpoint: &tokio_postgres::Config, mode: Mode) -> anyhow::Result<Self> {
+        let main = inproc_proxy::connect(endpoint, mode.name()).await?;
+        let reader = match mode {
+            Mode::Token => Some(inproc_proxy::connect(endpoint, "token").await?),
+            _ => None,
+        };
+        let write = main
+            .prepare_typed(WRITE_SQL, &[Type::TEXT, Type::INT4, Type::INT4])
+            .await?;
+        let read = main.prepare_typed(READ_SQL, &[Type::INT4]).await?;
+        Ok(ProxyClient {
+            mode,
+            main,
+            write,
+            read,
+            reader,
+        })
+    }
+
+    pub fn is_closed(&self) -> bool {
+        self.main.is_closed() || self.reader.as_ref().is_some_and(Client::is_closed)
+    }
+
+    pub async fn write(&mut self, op_id: &str, key: i32, process: i32) -> Result<Written, Failure> {
+        let row = self
+            .main
+            .query_one(&self.write, &[&op_id, &key, &process])
+            .await?;
+        let commit = match self.mode {
+            Mode::Token => commit_lsn(&self.main).await?,
+            _ => None,
+        };
+        Ok(Written {
+            version: row.get(0),
+            commit,
+        })
+    }
+
+    pub async fn read(&mut self, key: i32, floor: Option<Lsn>) -> Result<Seen, Failure> {
+        let row = match &self.reader {
+            Some(reader) => {
+                reader
+                    .query_typed_opt(&with_floor(READ_SQL, floor), &[(&key, Type::INT4)])
+                    .await?
+            }
+            None => self.main.query_opt(&self.read, &[&key]).await?,
+        };
+        Ok(seen(row.as_ref()))
+    }
+
+    /// `BEGIN READ ONLY` on the connection reads go to; in token mode the floor rides on it
+    /// (the proxy waits for a transaction's floor before its first statement).
+    pub async fn begin_read_only(&mut self, floor: Option<Lsn>) -> Result<(), Failure> {
+        let begin = with_floor("BEGIN READ ONLY", floor);
+        self.reads().batch_execute(&begin).await?;
+        Ok(())
+    }
+
+    pub async fn read_in_transaction(&mut self, key: i32) -> Result<Seen, Failure> {
+        let row = match &self.reader {
+            Some(reader) => {
+                reader
+                    .query_typed_opt(READ_SQL, &[(&key, Type::INT4)])
+                    .await?
+            }
+            None => self.main.query_opt(&self.read, &[&key]).await?,
+        };
+        Ok(seen(row.as_ref()))
+    }
+
+    pub async fn commit(&mut self) -> Result<(), Failure> {
+        self.reads().batch_execute("COMMIT").await?;
+        Ok(())
+    }
+
+    fn reads(&self) -> &Client {
+        self.reader.as_ref().unwrap_or(&self.main)
+    }
+}
+
+/// `sql` with a `lsngate_min_lsn` comment in front when there is a floor.
+fn with_floor(sql: &str, floor: Option<Lsn>) -> String {
+    match floor {
+        Some(floor) => format!("/* lsngate_min_lsn='{floor}' */ {sql}"),
+        None => sql.to_string(),
+    }
+}
+
+/// `SHOW lsngate.commit_lsn`: the position of this connection's last commit, from the proxy.
+async fn commit_lsn(client: &Client) -> Result<Option<Lsn>, tokio_postgres::Error> {
+    let messages = client.simple_query("SHOW lsngate.commit_lsn").await?;
+    Ok(messages.iter().find_map(|m| match m {
+        SimpleQueryMessage::Row(row) => row.get(0).and_then(|text| Lsn::parse(text).ok()),
+        _ => None,
+    }))
+}

@@ -1,0 +1,344 @@
+//! What a verify run checks and what it owns: a proxy it was given (`--proxy`), the library over
+//! URLs it was given (`--primary`/`--replica`), or a local cluster it starts with, in front of
+//! each replica, a fault forwarder — and either an in-process proxy or the library's `Gate`
+//! reaching the replicas through those forwarders (where the network faults are made). Also
+//! where the tables are made and the log is read back: through the proxy, or on the primary
+//! through the gate. Not the workload and not the fault schedule.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use lsngate_cluster::{Cluster, Forwarder};
+
+use super::checker::FinalState;
+use super::client::Via;
+use super::faults::{self, FaultKind};
+use super::library_client::LibraryTarget;
+use super::workload::{self, LOG_TABLE, REGISTER_TABLE};
+use super::{VerifyArgs, bounded};
+use crate::inproc_proxy::{self, InProcessProxy, ProxySetup};
+
+/// The target the clients talk to, and the local cluster behind it when there is one.
+pub struct Target {
+    pub via: Via,
+    pub describe: String,
+    proxy: Option<InProcessProxy>,
+    /// The local cluster and, per replica, the forwarder the proxy or the gate reaches it
+    /// through (where the network faults are made).
+    local: Option<(Cluster, Vec<Arc<Forwarder>>)>,
+    baseline_delay: Duration,
+}
+
+impl Target {
+    pub async fn open(args: &VerifyArgs, library: bool) -> anyhow::Result<Target> {
+        if let Some(url) = &args.proxy {
+            let mut endpoint: tokio_postgres::Config = url.parse().with_context(|| {
+                format!("invalid --proxy {url:?}: expected postgres://user:password@host:port/db")
+            })?;
+            endpoint.application_name("lsngate-verify");
+            return Ok(Target {
+                describe: format!("proxy {}", describe_url(url)),
+                via: Via::Proxy(Box::new(endpoint)),
+                proxy: None,
+                local: None,
+                baseline_delay: Duration::ZERO,
+            });
+        }
+        if let Some(primary) = &args.primary {
+            anyhow::ensure!(
+                !args.replica.is_empty(),
+                "--primary needs at least one --replica URL: without replicas the library reads the primary and nothing can be proved"
+            );
+            let gate = connect_gate(primary, &args.replica, args).await?;
+            return Ok(Target {
+                describe: format!(
+                    "lsngate library over primary {} and {} replica(s)",
+                    describe_url(primary),
+                    args.replica.len()
+                ),
+                via: Via::Library(Arc::new(LibraryTarget::new(gate))),
+                proxy: None,
+                local: None,
+                baseline_delay: Duration::ZERO,
+            });
+        }
+        let front = if library {
+            "the lsngate library"
+        } else {
+            "an in-process proxy"
+        };
+        let config = crate::cluster::local_config(
+            args.local_replicas,
+            args.apply_delay,
+            args.pg_bin.clone(),
+        )?;
+        if !args.json {
+            eprintln!(
+                "starting a local cluster (1 primary, {} replica(s)) and {front}…",
+                args.local_replicas
+            );
+        }
+        let cluster = crate::cluster::start_local(config).await?;
+        let mut forwarders = Vec::new();
+        let mut replica_urls = Vec::new();
+        for replica in cluster.replicas() {
+            let forwarder = Arc::new(Forwarder::start(replica.port())?);
+            replica_urls.push(format!(
+                "postgres://postgres@127.0.0.1:{}/postgres",
+                forwarder.port()
+            ));
+            forwarders.push(forwarder);
+        }
+        let described = format!(
+            "local cluster (1 primary, {} replica(s))",
+            args.local_replicas
+        );
+        let (via, proxy, describe) = if library {
+            let gate = connect_gate(&cluster.primary_url(), &replica_urls, args).await?;
+            let via = Via::Library(Arc::new(LibraryTarget::new(gate)));
+            (via, None, format!("{described} + lsngate library"))
+        } else {
+            let setup = ProxySetup::new(
+                &cluster.primary_url(),
+                &replica_urls,
+                args.workers * 2,
+                args.budget,
+            )?;
+            let proxy = InProcessProxy::start(&setup).await?;
+            let mut endpoint = proxy.client_config().clone();
+            endpoint.application_name("lsngate-verify");
+            let describe = format!("{described} + in-process proxy");
+            (Via::Proxy(Box::new(endpoint)), Some(proxy), describe)
+        };
+        Ok(Target {
+            via,
+            describe,
+            proxy,
+            local: Some((cluster, forwarders)),
+            baseline_delay: args.apply_delay.unwrap_or(Duration::ZERO),
+        })
+    }
+
+    /// What the fault schedule acts on (local cluster only).
+    pub fn fault_targets(&self, kinds: &[FaultKind]) -> Option<faults::Targets> {
+        let (cluster, forwarders) = self.local.as_ref()?;
+        if kinds.is_empty() {
+            return None;
+        }
+        Some(faults::Targets {
+            replicas: cluster.replicas().to_vec(),
+            forwarders: forwarders.clone(),
+            baseline_delay: self.baseline_delay,
+        })
+    }
+
+    /// Reads sent to the primary because no replica could serve them: the in-process proxy's
+    /// count, or the library's (`Served::by`); unknown through `--proxy`.
+    pub fn fallbacks(&self) -> Option<u64> {
+        if let Some(proxy) = &self.proxy {
+            let outcomes = proxy.outcomes();
+            return Some(outcomes.fallback + outcomes.no_replica);
+        }
+        match &self.via {
+            Via::Library(target) => Some(target.fallbacks.load(Ordering::Relaxed)),
+            Via::Proxy(_) => None,
+        }
+    }
+
+    /// Recreates the tables on the primary (through the proxy or the gate) and waits until the
+    /// replicas have them, so no read fails on a missing table; returns the server version.
+    pub async fn prepare_schema(&self, keys: usize) -> anyhow::Result<String> {
+        let setup = async {
+            let (position, version) = match &self.via {
+                Via::Proxy(endpoint) => schema_through_proxy(endpoint, keys).await?,
+                Via::Library(target) => schema_through_gate(target, keys).await?,
+            };
+            match (&self.local, &self.via) {
+                (Some((cluster, _)), _) => {
+                    let replicas = cluster.replicas().to_vec();
+                    tokio::task::spawn_blocking(move || {
+                        for replica in replicas {
+                            replica.wait_replayed(&position, Duration::from_secs(30))?;
+                        }
+                        anyhow::Ok(())
+                    })
+                    .await??;
+                }
+                (None, Via::Proxy(endpoint)) => tables_on_a_replica(endpoint).await?,
+                (None, Via::Library(target)) => replicas_replayed(target, &position).await?,
+            }
+            anyhow::Ok(version)
+        };
+        bounded("creating the verify tables", setup).await
+    }
+
+    /// How many times each op id is in the log on the primary.
+    pub async fn final_state(&self) -> anyhow::Result<FinalState> {
+        let sql = format!("SELECT op_id, count(*)::int FROM {LOG_TABLE} GROUP BY op_id");
+        let read = async {
+            let rows = match &self.via {
+                Via::Proxy(endpoint) => {
+                    let client = inproc_proxy::connect(endpoint, "session").await?;
+                    let routed = format!("/* lsngate:route=primary */ {sql}");
+                    client.query(&routed, &[]).await?
+                }
+                Via::Library(target) => {
+                    let (rows, _) = target
+                        .gate
+                        .transaction(|c| Box::pin(async move { c.query(&sql, &[]).await }))
+                        .await?;
+                    rows
+                }
+            };
+            let committed: HashMap<String, u32> = rows
+                .iter()
+                .map(|row| (row.get::<_, String>(0), row.get::<_, i32>(1) as u32))
+                .collect();
+            anyhow::Ok(FinalState { committed })
+        };
+        bounded("reading the log on the primary", read).await
+    }
+
+    /// Drains the in-process proxy, then stops and removes the local cluster.
+    pub async fn shutdown(self) -> anyhow::Result<()> {
+        if let Some(proxy) = self.proxy {
+            proxy.shutdown().await?;
+        }
+        drop(self.via);
+        if let Some((cluster, forwarders)) = self.local {
+            drop(forwarders);
+            tokio::task::block_in_place(|| drop(cluster));
+        }
+        Ok(())
+    }
+}
+
+/// One gate for every process, sized so that no read waits for a pool slot and no fallback is
+/// refused (a refused fallback is an error, not a verdict on the guarantee).
+async fn connect_gate(
+    primary: &str,
+    replicas: &[String],
+    args: &VerifyArgs,
+) -> anyhow::Result<lsngate::Gate> {
+    let config = lsngate::Config::new(primary)
+        .replicas(replicas.iter().cloned())
+        .budget(args.budget)
+        .pool_size(args.workers * 2 + 2)
+        .guard(lsngate::GuardConfig {
+            max_concurrent: args.workers.max(1),
+            max_fallback_ratio: 1.0,
+            ..lsngate::GuardConfig::default()
+        });
+    lsngate::Gate::connect(config)
+        .await
+        .context("starting the lsngate library's Gate")
+}
+
+/// The statement that says where the primary is and what it runs.
+const POSITION_SQL: &str =
+    "SELECT pg_current_wal_insert_lsn()::text, current_setting('server_version')";
+
+/// The tables through the proxy (DDL goes to the primary); the primary's position after them
+/// and the server version.
+async fn schema_through_proxy(
+    endpoint: &tokio_postgres::Config,
+    keys: usize,
+) -> anyhow::Result<(String, String)> {
+    let client = inproc_proxy::connect(endpoint, "session").await?;
+    client.batch_execute(&workload::schema_sql(keys)).await?;
+    let routed = format!("/* lsngate:route=primary */ {POSITION_SQL}");
+    let row = client.query_one(&routed, &[]).await?;
+    Ok((row.get(0), row.get(1)))
+}
+
+/// The tables in a transaction of the gate's on the primary (its TLS and URL parameters apply).
+async fn schema_through_gate(
+    target: &LibraryTarget,
+    keys: usize,
+) -> anyhow::Result<(String, String)> {
+    // A synchronous standby, if any, must not hide replication lag from the run.
+    let sql = format!(
+        "SET LOCAL synchronous_commit = local; {}",
+        workload::schema_sql(keys)
+    );
+    let (row, _) = target
+        .gate
+        .transaction(|c| {
+            Box::pin(async move {
+                c.batch_execute(&sql).await?;
+                c.query_one(POSITION_SQL, &[]).await
+            })
+        })
+        .await?;
+    let version: String = row.get(1);
+    // The position after COMMIT, not the one inside the transaction.
+    let position = target.gate.primary_position().await?.lsn.to_string();
+    Ok((position, version))
+}
+
+/// Another deployment's replicas are not ours to ask: read the table on a replica through the
+/// proxy until it is there a few times in a row.
+async fn tables_on_a_replica(endpoint: &tokio_postgres::Config) -> anyhow::Result<()> {
+    let client = inproc_proxy::connect(endpoint, "session").await?;
+    let probe = format!("/* lsngate:route=replica */ SELECT count(*) FROM {REGISTER_TABLE}");
+    let mut in_a_row = 0;
+    while in_a_row < 5 {
+        match client.simple_query(&probe).await {
+            Ok(_) => in_a_row += 1,
+            Err(_) => {
+                in_a_row = 0;
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Waits until the gate's watcher has seen every replica replay `position`.
+async fn replicas_replayed(target: &LibraryTarget, position: &str) -> anyhow::Result<()> {
+    let position = lsngate::Lsn::parse(position)
+        .map_err(|e| anyhow::anyhow!("the primary's position {position:?}: {e}"))?;
+    let give_up = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let behind: Vec<String> = target
+            .gate
+            .replicas()
+            .into_iter()
+            .filter(|r| r.replayed.is_none_or(|at| at < position))
+            .map(|r| format!("{} ({})", r.name, r.address))
+            .collect();
+        if behind.is_empty() {
+            return Ok(());
+        }
+        anyhow::ensure!(
+            tokio::time::Instant::now() < give_up,
+            "{} did not replay the verify tables (primary position {position}) within 30 s; is each streaming from --primary? (lsngate lag)",
+            behind.join(", ")
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// `user@host:port/db` of a libpq URL, without its password.
+fn describe_url(url: &str) -> String {
+    let Ok(config) = url.parse::<tokio_postgres::Config>() else {
+        return "(URL not shown)".into();
+    };
+    let host = config
+        .get_hosts()
+        .first()
+        .map(|h| match h {
+            tokio_postgres::config::Host::Tcp(name) => name.clone(),
+            tokio_postgres::config::Host::Unix(path) => path.display().to_string(),
+        })
+        .unwrap_or_default();
+    let port = config.get_ports().first().copied().unwrap_or(5432);
+    format!(
+        "{}@{host}:{port}/{}",
+        config.get_user().unwrap_or(""),
+        config.get_dbname().unwrap_or("")
+    )
+}
