@@ -139,6 +139,30 @@ impl Error {
     }
 }
 
+/// One cluster with a single replica held 50 ms behind (`recovery_min_apply_delay`), shared by
+/// the tests of this test binary that need a replica a read right after a write always finds
+/// behind; streaming and caught up with the primary's setup when it is handed out, stopped when
+/// the binary exits. The proxy's, the library's and the CLI's tests use this one.
+pub fn shared_delayed_cluster() -> &'static Cluster {
+    static DELAYED: OnceLock<&'static Cluster> = OnceLock::new();
+    DELAYED.get_or_init(|| {
+        let cluster = Cluster::start(
+            &ClusterConfig::default()
+                .replicas(1)
+                .apply_delay(Duration::from_millis(50)),
+        )
+        .expect("start the shared delayed test cluster")
+        .leak_until_exit();
+        cluster
+            .wait_streaming(Duration::from_secs(30))
+            .expect("the delayed replica streams");
+        cluster
+            .wait_caught_up(Duration::from_secs(30))
+            .expect("the delayed replica catches up");
+        cluster
+    })
+}
+
 /// One cluster (primary + 2 replicas, no delay) shared by every test in this test binary that
 /// only reads and writes data; stopped when the binary exits. Tests that pause, kill or promote
 /// nodes start their own.

@@ -1,31 +1,14 @@
 //! Causal reads through the proxy: read-your-writes with real clients on real clusters, on both
 //! server versions (WAIT FOR LSN on 19, replay checks and polling on 15).
 
-use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 
 use crate::statements::{Wire, execute_unnamed, parse_unnamed};
 use crate::support::*;
-use lsngate_cluster::{Cluster, ClusterConfig, shared_cluster};
+use lsngate_cluster::{Cluster, ClusterConfig, shared_cluster, shared_delayed_cluster};
 use lsngate_proxy::net::FrontendMessage;
-
-/// One replica held 50 ms behind with `recovery_min_apply_delay`: a read right after a write
-/// on a naive replica always misses it.
-fn delayed_cluster() -> &'static Cluster {
-    static CLUSTER: OnceLock<&'static Cluster> = OnceLock::new();
-    CLUSTER.get_or_init(|| {
-        let cluster = Cluster::start(
-            &ClusterConfig::default()
-                .replicas(1)
-                .apply_delay(Duration::from_millis(50)),
-        )
-        .expect("delayed cluster");
-        cluster.wait_streaming(Duration::from_secs(30)).unwrap();
-        cluster.leak_until_exit()
-    })
-}
 
 fn proxy_with(cluster: &Cluster, change: impl FnOnce(&mut lsngate_proxy::FileConfig)) -> TestProxy {
     let mut file = file_config(cluster);
@@ -112,7 +95,7 @@ fn psycopg_8_workers_x_1000_insert_then_read_never_miss_their_row() {
 
 #[test]
 fn token_mode_carries_a_commit_across_connections_and_global_needs_no_token() {
-    let cluster = delayed_cluster();
+    let cluster = shared_delayed_cluster();
     let proxy = proxy_with(cluster, |_| {});
     for (scenario, n) in [("token", 60), ("global", 60)] {
         let t = unique(scenario);
@@ -164,7 +147,7 @@ async fn write_then_read(client: &tokio_postgres::Client, table: &str, n: i64) -
 
 #[test]
 fn the_budget_decides_who_serves_not_whether_the_read_is_fresh() {
-    let cluster = delayed_cluster();
+    let cluster = shared_delayed_cluster();
     for (budget, expect_replica) in [(500, true), (20, false)] {
         let proxy = proxy_with(cluster, |f| f.wait_timeout_ms = Some(budget));
         let t = unique("budget");
@@ -262,7 +245,7 @@ fn error_fallback_gives_its_own_sqlstate_and_stale_fallback_says_so() {
 
 #[test]
 fn universal_mode_sees_writes_that_bypassed_the_proxy_and_fast_mode_never_waits() {
-    let cluster = delayed_cluster();
+    let cluster = shared_delayed_cluster();
     let t = unique("universal");
     create(cluster, &t);
     let proxy = proxy_with(cluster, |_| {});
@@ -510,7 +493,7 @@ fn a_paused_replica_is_passed_over_and_a_killed_one_costs_no_stale_read() {
 
 #[test]
 fn signed_tokens_from_the_http_helpers_are_accepted_where_configured() {
-    let cluster = delayed_cluster();
+    let cluster = shared_delayed_cluster();
     let t = unique("signed");
     create(cluster, &t);
     let secret = "shared-hmac-key";
@@ -573,7 +556,7 @@ fn signed_tokens_from_the_http_helpers_are_accepted_where_configured() {
 
 #[test]
 fn the_breaker_stops_a_fallback_flood_with_its_own_sqlstate() {
-    let cluster = delayed_cluster();
+    let cluster = shared_delayed_cluster();
     let t = unique("breaker");
     create(cluster, &t);
     let proxy = proxy_with(cluster, |f| {
@@ -1086,7 +1069,7 @@ fn pipelined_reads_get_their_own_answers(
     rounds: usize,
     settings: &[(Option<u64>, Option<usize>)],
 ) {
-    let cluster = delayed_cluster();
+    let cluster = shared_delayed_cluster();
     let table = unique(name);
     cluster
         .primary()
@@ -1136,7 +1119,7 @@ fn pipelined_reads_get_their_own_answers(
 /// Flush has its position taken behind the flight whose Sync commits it.
 #[test]
 fn copy_from_stdin_over_either_protocol_is_read_back_on_a_replica() {
-    let cluster = delayed_cluster();
+    let cluster = shared_delayed_cluster();
     let table = unique("copy_read_back");
     create(cluster, &table);
     let proxy = proxy_with(cluster, |_| {});

@@ -18,13 +18,7 @@ const HANG: Duration = Duration::from_secs(5);
 fn delayed() -> &'static Cluster {
     static CLUSTER: OnceLock<&'static Cluster> = OnceLock::new();
     CLUSTER.get_or_init(|| {
-        let cluster = Cluster::start(
-            &ClusterConfig::default()
-                .replicas(1)
-                .apply_delay(Duration::from_millis(50)),
-        )
-        .expect("delayed cluster")
-        .leak_until_exit();
+        let cluster = lsngate_cluster::shared_delayed_cluster();
         support::table(cluster, "rw_delay");
         let position = cluster.primary().position().unwrap();
         cluster
