@@ -1,6 +1,6 @@
 //! What goes wrong on the client's side, typed. A [`ClientError`] ends a client's connection
 //! (the client was told why when it could be); a [`NoBackend`] does not: the flight that met it
-//! gets it as an error (08006) and the session goes on. Both carry their source, so the log line
+//! gets it as an error (08001: nothing was sent) and the session goes on. Both carry their source, so the log line
 //! a session ends with says which it was, at the level it deserves.
 
 use crate::auth::AuthError;

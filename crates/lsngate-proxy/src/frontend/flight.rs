@@ -237,17 +237,24 @@ impl Session {
         })
     }
 
-    /// No server connection could be had: each of the flight's `segments` gets the reason.
+    /// No server connection could be had: each of the flight's `segments` gets the reason, as
+    /// 08001 and saying that nothing was sent — a write that got it certainly had no effect and
+    /// may be run again, unlike one lost mid-statement (08006, outcome unknown).
     pub(super) async fn no_backend(
         &mut self,
         e: NoBackend,
         segments: usize,
     ) -> Result<(), ClientError> {
         metrics::counter!("lsngate_proxy_errors_total", "kind" => "no_backend").increment(1);
+        let message = format!("{e}; the statement was not sent to any server");
         for _ in 0..segments.max(1) {
             self.io.queue(
-                &ErrorFields::new("ERROR", sqlstate::CONNECTION_FAILURE, e.to_string())
-                    .to_frame(b'E'),
+                &ErrorFields::new(
+                    "ERROR",
+                    sqlstate::UNABLE_TO_ESTABLISH_CONNECTION,
+                    message.clone(),
+                )
+                .to_frame(b'E'),
             );
             self.io.queue_ready(self.status);
         }
@@ -436,6 +443,9 @@ impl Session {
                 }
                 let route = Route::to(Some(Target::Primary));
                 return Box::pin(self.dispatch_to(flight, class, route)).await;
+            }
+            if self.status != TxStatus::Idle || self.pinned {
+                return self.lost_before_sending(lost, segment_ends(&flight)).await;
             }
             return self.no_backend(lost.into(), segment_ends(&flight)).await;
         }

@@ -1,7 +1,8 @@
 //! A server connection lost while replies were due: what can run again elsewhere (a replica
 //! read nothing of which reached the client), what the client is told (08006, with the
 //! outcome unknown where the statement may have committed), and a commit position lost with
-//! the connection, taken from the primary instead.
+//! the connection, taken from the primary instead. Also a connection lost before a flight was
+//! sent while a transaction block or a pinned session lived on it.
 
 use super::attached::{Duty, Owner};
 use super::error::ClientError;
@@ -108,6 +109,46 @@ impl Session {
             self.io.flush().await?;
             return Err(ClientError::Server(message));
         }
+        self.io.flush().await?;
+        Ok(())
+    }
+
+    /// The attached connection broke before `segments` of a flight were sent (the proxy's own
+    /// round trip found it), and a transaction block or a pinned session lived on it. Nothing
+    /// of the flight ran, but what lived there is gone: inside a block each segment is told the
+    /// transaction is rolled back and the block ends (ReadyForQuery 'I', as when the loss comes
+    /// mid-statement); a pinned session ends with FATAL. The caller has detached the connection.
+    pub(super) async fn lost_before_sending(
+        &mut self,
+        error: BackendError,
+        segments: usize,
+    ) -> Result<(), ClientError> {
+        self.cancel_slot.lock().expect("cancel slot").target = None;
+        metrics::counter!("lsngate_proxy_errors_total", "kind" => "backend_lost").increment(1);
+        tracing::warn!("backend lost before a flight was sent: {error}");
+        self.end_fallback();
+        if self.status == TxStatus::Idle {
+            let message = format!(
+                "lsngate lost the server connection your session's state lived on ({error}); your statement was not sent; reconnect"
+            );
+            self.io.queue(&crate::net::backend::build::fatal(
+                sqlstate::CONNECTION_FAILURE,
+                &message,
+            ));
+            self.io.flush().await?;
+            return Err(ClientError::Server(message));
+        }
+        let message = format!(
+            "lsngate lost the server connection of your transaction before this statement was sent ({error}); the open transaction is rolled back (nothing of it was committed)"
+        );
+        for _ in 0..segments.max(1) {
+            self.io.queue(
+                &ErrorFields::new("ERROR", sqlstate::CONNECTION_FAILURE, message.clone())
+                    .to_frame(b'E'),
+            );
+            self.io.queue_ready(TxStatus::Idle);
+        }
+        self.status = TxStatus::Idle;
         self.io.flush().await?;
         Ok(())
     }

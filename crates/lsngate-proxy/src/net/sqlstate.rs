@@ -6,6 +6,9 @@
 pub const WARNING: &str = "01000";
 /// 08000 `connection_exception`.
 pub const CONNECTION_EXCEPTION: &str = "08000";
+/// 08001 `sqlclient_unable_to_establish_sqlconnection`: no server connection could be had for a
+/// flight, so nothing of it was sent — unlike 08006, its outcome is known (it had no effect).
+pub const UNABLE_TO_ESTABLISH_CONNECTION: &str = "08001";
 /// 08006 `connection_failure`: the server connection was lost mid-flight.
 pub const CONNECTION_FAILURE: &str = "08006";
 /// 08P01 `protocol_violation`.

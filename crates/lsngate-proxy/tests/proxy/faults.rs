@@ -528,3 +528,139 @@ fn a_commit_whose_position_was_lost_with_the_primary_is_never_read_stale() {
     });
     cluster.replica(0).resume_replay().unwrap();
 }
+
+/// Found while making "nothing was sent" errors 08001: a statement in a transaction block whose
+/// server connection died before the statement was sent (the proxy's own round trip to parse a
+/// prepared statement the connection lacked met the dead connection) got an error and
+/// ReadyForQuery 'T', though the block had died with the connection. A driver believed it was
+/// still in the block, and its later statements and COMMIT ran outside any block. Now the
+/// client is told the transaction is rolled back and the block ends ('I'), as when the loss comes
+/// mid-statement.
+#[test]
+fn a_block_whose_connection_died_before_its_statement_was_sent_is_told_it_was_rolled_back() {
+    use crate::statements::Wire;
+    use lsngate_proxy::net::FrontendMessage;
+    let cluster = shared_cluster();
+    let t = unique("blocklost");
+    cluster
+        .primary()
+        .sql(&format!("CREATE TABLE {t} (id int)"))
+        .unwrap();
+    let proxy = TestProxy::start(cluster);
+    let mut x = Wire::connect(&proxy);
+    // `s` is parsed and described on a primary connection, which goes back to the pool.
+    let prepared = x.flight(&[
+        FrontendMessage::Parse {
+            statement: "s".into(),
+            query: format!("INSERT INTO {t} VALUES (2)"),
+            param_types: vec![],
+        },
+        FrontendMessage::Describe {
+            kind: b'S',
+            name: "s".into(),
+        },
+        FrontendMessage::Sync,
+    ]);
+    assert!(prepared.errors.is_empty(), "{prepared:?}");
+    rt().block_on(async {
+        // Another client holds that connection in a block, so x's block gets a new one, which
+        // lacks `s`.
+        let other = connect(&proxy.conninfo()).await;
+        other
+            .batch_execute(&format!("BEGIN; INSERT INTO {t} VALUES (0)"))
+            .await
+            .unwrap();
+        let opened = x.flight(&[FrontendMessage::Query(format!(
+            "BEGIN; INSERT INTO {t} VALUES (1); SELECT pg_backend_pid()"
+        ))]);
+        assert!(opened.errors.is_empty(), "{opened:?}");
+        assert_eq!(opened.statuses, vec![b'T'], "{opened:?}");
+        let pid = opened.rows[0][0].clone().expect("a pid");
+        cluster
+            .primary()
+            .sql(&format!("SELECT pg_terminate_backend({pid})"))
+            .unwrap();
+        let gone = Instant::now() + Duration::from_secs(30);
+        while cluster
+            .primary()
+            .sql(&format!(
+                "SELECT count(*) FROM pg_stat_activity WHERE pid = {pid}"
+            ))
+            .unwrap()
+            != "0"
+        {
+            assert!(Instant::now() < gone, "backend {pid} did not exit");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let executed = x.flight(&[
+            FrontendMessage::Bind {
+                portal: String::new(),
+                statement: "s".into(),
+                rest: bytes::Bytes::from_static(&[0, 0, 0, 0, 0, 0]),
+            },
+            FrontendMessage::Execute {
+                portal: String::new(),
+                max_rows: 0,
+            },
+            FrontendMessage::Sync,
+        ]);
+        assert_eq!(executed.errors.len(), 1, "{executed:?}");
+        assert!(executed.errors[0].contains("rolled back"), "{executed:?}");
+        assert_eq!(
+            executed.statuses,
+            vec![b'I'],
+            "the block died with its connection: {executed:?}"
+        );
+        other.batch_execute("ROLLBACK").await.unwrap();
+    });
+    assert_eq!(
+        cluster
+            .primary()
+            .sql(&format!("SELECT count(*) FROM {t}"))
+            .unwrap(),
+        "0",
+        "nothing of either block was committed"
+    );
+}
+
+/// A write that found no server connection (the primary refusing connections) was never sent,
+/// and the client is told so with its own code: 08001 and "not sent", where a write lost
+/// mid-statement gets 08006 and "outcome unknown" (before, both got 08006, so an application
+/// could not tell a write it may safely run again from one it must check first).
+#[test]
+fn a_write_that_could_not_reach_the_primary_is_reported_not_sent() {
+    let cluster = shared_cluster();
+    let t = unique("notsent");
+    cluster
+        .primary()
+        .sql(&format!("CREATE TABLE {t} (id int)"))
+        .unwrap();
+    let forwarder = lsngate_cluster::Forwarder::start(cluster.primary().port()).unwrap();
+    // Every server connection is closed when it goes back to the pool, so the write needs a
+    // new one (the login's was opened while the primary still took connections).
+    let proxy = proxy_through(cluster, &forwarder, false, |f| {
+        f.connect_timeout_ms = Some(1000);
+        f.server_lifetime_ms = Some(1);
+    });
+    rt().block_on(async {
+        let client = connect(&proxy.conninfo()).await;
+        forwarder.set(lsngate_cluster::Fault::Reset);
+        let insert = format!("INSERT INTO {t} VALUES (1)");
+        let refused = client
+            .batch_execute(&insert)
+            .await
+            .expect_err("no server connection can be had");
+        let db = refused.as_db_error().expect("an error from the proxy");
+        assert_eq!(db.code().code(), "08001", "{db:?}");
+        assert!(db.message().contains("not sent"), "{db:?}");
+        forwarder.set(lsngate_cluster::Fault::None);
+    });
+    assert_eq!(
+        cluster
+            .primary()
+            .sql(&format!("SELECT count(*) FROM {t}"))
+            .unwrap(),
+        "0"
+    );
+    drop(forwarder);
+}

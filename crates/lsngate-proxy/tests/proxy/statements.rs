@@ -22,6 +22,8 @@ pub(crate) struct Reply {
     pub(crate) errors: Vec<String>,
     /// Every message's tag, in order (ReadyForQuery included).
     pub(crate) tags: Vec<u8>,
+    /// The transaction status of each ReadyForQuery (`I`, `T`, `E`).
+    pub(crate) statuses: Vec<u8>,
 }
 
 /// A client speaking protocol 3 by hand over a blocking socket.
@@ -91,6 +93,7 @@ impl Wire {
             reply.rows.extend(one.rows);
             reply.errors.extend(one.errors);
             reply.tags.extend(one.tags);
+            reply.statuses.extend(one.statuses);
         }
         reply
     }
@@ -126,6 +129,7 @@ impl Wire {
             match frame.tag {
                 b'T' => reply.columns.extend(row_description(&frame.body)),
                 b'D' => reply.rows.push(data_row(&frame.body)),
+                b'Z' => reply.statuses.extend(frame.body.first()),
                 _ => {
                     if let BackendMessage::ErrorResponse(e) = BackendMessage::parse(&frame).unwrap()
                     {
