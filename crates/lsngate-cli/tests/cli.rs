@@ -57,6 +57,97 @@ fn json_lines(output: &Output) -> Value {
     serde_json::from_slice(&output.stdout).expect("one JSON document on stdout")
 }
 
+/// Runs `lsngate verify ARGS --json` and expects a clean verdict: exit status 0, every promised
+/// key, no violation of any class, and a run that could have caught a stale read (some replica
+/// read was owed a write). The JSON.
+fn verify_clean(args: &[&str]) -> Value {
+    let mut all = vec!["verify"];
+    all.extend_from_slice(args);
+    all.push("--json");
+    let output = lsngate_status(&all);
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "lsngate verify {args:?} found a violation or failed: {stdout}\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let doc: Value = serde_json::from_str(&stdout).expect("one JSON object");
+    for key in VERIFY_KEYS {
+        assert!(!doc[key].is_null(), "{key} missing: {doc}");
+    }
+    for key in [
+        "stale",
+        "nonmonotonic",
+        "lost",
+        "duplicated",
+        "phantom",
+        "hangs",
+        "violations",
+    ] {
+        assert_eq!(doc[key], 0, "{key}: {doc}");
+    }
+    assert!(
+        doc["proved"].as_bool().unwrap(),
+        "some replica read was owed a write, so a stale read could have been caught: {doc}"
+    );
+    doc
+}
+
+/// Runs `lsngate verify ARGS --json` where it must find stale reads (the self-test): exit
+/// status 1. The JSON.
+fn verify_violated(args: &[&str]) -> Value {
+    let mut all = vec!["verify"];
+    all.extend_from_slice(args);
+    all.push("--json");
+    let output = lsngate_status(&all);
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert_eq!(
+        output.status.code(),
+        Some(1),
+        "violations must give exit status 1: {stdout}\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let doc: Value = serde_json::from_str(&stdout).expect("one JSON object");
+    assert!(doc["stale"].as_u64().unwrap() > 0, "{doc}");
+    assert_eq!(doc["examples"][0]["kind"], "stale", "{doc}");
+    assert_eq!(
+        doc["examples"][0]["op"]["server"]["in_recovery"], true,
+        "{doc}"
+    );
+    doc
+}
+
+/// Each of `kinds` was injected at least once.
+fn assert_injected(doc: &Value, kinds: &[&str]) {
+    for kind in kinds {
+        assert!(
+            doc["faults"][kind].as_u64().unwrap_or(0) >= 1,
+            "{kind} was never injected: {doc}"
+        );
+    }
+}
+
+/// Every fault kind `lsngate verify` has.
+const ALL_FAULTS: [&str; 7] = [
+    "pause",
+    "delay",
+    "stop",
+    "kill",
+    "net-delay",
+    "blackhole",
+    "kill-primary",
+];
+
+/// The operations of a `--history` file.
+fn history_ops(path: &std::path::Path) -> Vec<Value> {
+    std::fs::read_to_string(path)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str::<Value>(l).unwrap())
+        .filter(|e| e["type"] == "op")
+        .collect()
+}
+
 #[test]
 fn bench_runs_every_strategy_and_writes_the_documented_json() {
     let dir = tempfile::tempdir().unwrap();
@@ -282,8 +373,7 @@ fn bench_against_an_existing_cluster_says_what_it_cannot_run() {
 fn verify_through_the_proxy_under_every_fault_finds_no_violation() {
     let dir = tempfile::tempdir().unwrap();
     let history = dir.path().join("history.jsonl");
-    let output = lsngate_status(&[
-        "verify",
+    let doc = verify_clean(&[
         "--seconds",
         "6",
         "--fault-period",
@@ -292,35 +382,11 @@ fn verify_through_the_proxy_under_every_fault_finds_no_violation() {
         "2026",
         "--workers",
         "4",
-        "--json",
         "--history",
         history.to_str().unwrap(),
     ]);
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(
-        output.status.success(),
-        "verify found a violation or failed (seed 2026): {stdout}\n{stderr}"
-    );
-    let doc: Value = serde_json::from_str(&stdout).expect("one JSON object");
-    for key in VERIFY_KEYS {
-        assert!(!doc[key].is_null(), "{key} missing: {doc}");
-    }
-    for key in ["stale", "nonmonotonic", "lost", "duplicated", "hangs"] {
-        assert_eq!(doc[key], 0, "{key}: {doc}");
-    }
     assert_eq!(doc["seed"], 2026);
-    assert!(doc["ops"].as_u64().unwrap() > 0, "{doc}");
-    assert!(
-        doc["proved"].as_bool().unwrap(),
-        "some replica read was owed a write, so a stale read could have been caught: {doc}"
-    );
-    for kind in ["pause", "delay", "stop", "kill", "net-delay", "blackhole"] {
-        assert!(
-            doc["faults"][kind].as_u64().unwrap_or(0) >= 1,
-            "{kind} was never injected: {doc}"
-        );
-    }
+    assert_injected(&doc, &ALL_FAULTS);
     // The history holds every operation and fault, and says who answered each read.
     let text = std::fs::read_to_string(&history).unwrap();
     let entries: Vec<Value> = text
@@ -346,8 +412,7 @@ fn verify_through_the_proxy_under_every_fault_finds_no_violation() {
 #[test]
 fn verify_token_and_global_modes_find_no_violation_under_faults() {
     for (mode, faults) in [("token", "kill,net-delay"), ("global", "pause,stop")] {
-        let output = lsngate_status(&[
-            "verify",
+        let doc = verify_clean(&[
             "--mode",
             mode,
             "--faults",
@@ -358,31 +423,15 @@ fn verify_token_and_global_modes_find_no_violation_under_faults() {
             "1s",
             "--seed",
             "11",
-            "--json",
         ]);
-        let stdout = String::from_utf8_lossy(&output.stdout);
-        assert!(
-            output.status.success(),
-            "verify --mode {mode} found a violation or failed (seed 11): {stdout}\n{}",
-            String::from_utf8_lossy(&output.stderr)
-        );
-        let doc: Value = serde_json::from_str(&stdout).expect("one JSON object");
         assert_eq!(doc["mode"], mode);
-        assert_eq!(doc["violations"], 0, "{doc}");
-        assert!(doc["proved"].as_bool().unwrap(), "{doc}");
-        for kind in faults.split(',') {
-            assert!(
-                doc["faults"][kind].as_u64().unwrap_or(0) >= 1,
-                "{kind}: {doc}"
-            );
-        }
+        assert_injected(&doc, &faults.split(',').collect::<Vec<_>>());
     }
 }
 
 #[test]
 fn verify_self_test_catches_eventual_reads_on_a_delayed_replica() {
-    let output = lsngate_status(&[
-        "verify",
+    let doc = verify_violated(&[
         "--mode",
         "eventual",
         "--faults",
@@ -393,20 +442,8 @@ fn verify_self_test_catches_eventual_reads_on_a_delayed_replica() {
         "3",
         "--seed",
         "1",
-        "--json",
     ]);
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    assert_eq!(
-        output.status.code(),
-        Some(1),
-        "violations must give exit status 1: {stdout}\n{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    let doc: Value = serde_json::from_str(&stdout).expect("one JSON object");
-    assert!(doc["stale"].as_u64().unwrap() > 0, "{doc}");
     let example = &doc["examples"][0];
-    assert_eq!(example["kind"], "stale", "{doc}");
-    assert_eq!(example["op"]["server"]["in_recovery"], true, "{example}");
     assert!(
         example["session"].as_array().unwrap().len() >= 2,
         "the session's operations around it are shown: {example}"
@@ -434,8 +471,7 @@ fn verify_refuses_faults_on_a_deployment_it_does_not_own() {
 fn verify_universal_mode_and_read_only_transactions_through_the_proxy_find_no_violation() {
     let dir = tempfile::tempdir().unwrap();
     let history = dir.path().join("history.jsonl");
-    let output = lsngate_status(&[
-        "verify",
+    let doc = verify_clean(&[
         "--mode",
         "universal",
         "--faults",
@@ -446,43 +482,26 @@ fn verify_universal_mode_and_read_only_transactions_through_the_proxy_find_no_vi
         "1s",
         "--seed",
         "12",
-        "--json",
         "--history",
         history.to_str().unwrap(),
     ]);
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    assert!(
-        output.status.success(),
-        "verify --mode universal found a violation or failed (seed 12): {stdout}\n{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    let doc: Value = serde_json::from_str(&stdout).expect("one JSON object");
     assert_eq!(doc["mode"], "universal");
-    assert_eq!(doc["violations"], 0, "{doc}");
-    assert!(doc["proved"].as_bool().unwrap(), "{doc}");
     assert!(doc["transactions"].as_u64().unwrap() > 0, "{doc}");
     // Each read of a read-only transaction is in the history, tagged with it, and some were
     // answered by the replica (in the server's own words).
-    let text = std::fs::read_to_string(&history).unwrap();
-    let in_txn: Vec<Value> = text
-        .lines()
-        .map(|l| serde_json::from_str::<Value>(l).unwrap())
-        .filter(|e| e["type"] == "op" && e["txn"].is_string())
-        .collect();
     assert!(
-        in_txn
-            .iter()
-            .any(|e| e["outcome"] == "ok" && e["server"]["in_recovery"] == true),
+        history_ops(&history).iter().any(|e| e["txn"].is_string()
+            && e["outcome"] == "ok"
+            && e["server"]["in_recovery"] == true),
         "no read of a read-only transaction ran on the replica"
     );
 }
 
 #[test]
-fn verify_the_library_under_every_replica_fault_finds_no_violation() {
+fn verify_the_library_under_every_fault_finds_no_violation() {
     let dir = tempfile::tempdir().unwrap();
     let history = dir.path().join("history.jsonl");
-    let output = lsngate_status(&[
-        "verify",
+    let doc = verify_clean(&[
         "--library",
         "--seconds",
         "6",
@@ -490,28 +509,13 @@ fn verify_the_library_under_every_replica_fault_finds_no_violation() {
         "1s",
         "--seed",
         "2026",
-        "--json",
         "--history",
         history.to_str().unwrap(),
     ]);
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    assert!(
-        output.status.success(),
-        "verify --library found a violation or failed (seed 2026): {stdout}\n{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    let doc: Value = serde_json::from_str(&stdout).expect("one JSON object");
-    for key in VERIFY_KEYS {
-        assert!(!doc[key].is_null(), "{key} missing: {doc}");
-    }
-    for key in ["stale", "nonmonotonic", "lost", "duplicated", "hangs"] {
-        assert_eq!(doc[key], 0, "{key}: {doc}");
-    }
     assert!(
         doc["target"].as_str().unwrap().contains("lsngate library"),
         "{doc}"
     );
-    assert!(doc["proved"].as_bool().unwrap(), "{doc}");
     assert!(
         doc["fallbacks"].is_u64(),
         "the library says which reads it sent to the primary: {doc}"
@@ -520,24 +524,16 @@ fn verify_the_library_under_every_replica_fault_finds_no_violation() {
         doc["transactions"], 0,
         "the library has no transactions on replicas: {doc}"
     );
-    for kind in ["pause", "delay", "stop", "kill", "net-delay", "blackhole"] {
-        assert!(
-            doc["faults"][kind].as_u64().unwrap_or(0) >= 1,
-            "{kind} was never injected: {doc}"
-        );
-    }
-    let text = std::fs::read_to_string(&history).unwrap();
-    assert!(text.lines().any(|l| {
-        let e: Value = serde_json::from_str(l).unwrap();
-        e["kind"] == "read" && e["server"]["in_recovery"] == true && e["server"]["port"].is_i64()
-    }));
+    assert_injected(&doc, &ALL_FAULTS);
+    assert!(history_ops(&history).iter().any(|e| e["kind"] == "read"
+        && e["server"]["in_recovery"] == true
+        && e["server"]["port"].is_i64()));
 }
 
 #[test]
 fn verify_the_library_in_token_and_universal_modes_finds_no_violation_under_faults() {
     for (mode, faults) in [("token", "kill,net-delay"), ("universal", "pause,stop")] {
-        let output = lsngate_status(&[
-            "verify",
+        let doc = verify_clean(&[
             "--library",
             "--mode",
             mode,
@@ -549,31 +545,15 @@ fn verify_the_library_in_token_and_universal_modes_finds_no_violation_under_faul
             "1s",
             "--seed",
             "11",
-            "--json",
         ]);
-        let stdout = String::from_utf8_lossy(&output.stdout);
-        assert!(
-            output.status.success(),
-            "verify --library --mode {mode} found a violation or failed (seed 11): {stdout}\n{}",
-            String::from_utf8_lossy(&output.stderr)
-        );
-        let doc: Value = serde_json::from_str(&stdout).expect("one JSON object");
         assert_eq!(doc["mode"], mode);
-        assert_eq!(doc["violations"], 0, "{doc}");
-        assert!(doc["proved"].as_bool().unwrap(), "{doc}");
-        for kind in faults.split(',') {
-            assert!(
-                doc["faults"][kind].as_u64().unwrap_or(0) >= 1,
-                "{kind}: {doc}"
-            );
-        }
+        assert_injected(&doc, &faults.split(',').collect::<Vec<_>>());
     }
 }
 
 #[test]
 fn verify_self_test_catches_eventual_library_reads_on_a_delayed_replica() {
-    let output = lsngate_status(&[
-        "verify",
+    verify_violated(&[
         "--library",
         "--mode",
         "eventual",
@@ -585,21 +565,7 @@ fn verify_self_test_catches_eventual_library_reads_on_a_delayed_replica() {
         "3",
         "--seed",
         "1",
-        "--json",
     ]);
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    assert_eq!(
-        output.status.code(),
-        Some(1),
-        "violations must give exit status 1: {stdout}\n{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    let doc: Value = serde_json::from_str(&stdout).expect("one JSON object");
-    assert!(doc["stale"].as_u64().unwrap() > 0, "{doc}");
-    assert_eq!(
-        doc["examples"][0]["op"]["server"]["in_recovery"], true,
-        "{doc}"
-    );
 }
 
 #[test]
@@ -647,8 +613,7 @@ fn verify_the_library_over_primary_and_replica_urls_finds_no_violation() {
         .replicas(1)
         .apply_delay(Duration::from_millis(50));
     let cluster = Cluster::start(&config).unwrap();
-    let output = lsngate(&[
-        "verify",
+    let doc = verify_clean(&[
         "--primary",
         &cluster.primary_url(),
         "--replica",
@@ -659,14 +624,7 @@ fn verify_the_library_over_primary_and_replica_urls_finds_no_violation() {
         "2",
         "--seed",
         "5",
-        "--json",
     ]);
-    let doc = json_lines(&output);
-    for key in VERIFY_KEYS {
-        assert!(!doc[key].is_null(), "{key} missing: {doc}");
-    }
-    assert_eq!(doc["violations"], 0, "{doc}");
-    assert!(doc["proved"].as_bool().unwrap(), "{doc}");
     assert_eq!(doc["faults"], serde_json::json!({}), "{doc}");
     assert!(
         doc["target"]
@@ -938,8 +896,7 @@ fn proxy_subcommand_splits_reads_passes_verify_and_stops_cleanly_on_sigterm() {
     );
     // verify --proxy: any deployment, no faults, the proxy's own counters not read.
     let url = format!("postgres://postgres@127.0.0.1:{port}/postgres");
-    let output = lsngate(&[
-        "verify",
+    let doc = verify_clean(&[
         "--proxy",
         &url,
         "--seconds",
@@ -948,13 +905,7 @@ fn proxy_subcommand_splits_reads_passes_verify_and_stops_cleanly_on_sigterm() {
         "2",
         "--seed",
         "5",
-        "--json",
     ]);
-    let doc = json_lines(&output);
-    for key in VERIFY_KEYS {
-        assert!(!doc[key].is_null(), "{key} missing: {doc}");
-    }
-    assert_eq!(doc["violations"], 0, "{doc}");
     assert!(doc["fallbacks"].is_null(), "{doc}");
     assert_eq!(doc["faults"], serde_json::json!({}), "{doc}");
     let status = Command::new("kill")

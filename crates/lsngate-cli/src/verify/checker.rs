@@ -54,6 +54,10 @@ pub enum ViolationKind {
     Lost,
     /// A write's op id is on the primary more than once.
     Duplicated,
+    /// A write reported as certainly failed (an `ERROR`, see `Outcome::Failed`) is on the
+    /// primary: the target said "not committed" about a write that was — an outcome it could not
+    /// know, reported as known.
+    Phantom,
     /// An operation past the hang limit.
     Hang,
 }
@@ -65,6 +69,7 @@ impl ViolationKind {
             ViolationKind::NonMonotonic => "nonmonotonic",
             ViolationKind::Lost => "lost",
             ViolationKind::Duplicated => "duplicated",
+            ViolationKind::Phantom => "phantom",
             ViolationKind::Hang => "hang",
         }
     }
@@ -91,6 +96,7 @@ pub struct Counts {
     pub nonmonotonic: u64,
     pub lost: u64,
     pub duplicated: u64,
+    pub phantom: u64,
     pub hangs: u64,
     /// Writes with an unknown outcome: neither lost nor acknowledged.
     pub indeterminate: u64,
@@ -103,7 +109,7 @@ pub struct Counts {
 
 impl Counts {
     pub fn violations(&self) -> u64 {
-        self.stale + self.nonmonotonic + self.lost + self.duplicated + self.hangs
+        self.stale + self.nonmonotonic + self.lost + self.duplicated + self.phantom + self.hangs
     }
 }
 
@@ -214,6 +220,17 @@ pub fn check(
                 ),
             ));
         }
+        if op.outcome == Outcome::Failed && committed > 0 {
+            found.push((
+                ViolationKind::Phantom,
+                i,
+                format!(
+                    "write {} was reported failed [{}] but is on the primary",
+                    op.op_id.as_deref().unwrap_or("?"),
+                    op.sqlstate.as_deref().unwrap_or("?")
+                ),
+            ));
+        }
         if committed > 1 {
             found.push((
                 ViolationKind::Duplicated,
@@ -235,6 +252,7 @@ pub fn check(
                 ViolationKind::NonMonotonic => counts.nonmonotonic += 1,
                 ViolationKind::Lost => counts.lost += 1,
                 ViolationKind::Duplicated => counts.duplicated += 1,
+                ViolationKind::Phantom => counts.phantom += 1,
                 ViolationKind::Hang => counts.hangs += 1,
             }
             let op = &ops[i];
@@ -714,5 +732,37 @@ mod tests {
         let verdict = check(&ops, &[], &FinalState::default(), &SESSION);
         assert_eq!(verdict.counts.violations(), 0, "{:?}", verdict.violations);
         assert_eq!(verdict.counts.owed_replica_reads, 0);
+    }
+
+    #[test]
+    fn a_write_reported_failed_that_is_on_the_primary_is_a_phantom_and_an_unknown_one_is_not() {
+        let mut refused = write(1, 0, "p1-0", 0.0, 0);
+        refused.outcome = Outcome::Failed;
+        refused.version = None;
+        refused.sqlstate = Some("40001".into());
+        let mut unknown = write(1, 0, "p1-1", 2.0, 0);
+        unknown.outcome = Outcome::Indeterminate;
+        unknown.version = None;
+        let mut refused_for_real = write(1, 0, "p1-2", 4.0, 0);
+        refused_for_real.outcome = Outcome::Failed;
+        refused_for_real.version = None;
+        let final_state = FinalState {
+            committed: [("p1-0".to_string(), 1), ("p1-1".to_string(), 1)].into(),
+        };
+        let verdict = check(
+            &[refused, unknown, refused_for_real],
+            &[],
+            &final_state,
+            &SESSION,
+        );
+        assert_eq!(kinds(&verdict), vec![ViolationKind::Phantom]);
+        assert!(
+            verdict.violations[0].explanation.contains("p1-0")
+                && verdict.violations[0].explanation.contains("40001"),
+            "{:?}",
+            verdict.violations
+        );
+        assert_eq!(verdict.counts.phantom, 1);
+        assert_eq!(verdict.counts.indeterminate_committed, 1);
     }
 }

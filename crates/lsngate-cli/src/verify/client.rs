@@ -58,17 +58,39 @@ pub struct Failure {
     /// error class (`primary-unavailable`, `not-replayed`, `guarded`, ...).
     pub sqlstate: String,
     pub message: String,
+    /// Whether a write that failed this way may still have committed (see
+    /// [`outcome_unknown`]); a definite failure that committed anyway is a violation.
+    pub outcome_unknown: bool,
 }
 
 impl From<tokio_postgres::Error> for Failure {
     fn from(e: tokio_postgres::Error) -> Failure {
         Failure {
             sqlstate: sqlstate(&e),
+            outcome_unknown: outcome_unknown(&e),
             // The server's (or the proxy's) message, not tokio-postgres's bare "db error".
             message: match e.as_db_error() {
                 Some(db) => db.message().to_string(),
                 None => e.to_string(),
             },
+        }
+    }
+}
+
+/// Whether a statement that ended with `e` may have committed. An `ERROR` (from PostgreSQL or
+/// from the proxy speaking for it) rolls the statement's transaction back: certainly not
+/// committed. Unknown are a connection that broke without an answer, a `FATAL`/`PANIC` (a
+/// server ending the session — after `SIGTERM` that can come after the commit record), and
+/// class 08 (connection exception: the proxy's 08006 "lost the server connection while it ran
+/// your statement") — except 08001, the proxy's "no server connection could be had, the
+/// statement was not sent".
+pub fn outcome_unknown(e: &tokio_postgres::Error) -> bool {
+    match e.as_db_error() {
+        None => true,
+        Some(db) => {
+            let code = db.code().code();
+            (code.starts_with("08") && code != "08001")
+                || matches!(db.severity(), "FATAL" | "PANIC")
         }
     }
 }

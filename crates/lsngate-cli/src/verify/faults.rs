@@ -1,4 +1,5 @@
-//! The fault schedule over a local cluster: a seeded sequence of faults on the replicas, each
+//! The fault schedule over a local cluster: a seeded sequence of faults on the replicas (and the
+//! primary's crash and restart), each
 //! injected, held, healed and recorded as a [`FaultWindow`] for the history. Time is cut into
 //! periods; each period holds one fault, starting 10–30 % into it and lasting 40–70 % of it; the
 //! kinds come in rounds, each round every requested kind once in a seeded order, so a run of
@@ -32,15 +33,18 @@ pub enum FaultKind {
     NetDelay,
     /// Nothing passes between the proxy and a replica; connections stay open (fault forwarder).
     Blackhole,
+    /// kill -9 of the primary, restarted at the end (crash recovery; no failover).
+    KillPrimary,
 }
 
-pub const ALL: [FaultKind; 6] = [
+pub const ALL: [FaultKind; 7] = [
     FaultKind::Pause,
     FaultKind::Delay,
     FaultKind::Stop,
     FaultKind::Kill,
     FaultKind::NetDelay,
     FaultKind::Blackhole,
+    FaultKind::KillPrimary,
 ];
 
 impl FaultKind {
@@ -52,7 +56,13 @@ impl FaultKind {
             FaultKind::Kill => "kill",
             FaultKind::NetDelay => "net-delay",
             FaultKind::Blackhole => "blackhole",
+            FaultKind::KillPrimary => "kill-primary",
         }
+    }
+
+    /// Whether the fault is made on the primary rather than on a replica.
+    fn on_primary(self) -> bool {
+        self == FaultKind::KillPrimary
     }
 }
 
@@ -66,7 +76,7 @@ impl FromStr for FaultKind {
             .ok_or_else(|| {
                 let names: Vec<&str> = ALL.iter().map(|k| k.name()).collect();
                 format!(
-                    "unknown fault {text:?}: use {} or all (kill-primary and failover are not built yet)",
+                    "unknown fault {text:?}: use {} or all (failover is not built yet)",
                     names.join(", ")
                 )
             })
@@ -91,9 +101,10 @@ pub fn parse_list(text: &str) -> Result<FaultList, String> {
     Ok(FaultList(kinds))
 }
 
-/// What the schedule acts on: the replicas and, per replica, the forwarder the proxy reaches it
-/// through.
+/// What the schedule acts on: the primary, the replicas and, per replica, the forwarder the
+/// proxy reaches it through.
 pub struct Targets {
+    pub primary: Node,
     pub replicas: Vec<Node>,
     pub forwarders: Vec<Arc<Forwarder>>,
     /// The apply delay the replicas run with outside a `delay` fault.
@@ -189,7 +200,7 @@ pub fn run(
         heal(&planned, targets)?;
         windows.push(FaultWindow {
             kind: planned.kind.name().into(),
-            node: targets.replicas[planned.replica].name().into(),
+            node: targets.node(&planned).name().into(),
             detail,
             start_ms,
             end_ms: ms(),
@@ -216,6 +227,17 @@ fn sleep_unless_stopped(total: Duration, stop: &AtomicBool) -> bool {
         std::thread::sleep(Duration::from_millis(10).min(until - Instant::now()));
     }
     !stop.load(Ordering::SeqCst)
+}
+
+impl Targets {
+    /// The server a planned fault is made on.
+    fn node(&self, planned: &Planned) -> &Node {
+        if planned.kind.on_primary() {
+            &self.primary
+        } else {
+            &self.replicas[planned.replica]
+        }
+    }
 }
 
 fn inject(planned: &Planned, targets: &Targets) -> anyhow::Result<String> {
@@ -252,6 +274,10 @@ fn inject(planned: &Planned, targets: &Targets) -> anyhow::Result<String> {
             forwarder.set(Fault::Blackhole);
             "nothing passes, proxy to replica".into()
         }
+        FaultKind::KillPrimary => {
+            targets.primary.kill()?;
+            "kill -9 of the primary".into()
+        }
     })
 }
 
@@ -264,6 +290,7 @@ fn heal(planned: &Planned, targets: &Targets) -> anyhow::Result<()> {
         FaultKind::Stop => replica.thaw(),
         FaultKind::Kill => replica.start()?,
         FaultKind::NetDelay | FaultKind::Blackhole => forwarder.set(Fault::None),
+        FaultKind::KillPrimary => targets.primary.start()?,
     }
     Ok(())
 }
@@ -276,7 +303,7 @@ mod tests {
     fn every_round_holds_every_kind_once_and_a_seed_replays_the_schedule() {
         let plan = |seed| {
             let mut schedule = Schedule::new(seed, &ALL, 2, Duration::from_secs(1));
-            (0..12)
+            (0..2 * ALL.len())
                 .map(|_| schedule.next_fault().unwrap())
                 .collect::<Vec<_>>()
         };
@@ -306,7 +333,7 @@ mod tests {
         assert_eq!(parse_list("none").unwrap().0, vec![]);
         let err = parse_list("pause,failover").unwrap_err();
         assert!(
-            err.contains("failover") && err.contains("net-delay"),
+            err.contains("failover") && err.contains("kill-primary"),
             "{err}"
         );
     }

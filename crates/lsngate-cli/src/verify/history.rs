@@ -33,10 +33,12 @@ pub enum OpKind {
 pub enum Outcome {
     /// Acknowledged: a write committed, a read returned a row.
     Ok,
-    /// Certainly had no effect (it was never sent: no connection could be opened), or a read
-    /// that failed.
+    /// Certainly had no effect: never sent (no connection could be opened), or refused with an
+    /// `ERROR` (which rolls its transaction back); or a read that failed.
     Failed,
-    /// A write whose statement was sent and then failed: it may or may not have committed.
+    /// A write whose statement was sent and then the connection broke, the session ended
+    /// (`FATAL`) or the answer was a connection exception (class 08): it may or may not have
+    /// committed.
     Indeterminate,
     /// No answer within the hang limit; the client gave the connection up.
     Hang,

@@ -19,7 +19,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use lsngate::{Gate, Session, Token};
 use lsngate_core::Lsn;
 
-use super::client::{Failure, READ_SQL, Seen, WRITE_SQL, Written, seen, sqlstate};
+use super::client::{Failure, READ_SQL, Seen, WRITE_SQL, Written, outcome_unknown, seen, sqlstate};
 use super::workload::Mode;
 
 /// The gate every process shares, and how many of their reads it served from the primary.
@@ -57,6 +57,7 @@ pub fn refusal(mode: Mode) -> Option<String> {
 pub fn no_read_only_transactions() -> Failure {
     Failure {
         sqlstate: "unsupported".into(),
+        outcome_unknown: false,
         message: "the lsngate library runs reads one statement at a time (Gate::read); its \
                   transactions (Gate::begin, Gate::transaction) run on the primary"
             .into(),
@@ -100,6 +101,7 @@ impl LibraryClient {
         let version = rows.first().map(|row| row.get(0)).ok_or_else(|| Failure {
             sqlstate: "no-row".into(),
             message: format!("no row for key {key}: the table was not there"),
+            outcome_unknown: false,
         })?;
         Ok(Written {
             version,
@@ -135,7 +137,8 @@ impl LibraryClient {
 }
 
 /// The library's error as a history entry: the server's SQLSTATE when there is one, else the
-/// library's own class.
+/// library's own class. Whether a write may have committed is the library's own word
+/// (`CommitOutcomeUnknown`, `CommitFailed`), or for a statement's error the server's.
 fn failure(e: lsngate::Error) -> Failure {
     use lsngate::Error;
     let class = match &e {
@@ -144,6 +147,11 @@ fn failure(e: lsngate::Error) -> Failure {
         | Error::CommitOutcomeUnknown(source) => {
             return Failure {
                 sqlstate: sqlstate(source),
+                outcome_unknown: match &e {
+                    Error::CommitOutcomeUnknown(_) => true,
+                    Error::CommitFailed(_) => false,
+                    _ => outcome_unknown(source),
+                },
                 message: e.to_string(),
             };
         }
@@ -156,5 +164,6 @@ fn failure(e: lsngate::Error) -> Failure {
     Failure {
         sqlstate: class.into(),
         message: e.to_string(),
+        outcome_unknown: false,
     }
 }

@@ -78,7 +78,8 @@ pub struct VerifyArgs {
     #[arg(long, default_value_t = 8)]
     keys: usize,
     /// Faults to inject on the local cluster, comma-separated: pause, delay, stop, kill,
-    /// net-delay, blackhole, all or none [default: all locally, none with --proxy or --primary].
+    /// net-delay, blackhole (on a replica), kill-primary, all or none [default: all locally,
+    /// none with --proxy or --primary].
     #[arg(long, value_parser = faults::parse_list)]
     faults: Option<FaultList>,
     /// Length of one fault period: each period holds one fault for 40–70 % of it.

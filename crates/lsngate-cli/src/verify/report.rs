@@ -37,6 +37,8 @@ pub struct Summary {
     pub nonmonotonic: u64,
     pub lost: u64,
     pub duplicated: u64,
+    /// Writes reported as certainly failed that are on the primary.
+    pub phantom: u64,
     pub indeterminate: u64,
     pub indeterminate_committed: u64,
     pub hangs: u64,
@@ -89,6 +91,7 @@ impl Facts<'_> {
         summary.nonmonotonic = counts.nonmonotonic;
         summary.lost = counts.lost;
         summary.duplicated = counts.duplicated;
+        summary.phantom = counts.phantom;
         summary.indeterminate = counts.indeterminate;
         summary.indeterminate_committed = counts.indeterminate_committed;
         summary.hangs = counts.hangs;
@@ -186,6 +189,7 @@ pub fn print(summary: &Summary) {
         ("non-monotonic reads", count(summary.nonmonotonic)),
         ("lost writes", count(summary.lost)),
         ("duplicated writes", count(summary.duplicated)),
+        ("failed writes found committed", count(summary.phantom)),
         (
             "indeterminate writes",
             format!(

@@ -129,6 +129,7 @@ impl Target {
             return None;
         }
         Some(faults::Targets {
+            primary: cluster.primary().clone(),
             replicas: cluster.replicas().to_vec(),
             forwarders: forwarders.clone(),
             baseline_delay: self.baseline_delay,

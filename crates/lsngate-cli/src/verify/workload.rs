@@ -270,7 +270,11 @@ impl Process {
                     op.lsn = Some(lsn.to_string());
                 }
             }
-            // Sent, then failed: it may or may not have committed.
+            // Sent, then failed: refused with an ERROR, it certainly did not commit; when the
+            // connection broke or the session ended (or nothing came back), it may have.
+            Err(Ended::Failed(failure)) if !failure.outcome_unknown => {
+                self.failed(&mut op, Ended::Failed(failure), Outcome::Failed)
+            }
             Err(ended) => self.failed(&mut op, ended, Outcome::Indeterminate),
         }
         self.record(op);
