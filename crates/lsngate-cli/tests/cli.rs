@@ -635,6 +635,127 @@ fn verify_the_library_over_primary_and_replica_urls_finds_no_violation() {
     );
 }
 
+/// `--fault-hook`: on hosts lsngate does not own, the user's program injects and heals each
+/// fault. Here it pauses replay on the replica (psql) and freezes its processes (SIGSTOP), and
+/// logs every call; the run sees both kinds, pairs every inject with a heal, records the hook's
+/// first line as the fault's detail, and finds no violation.
+#[test]
+fn verify_with_a_fault_hook_injects_and_heals_faults_on_hosts_it_does_not_own() {
+    let config = ClusterConfig::default()
+        .replicas(1)
+        .apply_delay(Duration::from_millis(50));
+    let cluster = Cluster::start(&config).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let (hook, log, history) = (
+        dir.path().join("hook.sh"),
+        dir.path().join("hook.log"),
+        dir.path().join("history.jsonl"),
+    );
+    let replica = &cluster.replicas()[0];
+    std::fs::write(
+        &hook,
+        format!(
+            r#"#!/bin/sh
+set -eu
+psql="{psql} -X -q -At -d {url}"
+pm=$(head -n1 {data}/postmaster.pid)
+case "$1 $2" in
+  "inject pause") $psql -c 'SELECT pg_wal_replay_pause()' >/dev/null ;;
+  "heal pause") $psql -c 'SELECT pg_wal_replay_resume()' >/dev/null ;;
+  "inject stop") kill -STOP "$pm"; pkill -STOP -P "$pm" ;;
+  "heal stop") kill -CONT "$pm"; pkill -CONT -P "$pm" ;;
+  *) echo "unknown fault $2" >&2; exit 3 ;;
+esac
+echo "$1 $LSNGATE_FAULT replica=$LSNGATE_FAULT_REPLICA" >> {log}
+echo "hook did $1 $2"
+"#,
+            psql = cluster.pg_bin().tool("psql").display(),
+            url = replica.url(),
+            data = replica.data_dir().display(),
+            log = log.display(),
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&hook, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let doc = verify_clean(&[
+        "--primary",
+        &cluster.primary_url(),
+        "--replica",
+        &replica.url(),
+        "--faults",
+        "pause,stop",
+        "--fault-hook",
+        hook.to_str().unwrap(),
+        "--seconds",
+        "3",
+        "--fault-period",
+        "1s",
+        "--seed",
+        "9",
+        "--history",
+        history.to_str().unwrap(),
+    ]);
+    assert_injected(&doc, &["pause", "stop"]);
+    let calls = std::fs::read_to_string(&log).unwrap();
+    let calls: Vec<&str> = calls.lines().collect();
+    assert_eq!(calls.len() % 2, 0, "every inject has its heal: {calls:?}");
+    for pair in calls.chunks(2) {
+        assert!(
+            pair[0].starts_with("inject ")
+                && pair[1] == pair[0].replacen("inject", "heal", 1)
+                && pair[0].ends_with("replica=0"),
+            "{calls:?}"
+        );
+    }
+    let injected: u64 = ["pause", "stop"]
+        .iter()
+        .map(|k| doc["faults"][k].as_u64().unwrap())
+        .sum();
+    assert_eq!(calls.len() as u64, 2 * injected, "{calls:?}");
+    let windows: Vec<Value> = std::fs::read_to_string(&history)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str::<Value>(l).unwrap())
+        .filter(|e| e["type"] == "fault")
+        .collect();
+    assert!(
+        windows.iter().all(
+            |w| w["detail"].as_str().unwrap().starts_with("hook did inject")
+                && w["node"] == "replica 0 (hook)"
+        ),
+        "{windows:?}"
+    );
+    // A hook that fails stops the run and says which call failed and why.
+    let output = lsngate_status(&[
+        "verify",
+        "--primary",
+        &cluster.primary_url(),
+        "--replica",
+        &replica.url(),
+        "--faults",
+        "delay",
+        "--fault-hook",
+        hook.to_str().unwrap(),
+        "--seconds",
+        "2",
+        "--fault-period",
+        "1s",
+    ]);
+    assert_eq!(output.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("inject delay") && stderr.contains("unknown fault delay"),
+        "{stderr}"
+    );
+    // And a hook without faults, or on the local cluster, is refused before anything starts.
+    let output = lsngate_status(&["verify", "--fault-hook", hook.to_str().unwrap()]);
+    assert_eq!(output.status.code(), Some(1));
+    assert!(
+        String::from_utf8_lossy(&output.stderr).contains("--fault-hook is for hosts you control"),
+        "{output:?}"
+    );
+}
+
 #[test]
 fn lag_names_the_bottleneck_for_healthy_paused_and_stopped_replicas() {
     let cluster = Cluster::start(&ClusterConfig::default().replicas(2)).unwrap();

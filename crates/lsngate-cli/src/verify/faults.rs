@@ -4,8 +4,11 @@
 //! periods; each period holds one fault, starting 10–30 % into it and lasting 40–70 % of it; the
 //! kinds come in rounds, each round every requested kind once in a seeded order, so a run of
 //! `kinds × period` injects every kind at least once and the same seed replays the same schedule.
-//! Not the workload (which never learns what is injected) nor the checker.
+//! On hosts lsngate does not own, a `--fault-hook` program the user writes injects and heals
+//! each fault instead. Not the workload (which never learns what is injected) nor the checker.
 
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
 use std::str::FromStr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -101,14 +104,70 @@ pub fn parse_list(text: &str) -> Result<FaultList, String> {
     Ok(FaultList(kinds))
 }
 
-/// What the schedule acts on: the primary, the replicas and, per replica, the forwarder the
-/// proxy reaches it through.
-pub struct Targets {
+/// What the schedule acts on.
+pub enum Targets {
+    /// The local cluster lsngate started.
+    Local(LocalTargets),
+    /// Hosts the user controls, through their `--fault-hook` program.
+    Hook(Hook),
+}
+
+/// The local cluster's primary, its replicas and, per replica, the forwarder the proxy (or the
+/// library) reaches it through.
+pub struct LocalTargets {
     pub primary: Node,
     pub replicas: Vec<Node>,
     pub forwarders: Vec<Arc<Forwarder>>,
     /// The apply delay the replicas run with outside a `delay` fault.
     pub baseline_delay: Duration,
+}
+
+/// A program run as `PROGRAM inject KIND` when a fault starts and `PROGRAM heal KIND` when it
+/// ends, with the fault's particulars in its environment (`LSNGATE_FAULT`,
+/// `LSNGATE_FAULT_ACTION`, `LSNGATE_FAULT_REPLICA`, `LSNGATE_FAULT_AMOUNT_MS`,
+/// `LSNGATE_FAULT_SEED`). Exit status 0 means done; the first line it prints is recorded as the
+/// fault's detail. Anything else, or no exit within [`HOOK_LIMIT`], stops the run.
+pub struct Hook {
+    pub program: PathBuf,
+    /// How many replicas the deployment has (`LSNGATE_FAULT_REPLICA` is below it).
+    pub replicas: usize,
+    pub seed: u64,
+}
+
+/// How long a hook may take to inject or heal a fault.
+pub const HOOK_LIMIT: Duration = Duration::from_secs(60);
+
+impl Targets {
+    /// How many replicas the schedule picks from.
+    pub fn replica_count(&self) -> usize {
+        match self {
+            Targets::Local(local) => local.replicas.len(),
+            Targets::Hook(hook) => hook.replicas,
+        }
+    }
+
+    /// The name of the server a planned fault is made on, for the history.
+    fn node_name(&self, planned: &Planned) -> String {
+        match self {
+            Targets::Local(local) => local.node(planned).name().into(),
+            Targets::Hook(_) if planned.kind.on_primary() => "primary (hook)".into(),
+            Targets::Hook(_) => format!("replica {} (hook)", planned.replica),
+        }
+    }
+
+    fn inject(&self, planned: &Planned) -> anyhow::Result<String> {
+        match self {
+            Targets::Local(local) => local.inject(planned),
+            Targets::Hook(hook) => hook.run("inject", planned),
+        }
+    }
+
+    fn heal(&self, planned: &Planned) -> anyhow::Result<()> {
+        match self {
+            Targets::Local(local) => local.heal(planned),
+            Targets::Hook(hook) => hook.run("heal", planned).map(drop),
+        }
+    }
 }
 
 /// One fault as planned: when, how long, where, how hard.
@@ -195,12 +254,12 @@ pub fn run(
             break;
         }
         let start_ms = ms();
-        let detail = inject(&planned, targets)?;
+        let detail = targets.inject(&planned)?;
         let held = sleep_unless_stopped(planned.hold, stop);
-        heal(&planned, targets)?;
+        targets.heal(&planned)?;
         windows.push(FaultWindow {
             kind: planned.kind.name().into(),
-            node: targets.node(&planned).name().into(),
+            node: targets.node_name(&planned),
             detail,
             start_ms,
             end_ms: ms(),
@@ -229,7 +288,7 @@ fn sleep_unless_stopped(total: Duration, stop: &AtomicBool) -> bool {
     !stop.load(Ordering::SeqCst)
 }
 
-impl Targets {
+impl LocalTargets {
     /// The server a planned fault is made on.
     fn node(&self, planned: &Planned) -> &Node {
         if planned.kind.on_primary() {
@@ -238,61 +297,113 @@ impl Targets {
             &self.replicas[planned.replica]
         }
     }
-}
 
-fn inject(planned: &Planned, targets: &Targets) -> anyhow::Result<String> {
-    let replica = &targets.replicas[planned.replica];
-    let forwarder = &targets.forwarders[planned.replica];
-    Ok(match planned.kind {
-        FaultKind::Pause => {
-            replica.pause_replay()?;
-            "pg_wal_replay_pause()".into()
-        }
-        FaultKind::Delay => {
-            replica.set_apply_delay(planned.amount)?;
-            format!(
-                "recovery_min_apply_delay = {}ms",
-                planned.amount.as_millis()
-            )
-        }
-        FaultKind::Stop => {
-            replica.freeze();
-            "SIGSTOP".into()
-        }
-        FaultKind::Kill => {
-            replica.kill()?;
-            "kill -9".into()
-        }
-        FaultKind::NetDelay => {
-            forwarder.set_latency(planned.amount);
-            format!(
-                "+{}ms each way, proxy to replica",
-                planned.amount.as_millis()
-            )
-        }
-        FaultKind::Blackhole => {
-            forwarder.set(Fault::Blackhole);
-            "nothing passes, proxy to replica".into()
-        }
-        FaultKind::KillPrimary => {
-            targets.primary.kill()?;
-            "kill -9 of the primary".into()
-        }
-    })
-}
-
-fn heal(planned: &Planned, targets: &Targets) -> anyhow::Result<()> {
-    let replica = &targets.replicas[planned.replica];
-    let forwarder = &targets.forwarders[planned.replica];
-    match planned.kind {
-        FaultKind::Pause => replica.resume_replay()?,
-        FaultKind::Delay => replica.set_apply_delay(targets.baseline_delay)?,
-        FaultKind::Stop => replica.thaw(),
-        FaultKind::Kill => replica.start()?,
-        FaultKind::NetDelay | FaultKind::Blackhole => forwarder.set(Fault::None),
-        FaultKind::KillPrimary => targets.primary.start()?,
+    fn inject(&self, planned: &Planned) -> anyhow::Result<String> {
+        let replica = &self.replicas[planned.replica];
+        let forwarder = &self.forwarders[planned.replica];
+        Ok(match planned.kind {
+            FaultKind::Pause => {
+                replica.pause_replay()?;
+                "pg_wal_replay_pause()".into()
+            }
+            FaultKind::Delay => {
+                replica.set_apply_delay(planned.amount)?;
+                format!(
+                    "recovery_min_apply_delay = {}ms",
+                    planned.amount.as_millis()
+                )
+            }
+            FaultKind::Stop => {
+                replica.freeze();
+                "SIGSTOP".into()
+            }
+            FaultKind::Kill => {
+                replica.kill()?;
+                "kill -9".into()
+            }
+            FaultKind::NetDelay => {
+                forwarder.set_latency(planned.amount);
+                format!(
+                    "+{}ms each way, proxy to replica",
+                    planned.amount.as_millis()
+                )
+            }
+            FaultKind::Blackhole => {
+                forwarder.set(Fault::Blackhole);
+                "nothing passes, proxy to replica".into()
+            }
+            FaultKind::KillPrimary => {
+                self.primary.kill()?;
+                "kill -9 of the primary".into()
+            }
+        })
     }
-    Ok(())
+
+    fn heal(&self, planned: &Planned) -> anyhow::Result<()> {
+        let replica = &self.replicas[planned.replica];
+        let forwarder = &self.forwarders[planned.replica];
+        match planned.kind {
+            FaultKind::Pause => replica.resume_replay()?,
+            FaultKind::Delay => replica.set_apply_delay(self.baseline_delay)?,
+            FaultKind::Stop => replica.thaw(),
+            FaultKind::Kill => replica.start()?,
+            FaultKind::NetDelay | FaultKind::Blackhole => forwarder.set(Fault::None),
+            FaultKind::KillPrimary => self.primary.start()?,
+        }
+        Ok(())
+    }
+}
+
+impl Hook {
+    /// Runs the hook for `action` (`inject` or `heal`) of `planned`; the first line it printed.
+    fn run(&self, action: &str, planned: &Planned) -> anyhow::Result<String> {
+        let kind = planned.kind.name();
+        let shown = format!("{} {action} {kind}", self.program.display());
+        let mut child = Command::new(&self.program)
+            .args([action, kind])
+            .env("LSNGATE_FAULT", kind)
+            .env("LSNGATE_FAULT_ACTION", action)
+            .env("LSNGATE_FAULT_REPLICA", planned.replica.to_string())
+            .env(
+                "LSNGATE_FAULT_AMOUNT_MS",
+                planned.amount.as_millis().to_string(),
+            )
+            .env("LSNGATE_FAULT_SEED", self.seed.to_string())
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .map_err(|e| {
+                anyhow::anyhow!(
+                    "cannot run the fault hook `{shown}`: {e}; is --fault-hook an executable file?"
+                )
+            })?;
+        let until = Instant::now() + HOOK_LIMIT;
+        let status = loop {
+            if let Some(status) = child.try_wait()? {
+                break status;
+            }
+            if Instant::now() >= until {
+                let _ = child.kill();
+                let _ = child.wait();
+                anyhow::bail!(
+                    "the fault hook `{shown}` did not exit within {HOOK_LIMIT:?}; it was killed and the run stopped"
+                );
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        };
+        let output = child.wait_with_output()?;
+        let stdout = String::from_utf8_lossy(&output.stdout);
+        anyhow::ensure!(
+            status.success(),
+            "the fault hook `{shown}` failed ({status}): {}; the run stopped (faults it injected may still be in place)",
+            String::from_utf8_lossy(&output.stderr).trim()
+        );
+        Ok(stdout
+            .lines()
+            .next()
+            .map_or_else(|| format!("hook {action} {kind}"), str::to_string))
+    }
 }
 
 #[cfg(test)]

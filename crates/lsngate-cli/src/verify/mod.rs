@@ -22,7 +22,7 @@ mod workload;
 
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
@@ -79,9 +79,16 @@ pub struct VerifyArgs {
     keys: usize,
     /// Faults to inject on the local cluster, comma-separated: pause, delay, stop, kill,
     /// net-delay, blackhole (on a replica), kill-primary, all or none [default: all locally,
-    /// none with --proxy or --primary].
+    /// none with --proxy or --primary]. With --proxy or --primary, only through --fault-hook.
     #[arg(long, value_parser = faults::parse_list)]
     faults: Option<FaultList>,
+    /// With --proxy or --primary: a program that injects and heals the --faults on hosts you
+    /// control, run as `PROGRAM inject KIND` and `PROGRAM heal KIND` with LSNGATE_FAULT,
+    /// LSNGATE_FAULT_ACTION, LSNGATE_FAULT_REPLICA (0-based), LSNGATE_FAULT_AMOUNT_MS and
+    /// LSNGATE_FAULT_SEED set. Exit 0 when done (within 60 s); the first line it prints is the
+    /// fault's detail in the history.
+    #[arg(long)]
+    fault_hook: Option<PathBuf>,
     /// Length of one fault period: each period holds one fault for 40–70 % of it.
     #[arg(long, value_parser = duration::parse, default_value = "2s")]
     fault_period: Duration,
@@ -139,13 +146,26 @@ pub async fn run(args: VerifyArgs) -> anyhow::Result<bool> {
     let seed = args.seed.unwrap_or_else(rand::random);
     let elsewhere = args.proxy.is_some() || args.primary.is_some();
     let kinds = match (&args.faults, elsewhere) {
-        (Some(FaultList(kinds)), true) if !kinds.is_empty() => anyhow::bail!(
-            "--faults needs the local cluster: with --proxy or --primary the hosts are not lsngate's to fault; drop --faults, or drop --proxy/--primary to verify a local cluster"
-        ),
+        (Some(FaultList(kinds)), true) if !kinds.is_empty() && args.fault_hook.is_none() => {
+            anyhow::bail!(
+                "--faults needs the local cluster or a --fault-hook: with --proxy or --primary the hosts are not lsngate's to fault; give --fault-hook PROGRAM that injects and heals them, drop --faults, or drop --proxy/--primary to verify a local cluster"
+            )
+        }
         (Some(FaultList(kinds)), _) => kinds.clone(),
         (None, true) => Vec::new(),
         (None, false) => faults::ALL.to_vec(),
     };
+    if let Some(program) = &args.fault_hook {
+        anyhow::ensure!(
+            elsewhere,
+            "--fault-hook is for hosts you control (--proxy or --primary); on the local cluster lsngate injects the faults itself: drop --fault-hook"
+        );
+        anyhow::ensure!(
+            !kinds.is_empty(),
+            "--fault-hook {} needs --faults LIST: the kinds your hook injects (e.g. --faults pause,stop)",
+            program.display()
+        );
+    }
     let target = Target::open(&args, library).await?;
     let server_version = target.prepare_schema(args.keys).await?;
     if !args.json {
@@ -163,7 +183,12 @@ pub async fn run(args: VerifyArgs) -> anyhow::Result<bool> {
 
     let start = Instant::now();
     let hang_after = args.budget + args.grace;
-    let fault_targets = target.fault_targets(&kinds);
+    let hook = args.fault_hook.clone().map(|program| faults::Hook {
+        program,
+        replicas: args.replica.len().max(1),
+        seed,
+    });
+    let fault_targets = target.fault_targets(&kinds, hook);
     let faults_covered = Arc::new(AtomicBool::new(fault_targets.is_none()));
     let plan = Arc::new(Plan {
         mode: args.mode,
@@ -181,11 +206,14 @@ pub async fn run(args: VerifyArgs) -> anyhow::Result<bool> {
     let stop = Arc::new(AtomicBool::new(false));
     let schedule = fault_targets.map(|targets| {
         let schedule =
-            faults::Schedule::new(seed, &kinds, targets.replicas.len(), args.fault_period);
+            faults::Schedule::new(seed, &kinds, targets.replica_count(), args.fault_period);
         let stop = Arc::clone(&stop);
         std::thread::spawn(move || faults::run(schedule, &targets, start, &stop, &faults_covered))
     });
-    let ops = workload::run(plan, args.workers, progress(&args)).await;
+    let done = Arc::new(AtomicU64::new(0));
+    let bar = progress(&args, start, Arc::clone(&done));
+    let ops = workload::run(plan, args.workers, done).await;
+    bar.finish_and_clear();
     let seconds = start.elapsed().as_secs_f64();
     stop.store(true, Ordering::SeqCst);
     let fault_windows = match schedule {
@@ -249,15 +277,38 @@ async fn bounded<T>(
         .context(what.to_string())
 }
 
-fn progress(args: &VerifyArgs) -> ProgressBar {
+/// The progress bar while the clients run (hidden with `--json`): over `--ops` when that is
+/// the limit, else over `--seconds`, with the operations so far, their rate and the time left.
+/// A run waiting for the first round of faults to finish goes past 100 % of its seconds.
+fn progress(args: &VerifyArgs, start: Instant, done: Arc<AtomicU64>) -> ProgressBar {
     if args.json {
         return ProgressBar::hidden();
     }
-    let bar = ProgressBar::new_spinner();
+    let by_ops = args.ops.filter(|&ops| ops > 0);
+    let total = by_ops.unwrap_or((args.seconds * 1e3) as u64).max(1);
+    let bar = ProgressBar::new(total);
     bar.set_style(
-        ProgressStyle::with_template("{spinner} {pos} operations {elapsed}")
-            .expect("valid template"),
+        ProgressStyle::with_template("{spinner} [{bar:30}] {percent:>3}% {msg}")
+            .expect("valid template")
+            .progress_chars("=> "),
     );
-    bar.enable_steady_tick(Duration::from_millis(200));
+    let ticking = bar.clone();
+    tokio::spawn(async move {
+        while !ticking.is_finished() {
+            let elapsed = start.elapsed();
+            let ops = done.load(Ordering::Relaxed);
+            ticking.set_position(match by_ops {
+                Some(_) => ops,
+                None => (elapsed.as_millis() as u64).min(total),
+            });
+            ticking.set_message(format!(
+                "{ops} operations, {:.0}/s, {:.0} s",
+                ops as f64 / elapsed.as_secs_f64().max(1e-3),
+                elapsed.as_secs_f64()
+            ));
+            ticking.tick();
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    });
     bar
 }

@@ -122,18 +122,26 @@ impl Target {
         })
     }
 
-    /// What the fault schedule acts on (local cluster only).
-    pub fn fault_targets(&self, kinds: &[FaultKind]) -> Option<faults::Targets> {
-        let (cluster, forwarders) = self.local.as_ref()?;
+    /// What the fault schedule acts on: the local cluster, or the user's hook (`hook`, with the
+    /// deployment's replica count) on hosts lsngate does not own. None without faults.
+    pub fn fault_targets(
+        &self,
+        kinds: &[FaultKind],
+        hook: Option<faults::Hook>,
+    ) -> Option<faults::Targets> {
         if kinds.is_empty() {
             return None;
         }
-        Some(faults::Targets {
+        if let Some(hook) = hook {
+            return Some(faults::Targets::Hook(hook));
+        }
+        let (cluster, forwarders) = self.local.as_ref()?;
+        Some(faults::Targets::Local(faults::LocalTargets {
             primary: cluster.primary().clone(),
             replicas: cluster.replicas().to_vec(),
             forwarders: forwarders.clone(),
             baseline_delay: self.baseline_delay,
-        })
+        }))
     }
 
     /// Reads sent to the primary because no replica could serve them: the in-process proxy's

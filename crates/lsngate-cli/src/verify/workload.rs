@@ -13,7 +13,6 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use indicatif::ProgressBar;
 use lsngate_core::Lsn;
 use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
@@ -93,13 +92,14 @@ pub struct Shared {
 }
 
 /// Runs `workers` processes until the deadline or the op budget; returns every operation.
-pub async fn run(plan: Arc<Plan>, workers: usize, bar: ProgressBar) -> Vec<Op> {
+/// `done` counts the operations recorded so far (for the progress bar).
+pub async fn run(plan: Arc<Plan>, workers: usize, done: Arc<AtomicU64>) -> Vec<Op> {
     let shared = Arc::new(Shared::default());
     let mut tasks = Vec::new();
     for process in 0..workers {
-        let (plan, shared, bar) = (Arc::clone(&plan), Arc::clone(&shared), bar.clone());
+        let (plan, shared, done) = (Arc::clone(&plan), Arc::clone(&shared), Arc::clone(&done));
         tasks.push(tokio::spawn(async move {
-            Process::new(process, plan, shared, bar).run().await
+            Process::new(process, plan, shared, done).run().await
         }));
     }
     let mut ops = Vec::new();
@@ -133,7 +133,7 @@ struct Process {
     id: usize,
     plan: Arc<Plan>,
     shared: Arc<Shared>,
-    bar: ProgressBar,
+    done: Arc<AtomicU64>,
     rng: StdRng,
     client: Option<Client>,
     /// Keys this process has written (acknowledged or not).
@@ -146,14 +146,14 @@ struct Process {
 }
 
 impl Process {
-    fn new(id: usize, plan: Arc<Plan>, shared: Arc<Shared>, bar: ProgressBar) -> Process {
+    fn new(id: usize, plan: Arc<Plan>, shared: Arc<Shared>, done: Arc<AtomicU64>) -> Process {
         let rng =
             StdRng::seed_from_u64(plan.seed ^ (id as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15));
         Process {
             id,
             plan,
             shared,
-            bar,
+            done,
             rng,
             client: None,
             written: Vec::new(),
@@ -392,7 +392,7 @@ impl Process {
     }
 
     fn record(&mut self, op: Op) {
-        self.bar.inc(1);
+        self.done.fetch_add(1, Ordering::Relaxed);
         self.ops.push(op);
     }
 
