@@ -224,6 +224,72 @@ impl Node {
         })
     }
 
+    /// Follows `primary` as a streaming replica. A running replica is repointed
+    /// (`primary_conninfo` reloaded; it follows the new timeline). A stopped server is started as
+    /// one: what a switchover does with the old primary, which can follow the promoted replica
+    /// without a rewind when it was shut down cleanly and the replica had received all of its
+    /// WAL (see [`Node::hand_over_to`]).
+    pub fn follow(&self, primary: &Node) -> Result<(), Error> {
+        let conninfo = format!("{} application_name={}", primary.conninfo(), self.spec.name);
+        if process::postmaster_pid(&self.spec.data_dir).is_some() {
+            return self.set("primary_conninfo", &conninfo);
+        }
+        let signal = self.spec.data_dir.join("standby.signal");
+        std::fs::write(&signal, b"")
+            .map_err(|e| Error::io(format!("create {}", signal.display()), e))?;
+        self.tools.run_as.own(&signal)?;
+        // After everything else in the configuration, so it wins.
+        let auto = self.spec.data_dir.join("postgresql.auto.conf");
+        let mut conf = std::fs::read_to_string(&auto)
+            .map_err(|e| Error::io(format!("read {}", auto.display()), e))?;
+        conf.push_str(&format!(
+            "primary_conninfo = '{}'\n",
+            conninfo.replace('\'', "''")
+        ));
+        std::fs::write(&auto, conf)
+            .map_err(|e| Error::io(format!("write {}", auto.display()), e))?;
+        self.start()
+    }
+
+    /// A clean failover from this primary to `replica`: a fast shutdown here (which sends every
+    /// WAL record, the shutdown checkpoint included, to the replicas streaming from it), a wait
+    /// until `replica` has received it all, and `replica`'s promotion. No acknowledged write is
+    /// lost, and this server can then [`Node::follow`] the new primary as it is.
+    pub fn hand_over_to(&self, replica: &Node) -> Result<(), Error> {
+        self.stop()?;
+        let last = self.checkpoint_location()?;
+        replica.wait_until(
+            &format!("received the old primary's shutdown checkpoint {last}"),
+            Duration::from_secs(30),
+            || {
+                Ok(replica.sql(&format!(
+                    "SELECT pg_last_wal_receive_lsn() > '{last}'::pg_lsn"
+                ))? == "t")
+            },
+        )?;
+        replica.promote()
+    }
+
+    /// `Latest checkpoint location` from `pg_controldata` (text `X/Y`): a stopped server's last
+    /// WAL record after a clean shutdown.
+    fn checkpoint_location(&self) -> Result<String, Error> {
+        let mut command = self
+            .tools
+            .run_as
+            .command(&self.tools.bin.tool("pg_controldata"));
+        command.arg("-D").arg(&self.spec.data_dir);
+        let output = process::run(command, &format!("pg_controldata {}", self.spec.name))?;
+        let text = String::from_utf8_lossy(&output.stdout);
+        text.lines()
+            .find_map(|line| line.strip_prefix("Latest checkpoint location:"))
+            .map(|lsn| lsn.trim().to_string())
+            .ok_or_else(|| Error::Sql {
+                node: self.spec.name.clone(),
+                sql: "pg_controldata".into(),
+                message: format!("no \"Latest checkpoint location\" in: {text}"),
+            })
+    }
+
     /// Waits until this replica has replayed `lsn` (text `X/Y`).
     pub fn wait_replayed(&self, lsn: &str, timeout: Duration) -> Result<(), Error> {
         let check = format!(

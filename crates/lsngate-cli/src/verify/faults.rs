@@ -38,9 +38,13 @@ pub enum FaultKind {
     Blackhole,
     /// kill -9 of the primary, restarted at the end (crash recovery; no failover).
     KillPrimary,
+    /// A clean failover: the primary shut down, a replica promoted once it has every WAL record;
+    /// at the end the old primary rejoins as a replica of the new one and the other replicas
+    /// (orphaned meanwhile, on the old timeline) follow it too. The roles stay swapped.
+    Failover,
 }
 
-pub const ALL: [FaultKind; 7] = [
+pub const ALL: [FaultKind; 8] = [
     FaultKind::Pause,
     FaultKind::Delay,
     FaultKind::Stop,
@@ -48,6 +52,7 @@ pub const ALL: [FaultKind; 7] = [
     FaultKind::NetDelay,
     FaultKind::Blackhole,
     FaultKind::KillPrimary,
+    FaultKind::Failover,
 ];
 
 impl FaultKind {
@@ -60,12 +65,13 @@ impl FaultKind {
             FaultKind::NetDelay => "net-delay",
             FaultKind::Blackhole => "blackhole",
             FaultKind::KillPrimary => "kill-primary",
+            FaultKind::Failover => "failover",
         }
     }
 
     /// Whether the fault is made on the primary rather than on a replica.
     fn on_primary(self) -> bool {
-        self == FaultKind::KillPrimary
+        matches!(self, FaultKind::KillPrimary | FaultKind::Failover)
     }
 }
 
@@ -78,10 +84,7 @@ impl FromStr for FaultKind {
             .find(|kind| kind.name() == text)
             .ok_or_else(|| {
                 let names: Vec<&str> = ALL.iter().map(|k| k.name()).collect();
-                format!(
-                    "unknown fault {text:?}: use {} or all (failover is not built yet)",
-                    names.join(", ")
-                )
+                format!("unknown fault {text:?}: use {} or all", names.join(", "))
             })
     }
 }
@@ -112,10 +115,11 @@ pub enum Targets {
     Hook(Hook),
 }
 
-/// The local cluster's primary, its replicas and, per replica, the forwarder the proxy (or the
-/// library) reaches it through.
+/// The local cluster's primary, its replicas and, per server, the forwarder the proxy (or the
+/// library) reaches it through. A failover swaps the roles here as it swaps them in the cluster.
 pub struct LocalTargets {
     pub primary: Node,
+    pub primary_forwarder: Arc<Forwarder>,
     pub replicas: Vec<Node>,
     pub forwarders: Vec<Arc<Forwarder>>,
     /// The apply delay the replicas run with outside a `delay` fault.
@@ -155,14 +159,14 @@ impl Targets {
         }
     }
 
-    fn inject(&self, planned: &Planned) -> anyhow::Result<String> {
+    fn inject(&mut self, planned: &Planned) -> anyhow::Result<String> {
         match self {
             Targets::Local(local) => local.inject(planned),
             Targets::Hook(hook) => hook.run("inject", planned),
         }
     }
 
-    fn heal(&self, planned: &Planned) -> anyhow::Result<()> {
+    fn heal(&mut self, planned: &Planned) -> anyhow::Result<()> {
         match self {
             Targets::Local(local) => local.heal(planned),
             Targets::Hook(hook) => hook.run("heal", planned).map(drop),
@@ -233,7 +237,7 @@ impl Schedule {
 /// cluster helpers run psql and pg_ctl): run it on a thread of its own.
 pub fn run(
     mut schedule: Schedule,
-    targets: &Targets,
+    mut targets: Targets,
     start: Instant,
     stop: &AtomicBool,
     covered: &AtomicBool,
@@ -254,12 +258,13 @@ pub fn run(
             break;
         }
         let start_ms = ms();
+        let node = targets.node_name(&planned);
         let detail = targets.inject(&planned)?;
         let held = sleep_unless_stopped(planned.hold, stop);
         targets.heal(&planned)?;
         windows.push(FaultWindow {
             kind: planned.kind.name().into(),
-            node: targets.node_name(&planned),
+            node,
             detail,
             start_ms,
             end_ms: ms(),
@@ -298,9 +303,9 @@ impl LocalTargets {
         }
     }
 
-    fn inject(&self, planned: &Planned) -> anyhow::Result<String> {
-        let replica = &self.replicas[planned.replica];
-        let forwarder = &self.forwarders[planned.replica];
+    fn inject(&mut self, planned: &Planned) -> anyhow::Result<String> {
+        let replica = self.replicas[planned.replica].clone();
+        let forwarder = Arc::clone(&self.forwarders[planned.replica]);
         Ok(match planned.kind {
             FaultKind::Pause => {
                 replica.pause_replay()?;
@@ -336,10 +341,22 @@ impl LocalTargets {
                 self.primary.kill()?;
                 "kill -9 of the primary".into()
             }
+            FaultKind::Failover => {
+                let (old, new) = (self.primary.name().to_string(), replica.name().to_string());
+                self.primary.hand_over_to(&replica)?;
+                // The promoted replica is the primary from now on; the old one is down until
+                // the fault heals.
+                std::mem::swap(&mut self.primary, &mut self.replicas[planned.replica]);
+                std::mem::swap(
+                    &mut self.primary_forwarder,
+                    &mut self.forwarders[planned.replica],
+                );
+                format!("{old} shut down, {new} promoted")
+            }
         })
     }
 
-    fn heal(&self, planned: &Planned) -> anyhow::Result<()> {
+    fn heal(&mut self, planned: &Planned) -> anyhow::Result<()> {
         let replica = &self.replicas[planned.replica];
         let forwarder = &self.forwarders[planned.replica];
         match planned.kind {
@@ -349,6 +366,13 @@ impl LocalTargets {
             FaultKind::Kill => replica.start()?,
             FaultKind::NetDelay | FaultKind::Blackhole => forwarder.set(Fault::None),
             FaultKind::KillPrimary => self.primary.start()?,
+            // Every replica follows the new primary: the old primary (index `planned.replica`
+            // since the swap) starts as one, the others are repointed.
+            FaultKind::Failover => {
+                for replica in &self.replicas {
+                    replica.follow(&self.primary)?;
+                }
+            }
         }
         Ok(())
     }
@@ -442,9 +466,13 @@ mod tests {
         );
         assert_eq!(parse_list("all").unwrap().0, ALL.to_vec());
         assert_eq!(parse_list("none").unwrap().0, vec![]);
-        let err = parse_list("pause,failover").unwrap_err();
+        assert_eq!(
+            parse_list("kill-primary,failover").unwrap().0,
+            vec![FaultKind::KillPrimary, FaultKind::Failover]
+        );
+        let err = parse_list("pause,reboot").unwrap_err();
         assert!(
-            err.contains("failover") && err.contains("kill-primary"),
+            err.contains("\"reboot\"") && err.contains("kill-primary") && err.contains("failover"),
             "{err}"
         );
     }

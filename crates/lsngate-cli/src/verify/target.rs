@@ -26,10 +26,18 @@ pub struct Target {
     pub via: Via,
     pub describe: String,
     proxy: Option<InProcessProxy>,
-    /// The local cluster and, per replica, the forwarder the proxy or the gate reaches it
-    /// through (where the network faults are made).
-    local: Option<(Cluster, Vec<Arc<Forwarder>>)>,
+    /// The local cluster and the forwarders the proxy or the gate reaches it through.
+    local: Option<Local>,
     baseline_delay: Duration,
+}
+
+/// The local cluster and, per server, the forwarder the proxy or the gate reaches it through
+/// (where the network faults are made, and what lets a failover swap the roles behind the same
+/// addresses).
+struct Local {
+    cluster: Cluster,
+    primary_forwarder: Arc<Forwarder>,
+    forwarders: Vec<Arc<Forwarder>>,
 }
 
 impl Target {
@@ -82,6 +90,12 @@ impl Target {
             );
         }
         let cluster = crate::cluster::start_local(config).await?;
+        // The primary too is reached through a forwarder: after a failover it is a replica.
+        let primary_forwarder = Arc::new(Forwarder::start(cluster.primary().port())?);
+        let primary_url = format!(
+            "postgres://postgres@127.0.0.1:{}/postgres",
+            primary_forwarder.port()
+        );
         let mut forwarders = Vec::new();
         let mut replica_urls = Vec::new();
         for replica in cluster.replicas() {
@@ -97,16 +111,12 @@ impl Target {
             args.local_replicas
         );
         let (via, proxy, describe) = if library {
-            let gate = connect_gate(&cluster.primary_url(), &replica_urls, args).await?;
+            let gate = connect_gate(&primary_url, &replica_urls, args).await?;
             let via = Via::Library(Arc::new(LibraryTarget::new(gate)));
             (via, None, format!("{described} + lsngate library"))
         } else {
-            let setup = ProxySetup::new(
-                &cluster.primary_url(),
-                &replica_urls,
-                args.workers * 2,
-                args.budget,
-            )?;
+            let setup =
+                ProxySetup::new(&primary_url, &replica_urls, args.workers * 2, args.budget)?;
             let proxy = InProcessProxy::start(&setup).await?;
             let mut endpoint = proxy.client_config().clone();
             endpoint.application_name("lsngate-verify");
@@ -117,7 +127,11 @@ impl Target {
             via,
             describe,
             proxy,
-            local: Some((cluster, forwarders)),
+            local: Some(Local {
+                cluster,
+                primary_forwarder,
+                forwarders,
+            }),
             baseline_delay: args.apply_delay.unwrap_or(Duration::ZERO),
         })
     }
@@ -135,11 +149,12 @@ impl Target {
         if let Some(hook) = hook {
             return Some(faults::Targets::Hook(hook));
         }
-        let (cluster, forwarders) = self.local.as_ref()?;
+        let local = self.local.as_ref()?;
         Some(faults::Targets::Local(faults::LocalTargets {
-            primary: cluster.primary().clone(),
-            replicas: cluster.replicas().to_vec(),
-            forwarders: forwarders.clone(),
+            primary: local.cluster.primary().clone(),
+            primary_forwarder: Arc::clone(&local.primary_forwarder),
+            replicas: local.cluster.replicas().to_vec(),
+            forwarders: local.forwarders.clone(),
             baseline_delay: self.baseline_delay,
         }))
     }
@@ -166,8 +181,8 @@ impl Target {
                 Via::Library(target) => schema_through_gate(target, keys).await?,
             };
             match (&self.local, &self.via) {
-                (Some((cluster, _)), _) => {
-                    let replicas = cluster.replicas().to_vec();
+                (Some(local), _) => {
+                    let replicas = local.cluster.replicas().to_vec();
                     tokio::task::spawn_blocking(move || {
                         for replica in replicas {
                             replica.wait_replayed(&position, Duration::from_secs(30))?;
@@ -217,9 +232,10 @@ impl Target {
             proxy.shutdown().await?;
         }
         drop(self.via);
-        if let Some((cluster, forwarders)) = self.local {
-            drop(forwarders);
-            tokio::task::block_in_place(|| drop(cluster));
+        if let Some(local) = self.local {
+            drop(local.forwarders);
+            drop(local.primary_forwarder);
+            tokio::task::block_in_place(|| drop(local.cluster));
         }
         Ok(())
     }
