@@ -174,7 +174,12 @@ fn bench_runs_every_strategy_and_writes_the_documented_json() {
         svg.to_str().unwrap(),
     ]);
     let table = String::from_utf8_lossy(&output.stdout);
-    assert!(table.contains("read p50 / primary"), "{table}");
+    assert!(
+        table.contains("read p50 / primary")
+            && table.contains("read p50 / floor")
+            && table.contains("write p50"),
+        "{table}"
+    );
     let doc: Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
 
     let env = &doc["environment"];
@@ -201,6 +206,7 @@ fn bench_runs_every_strategy_and_writes_the_documented_json() {
         "lsngate",
         "proxy-session",
         "proxy-token",
+        "floor",
     ];
     if major >= 19 {
         expected.push("waitfor");
@@ -217,7 +223,7 @@ fn bench_runs_every_strategy_and_writes_the_documented_json() {
         for key in ["ops", "stale", "served_by_replica", "fallbacks"] {
             assert!(row[key].is_u64(), "{name}.{key} not a count: {row}");
         }
-        for key in ["p50_ms", "p95_ms", "p99_ms", "e2e_p50_ms"] {
+        for key in ["p50_ms", "p95_ms", "p99_ms", "e2e_p50_ms", "write_p50_ms"] {
             assert!(row[key].as_f64().unwrap() > 0.0, "{name}.{key}: {row}");
         }
         assert_eq!(row["ops"], 60);
@@ -233,6 +239,7 @@ fn bench_runs_every_strategy_and_writes_the_documented_json() {
         "lsngate",
         "proxy-session",
         "proxy-token",
+        "floor",
     ] {
         if let Some(row) = by_name(name) {
             assert_eq!(row["stale"], 0, "{name} must never be stale: {row}");

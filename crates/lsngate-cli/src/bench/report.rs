@@ -18,6 +18,8 @@ pub struct ResultRow {
     pub p95_ms: f64,
     pub p99_ms: f64,
     pub e2e_p50_ms: f64,
+    /// The write alone (with the library, the token it brings back included).
+    pub write_p50_ms: f64,
     /// For the proxy strategies: the proxy's own count of how its causal reads ended.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub proxy_outcomes: Option<ProxyOutcomes>,
@@ -89,6 +91,7 @@ fn sorted_ms(samples: &[Sample], pick: impl Fn(&Sample) -> std::time::Duration) 
 pub fn summarize(strategy: &str, samples: &[Sample]) -> ResultRow {
     let read = sorted_ms(samples, |s| s.read_path);
     let e2e = sorted_ms(samples, |s| s.end_to_end);
+    let write = sorted_ms(samples, |s| s.write);
     ResultRow {
         strategy: strategy.to_string(),
         ops: samples.len(),
@@ -102,6 +105,7 @@ pub fn summarize(strategy: &str, samples: &[Sample]) -> ResultRow {
         p95_ms: round(percentile(&read, 95.0)),
         p99_ms: round(percentile(&read, 99.0)),
         e2e_p50_ms: round(percentile(&e2e, 50.0)),
+        write_p50_ms: round(percentile(&write, 50.0)),
         proxy_outcomes: None,
     }
 }
@@ -151,6 +155,7 @@ pub fn print_environment(env: &Environment) {
 
 pub fn print_results(rows: &[ResultRow]) {
     let baseline = rows.iter().find(|r| r.strategy == "primary");
+    let floor = rows.iter().find(|r| r.strategy == "floor");
     let ratio = |value: f64, base: Option<f64>| match base {
         Some(base) if base > 0.0 => format!("{:.2}×", value / base),
         _ => "-".to_string(),
@@ -163,8 +168,10 @@ pub fn print_results(rows: &[ResultRow]) {
         "read p50",
         "read p95",
         "read p99",
+        "write p50",
         "e2e p50",
         "read p50 / primary",
+        "read p50 / floor",
         "e2e p50 / primary",
     ]);
     for row in rows {
@@ -176,8 +183,10 @@ pub fn print_results(rows: &[ResultRow]) {
             format!("{:.2}ms", row.p50_ms),
             format!("{:.2}ms", row.p95_ms),
             format!("{:.2}ms", row.p99_ms),
+            format!("{:.2}ms", row.write_p50_ms),
             format!("{:.2}ms", row.e2e_p50_ms),
             ratio(row.p50_ms, baseline.map(|b| b.p50_ms)),
+            ratio(row.p50_ms, floor.map(|f| f.p50_ms)),
             ratio(row.e2e_p50_ms, baseline.map(|b| b.e2e_p50_ms)),
         ]);
     }

@@ -40,6 +40,10 @@ pub enum Strategy {
     /// The lsngate proxy in token mode: write on one connection, `SHOW lsngate.commit_lsn` there
     /// (answered by the proxy), read on another with the position as a comment floor.
     ProxyToken,
+    /// Not something an application could do: a tight poller reads the row on the replica again
+    /// and again until it is there. Its read p50 is how long after COMMIT returned the replica
+    /// first shows the row — the floor every exact strategy is measured against.
+    Floor,
 }
 
 impl std::str::FromStr for Strategy {
@@ -55,6 +59,7 @@ impl std::str::FromStr for Strategy {
             "lsngate" => Strategy::Lsngate,
             "proxy-session" => Strategy::ProxySession,
             "proxy-token" => Strategy::ProxyToken,
+            "floor" => Strategy::Floor,
             other => match other.strip_prefix("sleep:") {
                 Some(delay) => Strategy::Sleep(crate::duration::parse(delay)?),
                 None => {
@@ -81,12 +86,13 @@ impl std::fmt::Display for Strategy {
             Strategy::Lsngate => write!(f, "lsngate"),
             Strategy::ProxySession => write!(f, "proxy-session"),
             Strategy::ProxyToken => write!(f, "proxy-token"),
+            Strategy::Floor => write!(f, "floor"),
         }
     }
 }
 
 impl Strategy {
-    pub const NAMES: &'static str = "primary, replica, sleep:<ms>, sync-on, remote-apply, waitfor, poll, lsngate, proxy-session, proxy-token";
+    pub const NAMES: &'static str = "primary, replica, sleep:<ms>, sync-on, remote-apply, waitfor, poll, lsngate, proxy-session, proxy-token, floor";
 
     /// The `synchronous_commit` a worker's primary session uses for this strategy's writes.
     /// `local` keeps the others as fast as plain asynchronous replication when the cluster has a
@@ -266,6 +272,9 @@ pub async fn write(
     Ok((id, None))
 }
 
+/// How long the floor poller looks for a row before the run fails.
+const FLOOR_LIMIT: Duration = Duration::from_secs(30);
+
 /// What one read-after-write gave.
 #[derive(Debug, Clone, Copy)]
 pub struct ReadResult {
@@ -309,6 +318,21 @@ pub async fn read_back(
         Strategy::Sleep(delay) => {
             tokio::time::sleep(*delay).await;
             on_replica(session.read_replica(replica, id).await?)
+        }
+        Strategy::Floor => {
+            // Bounded: a replica that never shows the row fails the run instead of hanging it.
+            let give_up = Instant::now() + FLOOR_LIMIT;
+            loop {
+                let seen = session.read_replica(replica, id).await?;
+                if seen.is_some() {
+                    break on_replica(seen);
+                }
+                anyhow::ensure!(
+                    Instant::now() < give_up,
+                    "the floor poller did not see row {id} on replica {} within {FLOOR_LIMIT:?}; is it streaming? (lsngate lag)",
+                    replica + 1
+                );
+            }
         }
         Strategy::Lsngate => {
             let read = session

@@ -11,6 +11,8 @@ use super::strategy::{ReadResult, Session, Strategy, read_back, write};
 /// One timed operation.
 #[derive(Debug, Clone, Copy)]
 pub struct Sample {
+    /// From the start of the write until it returned (with the library, its token included).
+    pub write: Duration,
     /// From the write's COMMIT returning to the read's result (token capture included).
     pub read_path: Duration,
     /// From the start of the write to the read's result.
@@ -79,6 +81,7 @@ async fn one_op(
     let result = read_back(strategy, session, replica, written, &payload, budget).await?;
     let done = Instant::now();
     Ok(Sample {
+        write: committed - started,
         read_path: done - committed,
         end_to_end: done - started,
         result,
