@@ -164,6 +164,11 @@ pub enum PoolError {
         size: usize,
         waited: Duration,
     },
+    /// PAUSE on the admin console held the checkout for the whole acquire timeout.
+    #[error(
+        "database {database:?} is paused (PAUSE on the lsngate admin console) and stayed paused for {waited:?}; RESUME it there, or raise acquire_timeout_ms to wait longer"
+    )]
+    Paused { database: String, waited: Duration },
     /// Opening a new connection failed.
     #[error(transparent)]
     Backend(#[from] BackendError),
@@ -303,6 +308,12 @@ impl Pool {
         self.assignments
             .fetch_add(u64::from(lent.is_some()), Ordering::Relaxed);
         let Some(mut lent) = lent else {
+            if self.shelf.lock().expect("pool lock").paused {
+                return Err(PoolError::Paused {
+                    database: self.database.clone(),
+                    waited: wait,
+                });
+            }
             return Err(PoolError::Exhausted {
                 node: self.node,
                 database: self.database.clone(),

@@ -136,7 +136,11 @@ fn the_console_database_is_served_by_the_proxy_and_makes_no_pool() {
     }
     // A database the server lacks and a user the config lacks leave no pool either.
     let (ok, _, stderr) = psql(&proxy, "app", "no_such_db", &["SELECT 1"]);
-    assert!(!ok && stderr.contains("no_such_db"), "{stderr}");
+    assert!(
+        !ok && stderr.contains("database \"no_such_db\" does not exist")
+            && stderr.contains("check the database name the client connected with"),
+        "{stderr}"
+    );
     let (ok, _, stderr) = psql(&proxy, "nobody", "postgres", &["SELECT 1"]);
     assert!(
         !ok && stderr.contains("no such user \"nobody\""),
@@ -436,6 +440,24 @@ fn pause_holds_a_new_query_until_resume_while_the_transaction_in_flight_finishes
 }
 
 #[test]
+fn a_query_paused_longer_than_acquire_timeout_gets_an_error_naming_the_pause() {
+    let mut file = console_config();
+    file.acquire_timeout_ms = Some(200);
+    let proxy = TestProxy::with(file);
+    assert!(psql(&proxy, "app", "postgres", &["SELECT 1"]).0);
+    console(&proxy, "PAUSE postgres");
+    let (ok, _, stderr) = psql(&proxy, "app", "postgres", &["SELECT 1"]);
+    assert!(
+        !ok && stderr
+            .contains("database \"postgres\" is paused (PAUSE on the lsngate admin console)")
+            && stderr.contains("RESUME it there"),
+        "{stderr}"
+    );
+    console(&proxy, "RESUME postgres");
+    assert!(psql(&proxy, "app", "postgres", &["SELECT 1"]).0);
+}
+
+#[test]
 fn kill_client_ends_just_that_client() {
     let proxy = TestProxy::with(console_config());
     let rt = rt();
@@ -452,7 +474,10 @@ fn kill_client_ends_just_that_client() {
         .expect_err("the killed client's connection is gone");
     let db = error.as_db_error().expect("the proxy's FATAL");
     assert_eq!(db.code().code(), "57P01");
-    assert!(db.message().contains("KILL on the lsngate admin console"), "{db}");
+    assert!(
+        db.message().contains("KILL on the lsngate admin console"),
+        "{db}"
+    );
     rt.block_on(spared.simple_query("SELECT 1")).unwrap();
     eventually("the killed client left the list", || {
         let clients = table(&console(&proxy, "SHOW CLIENTS"));
