@@ -659,3 +659,46 @@ fn reload_applies_a_changed_pool_size() {
     let _ = child.kill();
     let _ = child.wait();
 }
+
+#[test]
+fn pgx_reads_every_show_over_the_simple_protocol_and_is_told_the_extended_one_is_not_served() {
+    let proxy = TestProxy::with(console_config());
+    let program = crate::drivers::build_pgx_program("pgx_console");
+    let url = format!(
+        "postgres://boss:boss-pw@127.0.0.1:{}/pgbouncer?sslmode=disable",
+        proxy.addr.port()
+    );
+    let shows = [
+        "HELP",
+        "POOLS",
+        "CLIENTS",
+        "SERVERS",
+        "STATS",
+        "STATS_TOTALS",
+        "DATABASES",
+        "USERS",
+        "CONFIG",
+        "LISTS",
+        "VERSION",
+        "STATE",
+        "REPLICAS",
+        "CAUSAL",
+    ];
+    let (stdout, _) = run_ok(Command::new(program).arg(&url).args(shows));
+    assert!(
+        stdout.contains(
+            "extended: ERROR: extended query protocol not supported by the lsngate admin console"
+        ) && stdout.contains("(SQLSTATE 08P01)"),
+        "{stdout}"
+    );
+    for show in shows {
+        assert!(
+            stdout.contains(&format!("SHOW {show}: ")),
+            "{show}: {stdout}"
+        );
+    }
+    assert!(
+        stdout.contains("SHOW CLIENTS: type,user,database,state,addr,port,local_addr,local_port,connect_time,id,tls,application_name | "),
+        "{stdout}"
+    );
+}
