@@ -499,10 +499,12 @@ impl Pool {
         }
     }
 
-    /// Whether it never opened a connection and lends no slot (nothing to keep it for).
+    /// Whether it never opened a connection and lends no slot (nothing to keep it for). A
+    /// pool that ever opened one is kept: sessions that logged in through it hold it.
     pub fn is_unused(&self) -> bool {
+        let never_opened = self.server_params.lock().expect("params lock").is_none();
         let shelf = self.shelf.lock().expect("pool lock");
-        shelf.lent == 0 && shelf.waiting.is_empty() && self.open.load(Ordering::Relaxed) == 0
+        never_opened && shelf.lent == 0 && shelf.waiting.is_empty()
     }
 
     /// The database its connections are logged into.

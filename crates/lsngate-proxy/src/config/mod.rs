@@ -325,6 +325,39 @@ mod tests {
     }
 
     #[test]
+    fn console_users_come_from_repeated_flags_and_must_be_login_users() {
+        use clap::Parser;
+        #[derive(clap::Parser)]
+        struct Cli {
+            #[command(flatten)]
+            args: ProxyArgs,
+        }
+        let cli = Cli::try_parse_from([
+            "proxy",
+            "--primary",
+            "postgres://app@db1/app",
+            "--admin-user",
+            "app",
+            "--stats-user",
+            "app",
+        ])
+        .unwrap();
+        let config = cli.args.load().unwrap();
+        assert_eq!(config.console_access("app"), Some(ConsoleAccess::Admin));
+        assert_eq!(config.console_access("other"), None);
+        let file = FileConfig {
+            primary: Some("postgres://app@db1/app".into()),
+            stats_users: vec!["exporter".into()],
+            ..Default::default()
+        };
+        let error = Config::build(file).unwrap_err().to_string();
+        assert!(
+            error.starts_with("user \"exporter\": listed in stats_users but no client may log in as it; add it under [[users]]"),
+            "{error}"
+        );
+    }
+
+    #[test]
     fn flags_lie_over_the_file_and_the_file_over_the_defaults() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("lsngate.toml");

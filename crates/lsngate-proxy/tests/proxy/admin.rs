@@ -656,6 +656,14 @@ fn reload_applies_a_changed_pool_size() {
         "2"
     );
     rt.block_on(holder.batch_execute("COMMIT")).unwrap();
+    // A config with an error is not applied, and RELOAD says why.
+    std::fs::write(&config_path, "pool_size = \"three\"\n").unwrap();
+    let (ok, _, stderr) = psql_at(port, "boss", "lsngate", &["RELOAD"]);
+    assert!(
+        !ok && stderr.contains("config not reloaded: invalid config file"),
+        "{stderr}"
+    );
+    assert!(console("SHOW CONFIG").contains("pool_size|2|20|yes"));
     let _ = child.kill();
     let _ = child.wait();
 }
