@@ -469,6 +469,12 @@ fn kill_client_ends_just_that_client() {
         .find(|c| c["application_name"] == "doomed")
         .expect("listed")["id"];
     console(&proxy, &format!("KILL_CLIENT {id}"));
+    // The session ends on its own task: it has written its FATAL once it left the list.
+    eventually("the killed client left the list", || {
+        let clients = table(&console(&proxy, "SHOW CLIENTS"));
+        !clients.iter().any(|c| c["application_name"] == "doomed")
+            && clients.iter().any(|c| c["application_name"] == "spared")
+    });
     let error = rt
         .block_on(doomed.simple_query("SELECT 1"))
         .expect_err("the killed client's connection is gone");
@@ -479,11 +485,6 @@ fn kill_client_ends_just_that_client() {
         "{db}"
     );
     rt.block_on(spared.simple_query("SELECT 1")).unwrap();
-    eventually("the killed client left the list", || {
-        let clients = table(&console(&proxy, "SHOW CLIENTS"));
-        !clients.iter().any(|c| c["application_name"] == "doomed")
-            && clients.iter().any(|c| c["application_name"] == "spared")
-    });
     let (ok, _, stderr) = psql(&proxy, "boss", "lsngate", &["KILL_CLIENT 999999"]);
     assert!(
         !ok && stderr.contains("no client with id 999999"),
@@ -570,6 +571,11 @@ fn control_commands_run_from_psql() {
         &["KILL postgres", "SHOW VERSION"],
     );
     assert!(ok && out.contains("lsngate "), "{stderr}");
+    eventually("KILL ended the database's client", || {
+        !table(&console(&proxy, "SHOW CLIENTS"))
+            .iter()
+            .any(|c| c["database"] == "postgres")
+    });
     assert!(rt.block_on(app.simple_query("SELECT 1")).is_err(), "killed");
     assert!(
         psql(&proxy, "app", "postgres", &["SELECT 1"]).0,
