@@ -1,5 +1,6 @@
 //! Starts a throwaway cluster (primary + 2 replicas, from lsngate-cluster) and an lsngate proxy
-//! in front of it, prints the URLs, and runs until Ctrl-C. For trying the proxy by hand:
+//! in front of it (user `postgres` may use the admin console), prints the URLs, and runs until
+//! Ctrl-C. For trying the proxy by hand:
 //! `cargo run -p lsngate-proxy --example demo_cluster [APPLY_DELAY_MS]` — a delay
 //! (`recovery_min_apply_delay` on the replicas) makes stale reads easy to see.
 
@@ -28,6 +29,7 @@ async fn main() -> anyhow::Result<()> {
         admin_listen: Some("127.0.0.1:9187".parse()?),
         primary: Some(cluster.primary_url()),
         replicas: cluster.replica_urls(),
+        admin_users: vec!["postgres".into()],
         ..Default::default()
     };
     let config = Config::build(file)?;
@@ -38,6 +40,7 @@ async fn main() -> anyhow::Result<()> {
     }
     println!("proxy     postgres://postgres@127.0.0.1:6432/postgres");
     println!("admin     http://127.0.0.1:9187/status  http://127.0.0.1:9187/metrics");
+    println!("console   psql -h 127.0.0.1 -p 6432 -U postgres lsngate -c 'SHOW POOLS'");
     let (stop, stop_rx) = tokio::sync::watch::channel(false);
     tokio::spawn(async move {
         // Ctrl-C or SIGTERM: return normally, so the cluster is torn down.

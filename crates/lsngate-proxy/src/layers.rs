@@ -19,6 +19,7 @@ const LAYERS: &[(&str, u8)] = &[
     ("backend", 4),
     ("causal", 5),
     ("proxy", 6),
+    ("clients", 6),
     ("frontend", 7),
     ("admin", 8),
     ("serve", 9),

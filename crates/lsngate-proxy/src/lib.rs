@@ -14,9 +14,11 @@
 //!   server replayed (`backend::replay`, fed to `lsngate_core`'s replay book);
 //! - `causal/`: what sessions share for causal reads — guard, statistics, commit floors, the
 //!   probe statements as frames;
-//! - `proxy`: `Proxy`, the state every session shares;
+//! - `proxy`: `Proxy`, the state every session shares, and `clients`, the clients connected now
+//!   (for the admin console);
 //! - `frontend/`: one client — handshake, session loop, the routing `plan`, flights, replies;
-//! - `admin/`: the HTTP port (/metrics, /status, /dashboard);
+//! - `admin/`: the HTTP port (/metrics, /status, /dashboard) and the admin console (the virtual
+//!   database `lsngate`/`pgbouncer`);
 //! - `serve` (and this file): starting it all.
 //!
 //! The public API is what the `lsngate` CLI, the tests and the fuzz targets use: [`Proxy`],
@@ -30,6 +32,7 @@ pub(crate) mod admin;
 pub(crate) mod auth;
 pub(crate) mod backend;
 pub(crate) mod causal;
+pub(crate) mod clients;
 pub mod config;
 pub(crate) mod frontend;
 #[cfg(test)]
@@ -96,6 +99,7 @@ pub async fn run_cli(args: ProxyArgs, config: Config) -> anyhow::Result<()> {
     let listener = TcpListener::bind(config.listen).await?;
     tracing::info!(listen = %config.listen, nodes = config.nodes.len(), "lsngate proxy listening");
     let proxy = Proxy::new(config);
+    proxy.set_reload_source(Box::new(move || args.load()));
     let (stop_tx, stop_rx) = watch::channel(false);
     let mut hangup = signal(SignalKind::hangup())?;
     let mut terminate = signal(SignalKind::terminate())?;
@@ -103,9 +107,8 @@ pub async fn run_cli(args: ProxyArgs, config: Config) -> anyhow::Result<()> {
     tokio::spawn(async move {
         loop {
             tokio::select! {
-                _ = hangup.recv() => match args.load() {
-                    Ok(config) => reloader.reload(config),
-                    Err(e) => tracing::error!("SIGHUP: config not reloaded: {e}"),
+                _ = hangup.recv() => if let Err(e) = reloader.reload_from_source() {
+                    tracing::error!("SIGHUP: config not reloaded: {e}");
                 },
                 _ = terminate.recv() => break,
                 _ = tokio::signal::ctrl_c() => break,

@@ -49,6 +49,23 @@ pub struct Proxy {
     /// Shutdown signal for node monitors, once serving (monitors of nodes a reload adds use it).
     pub(crate) monitors:
         Mutex<Option<(tokio::sync::watch::Receiver<bool>, tokio::runtime::Handle)>>,
+    /// The clients connected now (admin console: SHOW CLIENTS, KILL_CLIENT).
+    pub(crate) registry: crate::clients::Clients,
+    /// Where a reload reads the config from (RELOAD on the admin console, SIGHUP).
+    reload_source: Mutex<Option<ReloadSource>>,
+    /// Turned true by SHUTDOWN on the admin console: the proxy drains as on SIGTERM.
+    pub(crate) shutdown_requested: tokio::sync::watch::Sender<bool>,
+}
+
+/// How a reload gets the new config: `lsngate proxy` re-reads its config file and flags.
+pub type ReloadFn = Box<dyn Fn() -> Result<Config, crate::config::ConfigError> + Send + Sync>;
+
+struct ReloadSource(ReloadFn);
+
+impl std::fmt::Debug for ReloadSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ReloadSource")
+    }
 }
 
 impl Proxy {
@@ -75,7 +92,34 @@ impl Proxy {
             classes: ClassCache::default(),
             cancels: Mutex::new(HashMap::new()),
             clients: AtomicUsize::new(0),
+            registry: crate::clients::Clients::default(),
+            reload_source: Mutex::new(None),
+            shutdown_requested: tokio::sync::watch::channel(false).0,
         })
+    }
+
+    /// Sets where [`Proxy::reload_from_source`] reads the config (the CLI's file and flags).
+    pub fn set_reload_source(&self, source: ReloadFn) {
+        *self.reload_source.lock().expect("reload lock") = Some(ReloadSource(source));
+    }
+
+    /// Reads the config again and applies it (SIGHUP, RELOAD); the error names what is wrong
+    /// with the new config, which is then not applied.
+    pub fn reload_from_source(self: &Arc<Self>) -> Result<(), String> {
+        let loaded = {
+            let source = self.reload_source.lock().expect("reload lock");
+            let Some(ReloadSource(load)) = source.as_ref() else {
+                return Err(
+                    "this proxy has no config source to reload from (it was started \
+                     in-process, not by lsngate proxy); start it with lsngate proxy --config FILE"
+                        .into(),
+                );
+            };
+            load()
+        };
+        let config = loaded.map_err(|e| e.to_string())?;
+        self.reload(config);
+        Ok(())
     }
 
     /// The current config (a snapshot; SIGHUP swaps it).
@@ -108,7 +152,12 @@ impl Proxy {
                 self.watch(node);
             }
         }
+        let limits = config.pool_limits();
         *self.config.write().expect("config lock") = Arc::new(config);
+        // Sizes too: a changed pool_size applies to the pools already made, at once.
+        for pool in self.nodes.pools_of(None) {
+            pool.set_limits(limits);
+        }
         self.config_version.fetch_add(1, Ordering::Release);
         self.classes.clear();
         tracing::info!("configuration reloaded");
@@ -191,14 +240,23 @@ impl Proxy {
         if let Some(params) = pool.server_params() {
             return Ok(params.to_vec());
         }
-        let mut conn = pool
+        let acquired = pool
             .acquire(
                 &node.url,
                 login,
                 config.acquire_timeout,
                 config.connect_timeout,
             )
-            .await?;
+            .await;
+        let mut conn = match acquired {
+            Ok(conn) => conn,
+            Err(e) => {
+                // A database the server does not have (or refuses) leaves no pool behind.
+                drop(pool);
+                node.drop_unused_pool(database, login);
+                return Err(e.into());
+            }
+        };
         let params = conn.server_params.clone();
         conn.release();
         Ok(params)

@@ -19,8 +19,9 @@ impl Proxy {
     pub async fn serve(
         self: Arc<Self>,
         listener: TcpListener,
-        mut shutdown: watch::Receiver<bool>,
+        outer: watch::Receiver<bool>,
     ) -> anyhow::Result<()> {
+        let mut shutdown = self.shutdown_signal(outer);
         let config = self.config();
         let check_timeout = config.connect_timeout;
         let mut first_checks = JoinSet::new();
@@ -61,7 +62,7 @@ impl Proxy {
                     let proxy = Arc::clone(&self);
                     let stop = shutdown.clone();
                     sessions.spawn(async move {
-                        match crate::frontend::handshake::handle_client(proxy, stream, stop).await {
+                        match crate::frontend::handshake::handle_client(proxy, stream, stop, crate::admin::console::serve).await {
                             Err(e) if e.is_routine() => tracing::debug!(%peer, "client session ended: {e}"),
                             Err(e) => tracing::info!(%peer, "client session ended: {e}"),
                             Ok(()) => {}
@@ -78,5 +79,23 @@ impl Proxy {
         })
         .await;
         Ok(())
+    }
+
+    /// The drain signal of sessions, monitors and the admin port: `outer` (SIGTERM, a test)
+    /// or SHUTDOWN on the admin console, whichever comes first.
+    fn shutdown_signal(&self, mut outer: watch::Receiver<bool>) -> watch::Receiver<bool> {
+        let (drain, signal) = watch::channel(*outer.borrow());
+        let mut console = self.shutdown_requested.subscribe();
+        tokio::spawn(async move {
+            loop {
+                tokio::select! {
+                    changed = outer.changed() => if changed.is_err() || *outer.borrow() { break },
+                    changed = console.changed() => if changed.is_err() || *console.borrow() { break },
+                    _ = drain.closed() => return,
+                }
+            }
+            let _ = drain.send(true);
+        });
+        signal
     }
 }

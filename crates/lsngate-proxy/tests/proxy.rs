@@ -1,6 +1,8 @@
 //! Integration tests of `lsngate proxy` against real PostgreSQL clusters from lsngate-cluster, with
 //! real clients (psql, pgbench, tokio-postgres, psycopg, asyncpg, node-postgres, pgjdbc, pgx).
 
+#[path = "proxy/admin.rs"]
+mod admin;
 #[path = "proxy/causal.rs"]
 mod causal;
 #[path = "proxy/clients.rs"]

@@ -1,8 +1,11 @@
-//! The admin HTTP port: `GET /metrics` (Prometheus text from the `metrics` facade, plus pool and
+//! The admin side: the console (`console`, the virtual database `lsngate`/`pgbouncer` served
+//! over the PostgreSQL protocol) and the HTTP port: `GET /metrics` (Prometheus text from the `metrics` facade, plus pool and
 //! node gauges refreshed at scrape time), `GET /status` (JSON: nodes, roles, health, pools,
 //! clients, causal reads) and `GET /dashboard` (a self-contained HTML page that polls /status).
 //! A deliberately tiny HTTP/1.1 responder — one request per connection, GET only — not a web
 //! framework.
+
+pub(crate) mod console;
 
 use std::sync::Arc;
 

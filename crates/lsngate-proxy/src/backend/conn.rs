@@ -430,10 +430,16 @@ impl BackendConn {
     }
 
     fn startup_error(&self, e: &ErrorFields, login: &Login<'_>) -> BackendError {
+        // A database the server lacks is the client's choice, not the proxy's credentials.
+        let check = if e.sqlstate() == Some(sqlstate::INVALID_CATALOG_NAME) {
+            "the database name the client connected with: the server has no such database"
+        } else {
+            login.check
+        };
         BackendError::Startup {
             node: self.address.clone(),
             role: login.user.to_string(),
-            check: login.check,
+            check,
             message: e.get(b'M').unwrap_or("unknown error").to_string(),
             sqlstate: e
                 .sqlstate()

@@ -6,6 +6,7 @@
 
 pub mod clock;
 pub mod conn;
+pub mod gates;
 pub mod monitor;
 pub mod pool;
 pub mod replay;
@@ -60,6 +61,8 @@ pub struct NodeState {
     pub timeline: timeline::TimelineCell,
     /// Every open server connection to it, to shut down when it stops answering.
     pub connections: Arc<sever::Severables>,
+    /// PAUSE and DISABLE of the admin console, shared by every node.
+    gates: Arc<gates::Gates>,
 }
 
 impl NodeState {
@@ -146,16 +149,41 @@ impl NodeState {
             pool.set_limits(limits);
             return Arc::clone(pool);
         }
-        Arc::clone(pools.entry(key).or_insert_with(|| {
-            Pool::new(
-                self.index,
-                database,
-                role,
-                limits,
-                Arc::clone(&self.busy),
-                Arc::clone(&self.connections),
-            )
-        }))
+        let pool = Pool::new(
+            self.index,
+            database,
+            role,
+            limits,
+            Arc::clone(&self.busy),
+            Arc::clone(&self.connections),
+        );
+        if self.gates.is_paused(database) {
+            pool.set_paused(true);
+        }
+        pools.insert(key, Arc::clone(&pool));
+        pool
+    }
+
+    /// The pool for `database` as `login`, if one was made.
+    pub fn existing_pool(&self, database: &str, login: Option<&ServerLogin>) -> Option<Arc<Pool>> {
+        let key = PoolKey {
+            database: database.to_string(),
+            login: login.cloned(),
+        };
+        self.pools.lock().expect("pools lock").get(&key).cloned()
+    }
+
+    /// Forgets the pool for `database` as `login` if it never opened a connection and lends
+    /// none: a login the server refused (no such database) leaves no pool behind.
+    pub fn drop_unused_pool(&self, database: &str, login: Option<&ServerLogin>) {
+        let key = PoolKey {
+            database: database.to_string(),
+            login: login.cloned(),
+        };
+        let mut pools = self.pools.lock().expect("pools lock");
+        if pools.get(&key).is_some_and(|p| p.is_unused()) {
+            pools.remove(&key);
+        }
     }
 
     /// Every pool of this node.
@@ -221,9 +249,11 @@ pub struct Nodes {
     next_index: std::sync::atomic::AtomicUsize,
     /// The newest timeline a primary was seen writing: replicas behind it are orphans.
     pub newest_timeline: timeline::NewestTimeline,
+    /// Databases paused or disabled on the admin console.
+    pub gates: Arc<gates::Gates>,
 }
 
-fn node_state(index: usize, url: &NodeUrl) -> Arc<NodeState> {
+fn node_state(index: usize, url: &NodeUrl, gates: &Arc<gates::Gates>) -> Arc<NodeState> {
     Arc::new(NodeState {
         index,
         url: url.clone(),
@@ -238,18 +268,21 @@ fn node_state(index: usize, url: &NodeUrl) -> Arc<NodeState> {
         busy: Arc::new(AtomicUsize::new(0)),
         timeline: timeline::TimelineCell::default(),
         connections: Arc::default(),
+        gates: Arc::clone(gates),
     })
 }
 
 impl Nodes {
     /// Nodes for these URLs (indexes 0.. in config order), roles unknown until the first check.
     pub fn new(urls: &[NodeUrl]) -> Nodes {
+        let gates = Arc::new(gates::Gates::default());
         let all = urls
             .iter()
             .enumerate()
-            .map(|(index, url)| node_state(index, url))
+            .map(|(index, url)| node_state(index, url, &gates))
             .collect();
         Nodes {
+            gates,
             current: std::sync::RwLock::new(Arc::new(all)),
             next_index: std::sync::atomic::AtomicUsize::new(urls.len()),
             newest_timeline: timeline::NewestTimeline::default(),
@@ -278,7 +311,7 @@ impl Nodes {
                 Some(kept) => Arc::clone(kept),
                 None => {
                     let index = self.next_index.fetch_add(1, Ordering::Relaxed);
-                    let node = node_state(index, url);
+                    let node = node_state(index, url, &self.gates);
                     added.push(Arc::clone(&node));
                     node
                 }
@@ -294,6 +327,33 @@ impl Nodes {
         }
         *current = Arc::new(next);
         (added, retired)
+    }
+
+    /// Every pool of `database` (None: of every database) on every node.
+    pub fn pools_of(&self, database: Option<&str>) -> Vec<Arc<Pool>> {
+        self.all()
+            .iter()
+            .flat_map(|node| node.pools())
+            .filter(|pool| database.is_none_or(|db| pool.database() == db))
+            .collect()
+    }
+
+    /// PAUSE: new checkouts of `database` (None: every database) queue until [`Nodes::resume`].
+    pub fn pause(&self, database: Option<&str>) {
+        self.gates.pause(database);
+        for pool in self.pools_of(database) {
+            pool.set_paused(true);
+        }
+    }
+
+    /// RESUME: lifts a PAUSE; queued checkouts get their slots.
+    pub fn resume(&self, database: Option<&str>) {
+        self.gates.resume(database);
+        for pool in self.pools_of(None) {
+            if !self.gates.is_paused(pool.database()) {
+                pool.set_paused(false);
+            }
+        }
     }
 
     /// Whether `node` is a healthy replica that may serve a read needing `need` (see

@@ -13,7 +13,7 @@
 
 use std::collections::VecDeque;
 use std::ops::{Deref, DerefMut};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -63,8 +63,21 @@ struct Shelf {
     limits: PoolLimits,
     /// Slots lent out: connections in use, being opened, or on their way to a waiter.
     lent: usize,
-    /// Checkouts waiting for a slot, oldest first.
-    waiting: VecDeque<oneshot::Sender<PooledConn>>,
+    /// Checkouts waiting for a slot, oldest first, with when they started waiting.
+    waiting: VecDeque<(Coarse, oneshot::Sender<PooledConn>)>,
+    /// PAUSE on the admin console: no slot is lent until RESUME; checkouts queue (and time
+    /// out after `acquire_timeout_ms` as for a full pool). Slots already lent stay lent.
+    paused: bool,
+    /// RECONNECT on the admin console: connections opened at or before this are closed when
+    /// they come back instead of being reused.
+    retire_up_to: Option<Coarse>,
+}
+
+impl Shelf {
+    /// Whether a checkout may take a slot now.
+    fn has_room(&self) -> bool {
+        !self.paused && self.lent < self.limits.size
+    }
 }
 
 impl Shelf {
@@ -100,8 +113,11 @@ pub struct Pool {
     /// The role its connections log in as.
     role: String,
     shelf: Mutex<Shelf>,
-    size: usize,
     open: AtomicUsize,
+    /// Checkouts that got a slot, for SHOW STATS (PgBouncer's `server_assignment_count`).
+    assignments: AtomicU64,
+    /// Microseconds checkouts spent queued for a slot, for SHOW STATS (`wait_time`).
+    waited_us: AtomicU64,
     /// The node's count of connections in use, all its pools together: raised and lowered
     /// with `lent`.
     node_busy: Arc<AtomicUsize>,
@@ -110,6 +126,27 @@ pub struct Pool {
     /// The ParameterStatus values the server sent the newest connection (server_version,
     /// encodings, DateStyle...): what a client is told at login, without a checkout.
     server_params: Mutex<Option<Arc<ServerParams>>>,
+}
+
+/// A pool's state for the admin console (`SHOW POOLS`, `SERVERS`, `STATS`).
+#[derive(Debug, Clone, Default)]
+pub struct PoolActivity {
+    /// Slots lent: connections in use or being opened.
+    pub lent: usize,
+    /// Idle connections.
+    pub idle: usize,
+    /// Checkouts queued for a slot.
+    pub waiting: usize,
+    /// How long the oldest queued checkout has waited.
+    pub longest_wait: Duration,
+    /// Whether PAUSE holds it.
+    pub paused: bool,
+    /// Server process ids of the idle connections.
+    pub idle_pids: Vec<i32>,
+    /// Checkouts that got a slot since the pool was made.
+    pub assignments: u64,
+    /// Microseconds checkouts spent queued, in total.
+    pub waited_us: u64,
 }
 
 /// Why no connection could be handed out.
@@ -127,6 +164,11 @@ pub enum PoolError {
         size: usize,
         waited: Duration,
     },
+    /// PAUSE on the admin console held the checkout for the whole acquire timeout.
+    #[error(
+        "database {database:?} is paused (PAUSE on the lsngate admin console) and stayed paused for {waited:?}; RESUME it there, or raise acquire_timeout_ms to wait longer"
+    )]
+    Paused { database: String, waited: Duration },
     /// Opening a new connection failed.
     #[error(transparent)]
     Backend(#[from] BackendError),
@@ -152,18 +194,74 @@ impl Pool {
                 limits,
                 lent: 0,
                 waiting: VecDeque::new(),
+                paused: false,
+                retire_up_to: None,
             }),
-            size: limits.size,
             open: AtomicUsize::new(0),
+            assignments: AtomicU64::new(0),
+            waited_us: AtomicU64::new(0),
             node_busy,
             node_connections,
             server_params: Mutex::new(None),
         })
     }
 
-    /// Applies a reloaded idle timeout and lifetime; the size of an existing pool stays.
-    pub fn set_limits(&self, limits: PoolLimits) {
-        self.shelf.lock().expect("pool lock").limits = limits;
+    /// Applies reloaded limits. A larger size hands the new slots to queued checkouts at once; a
+    /// smaller one lends no slot until fewer than the new size are lent.
+    pub fn set_limits(self: &Arc<Self>, limits: PoolLimits) {
+        let grew = {
+            let mut shelf = self.shelf.lock().expect("pool lock");
+            let grew = limits.size > shelf.limits.size;
+            shelf.limits = limits;
+            grew
+        };
+        if grew {
+            self.admit_waiters();
+        }
+    }
+
+    /// PAUSE (true) or RESUME (false): while paused no slot is lent and checkouts queue.
+    pub fn set_paused(self: &Arc<Self>, paused: bool) {
+        self.shelf.lock().expect("pool lock").paused = paused;
+        if !paused {
+            self.admit_waiters();
+        }
+    }
+
+    /// RECONNECT: closes the idle connections now and those in use when they come back.
+    pub fn retire_all(&self) {
+        let idle = {
+            let mut shelf = self.shelf.lock().expect("pool lock");
+            shelf.retire_up_to = Some(Coarse::now());
+            std::mem::take(&mut shelf.conns)
+        };
+        self.close(idle.into_iter().map(|idle| idle.conn).collect());
+    }
+
+    /// Hands free slots to queued checkouts, oldest first, while there is room (after RESUME or
+    /// a larger size).
+    fn admit_waiters(self: &Arc<Self>) {
+        loop {
+            let (waiter, idle, expired) = {
+                let mut shelf = self.shelf.lock().expect("pool lock");
+                if !shelf.has_room() {
+                    return;
+                }
+                let Some((_, waiter)) = shelf.waiting.pop_front() else {
+                    return;
+                };
+                shelf.lent += 1;
+                self.node_busy.fetch_add(1, Ordering::Relaxed);
+                let (idle, expired) = self.take_idle(&mut shelf);
+                (waiter, idle, expired)
+            };
+            self.close(expired);
+            if let Err(mut refused) = waiter.send(self.lend(idle)) {
+                // The waiter gave up meanwhile: its slot (and connection) come back.
+                refused.pool = None;
+                self.give_back(refused.conn.take());
+            }
+        }
     }
 
     /// A connection: an idle one, or a new one (to `url`, as `login` or else the URL's user) while
@@ -177,14 +275,14 @@ impl Pool {
     ) -> Result<PooledConn, PoolError> {
         let (mut lent, expired, queued) = {
             let mut shelf = self.shelf.lock().expect("pool lock");
-            if shelf.waiting.is_empty() && shelf.lent < self.size {
+            if shelf.waiting.is_empty() && shelf.has_room() {
                 shelf.lent += 1;
                 self.node_busy.fetch_add(1, Ordering::Relaxed);
                 let (idle, expired) = self.take_idle(&mut shelf);
                 (Some(self.lend(idle)), expired, None)
             } else {
                 let (tx, rx) = oneshot::channel();
-                shelf.waiting.push_back(tx);
+                shelf.waiting.push_back((Coarse::now(), tx));
                 (None, Vec::new(), Some(rx))
             }
         };
@@ -192,6 +290,7 @@ impl Pool {
             self.close(expired);
         }
         if let Some(mut rx) = queued {
+            let queued_at = Coarse::now();
             lent = match crate::timer::timeout(wait, &mut rx).await {
                 Ok(Ok(lent)) => Some(lent),
                 // The sender went away without a slot: only when the pool itself is dropped.
@@ -202,13 +301,24 @@ impl Pool {
                     rx.try_recv().ok()
                 }
             };
+            let waited = Coarse::now().since(queued_at);
+            self.waited_us
+                .fetch_add(waited.as_micros() as u64, Ordering::Relaxed);
         }
+        self.assignments
+            .fetch_add(u64::from(lent.is_some()), Ordering::Relaxed);
         let Some(mut lent) = lent else {
+            if self.shelf.lock().expect("pool lock").paused {
+                return Err(PoolError::Paused {
+                    database: self.database.clone(),
+                    waited: wait,
+                });
+            }
             return Err(PoolError::Exhausted {
                 node: self.node,
                 database: self.database.clone(),
                 role: self.role.clone(),
-                size: self.size,
+                size: self.shelf.lock().expect("pool lock").limits.size,
                 waited: wait,
             });
         };
@@ -218,7 +328,15 @@ impl Pool {
             let mut conn =
                 BackendConn::connect(self.node, url, login, &self.database, connect).await?;
             match self.node_connections.register(conn.socket_fd()) {
-                Ok(handle) => conn.severable = Some(handle),
+                Ok(handle) => {
+                    let _ = handle.label.set(super::sever::ServerLabel {
+                        database: self.database.clone(),
+                        role: self.role.clone(),
+                        pid: conn.cancel.pid,
+                        opened_at: std::time::SystemTime::now(),
+                    });
+                    conn.severable = Some(handle)
+                }
                 Err(e) => {
                     tracing::warn!(node = %conn.address, "cannot register a server connection to give it up if the server stops answering: {e}")
                 }
@@ -237,13 +355,14 @@ impl Pool {
     pub fn checkout_idle(self: &Arc<Self>) -> Option<PooledConn> {
         let (idle, expired) = {
             let mut shelf = self.shelf.lock().expect("pool lock");
-            if !shelf.waiting.is_empty() || shelf.lent >= self.size || shelf.conns.is_empty() {
+            if !shelf.waiting.is_empty() || !shelf.has_room() || shelf.conns.is_empty() {
                 return None;
             }
             let (idle, expired) = self.take_idle(&mut shelf);
             if idle.is_some() {
                 shelf.lent += 1;
                 self.node_busy.fetch_add(1, Ordering::Relaxed);
+                self.assignments.fetch_add(1, Ordering::Relaxed);
             }
             (idle, expired)
         };
@@ -302,14 +421,17 @@ impl Pool {
         loop {
             let waiter = {
                 let mut shelf = self.shelf.lock().expect("pool lock");
+                let retired = |c: &BackendConn| shelf.retire_up_to.is_some_and(|t| c.opened <= t);
                 if conn
                     .as_ref()
-                    .is_some_and(|c| shelf.limits.outlived(c.opened, now))
+                    .is_some_and(|c| shelf.limits.outlived(c.opened, now) || retired(c))
                 {
                     outlived = conn.take();
                 }
-                match shelf.waiting.pop_front() {
-                    Some(waiter) => waiter,
+                // Paused or shrunk: the slot is not handed on.
+                let room = !shelf.paused && shelf.lent <= shelf.limits.size;
+                match shelf.waiting.pop_front().filter(|_| room) {
+                    Some((_, waiter)) => waiter,
                     None => {
                         shelf.lent -= 1;
                         self.node_busy.fetch_sub(1, Ordering::Relaxed);
@@ -349,11 +471,50 @@ impl Pool {
 
     /// (open connections, idle connections, size limit), for /status and /metrics.
     pub fn stats(&self) -> (usize, usize, usize) {
+        let shelf = self.shelf.lock().expect("pool lock");
         (
             self.open.load(Ordering::Relaxed),
-            self.shelf.lock().expect("pool lock").conns.len(),
-            self.size,
+            shelf.conns.len(),
+            shelf.limits.size,
         )
+    }
+
+    /// What the admin console shows of this pool right now.
+    pub fn activity(&self) -> PoolActivity {
+        let shelf = self.shelf.lock().expect("pool lock");
+        let now = Coarse::now();
+        PoolActivity {
+            lent: shelf.lent,
+            idle: shelf.conns.len(),
+            waiting: shelf.waiting.len(),
+            longest_wait: shelf
+                .waiting
+                .front()
+                .map(|(since, _)| now.since(*since))
+                .unwrap_or_default(),
+            paused: shelf.paused,
+            idle_pids: shelf.conns.iter().map(|i| i.conn.cancel.pid).collect(),
+            assignments: self.assignments.load(Ordering::Relaxed),
+            waited_us: self.waited_us.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Whether it never opened a connection and lends no slot (nothing to keep it for). A
+    /// pool that ever opened one is kept: sessions that logged in through it hold it.
+    pub fn is_unused(&self) -> bool {
+        let never_opened = self.server_params.lock().expect("params lock").is_none();
+        let shelf = self.shelf.lock().expect("pool lock");
+        never_opened && shelf.lent == 0 && shelf.waiting.is_empty()
+    }
+
+    /// The database its connections are logged into.
+    pub fn database(&self) -> &str {
+        &self.database
+    }
+
+    /// The node index it connects to.
+    pub fn node(&self) -> usize {
+        self.node
     }
 
     /// Closes every idle connection (after a failover or reload).

@@ -18,6 +18,21 @@ use std::sync::{Arc, Mutex, OnceLock, Weak};
 pub struct Severable {
     socket: OwnedFd,
     reason: OnceLock<String>,
+    /// What the connection is, for SHOW SERVERS on the admin console.
+    pub label: OnceLock<ServerLabel>,
+}
+
+/// Who a server connection is logged in as and since when.
+#[derive(Debug, Clone)]
+pub struct ServerLabel {
+    /// Database.
+    pub database: String,
+    /// Role.
+    pub role: String,
+    /// The server's process id.
+    pub pid: i32,
+    /// When it was opened.
+    pub opened_at: std::time::SystemTime,
 }
 
 impl Severable {
@@ -44,12 +59,20 @@ impl Severables {
             // SAFETY: `copy` was just returned by fcntl and is owned by nobody else.
             socket: unsafe { OwnedFd::from_raw_fd(copy) },
             reason: OnceLock::new(),
+            label: OnceLock::new(),
         });
         let mut all = self.0.lock().unwrap_or_else(|p| p.into_inner());
         // Closed connections are pruned here, so the list stays as long as the open ones.
         all.retain(|w| w.strong_count() > 0);
         all.push(Arc::downgrade(&handle));
         Ok(handle)
+    }
+
+    /// Every open connection.
+    pub fn open(&self) -> Vec<Arc<Severable>> {
+        let mut all = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        all.retain(|w| w.strong_count() > 0);
+        all.iter().filter_map(Weak::upgrade).collect()
     }
 
     /// Shuts down every open connection, giving `reason`; how many there were.

@@ -127,6 +127,15 @@ pub struct FileConfig {
     /// Client TLS policy [default: allow with a certificate, disable without].
     #[arg(long, value_enum)]
     pub tls_mode: Option<TlsMode>,
+    /// A user who may run every command of the admin console (database `lsngate` or
+    /// `pgbouncer`); repeat for several. It must be a user clients may log in as.
+    #[serde(default)]
+    #[arg(long = "admin-user")]
+    pub admin_users: Vec<String>,
+    /// A user who may run the admin console's SHOW commands; repeat for several.
+    #[serde(default)]
+    #[arg(long = "stats-user")]
+    pub stats_users: Vec<String>,
     /// Users clients may log in as. Without any, clients log in as the primary URL's user.
     #[serde(default)]
     #[arg(skip)]

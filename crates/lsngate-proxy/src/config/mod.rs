@@ -15,6 +15,7 @@ use std::time::Duration;
 use crate::auth::Credential;
 
 mod causal;
+mod console;
 pub mod defaults;
 mod file;
 mod node_url;
@@ -23,6 +24,7 @@ mod tls;
 mod users;
 
 pub use causal::{CausalConfig, Consistency, Level};
+pub use console::{CONSOLE_DATABASES, ConsoleAccess, is_console_database};
 pub use file::FileConfig;
 pub(crate) use node_url::percent_decode;
 pub use node_url::{NODE_URL_PARAMETERS, NodeUrl, host_port};
@@ -135,6 +137,10 @@ pub struct Config {
     pub tls: Option<TlsSettings>,
     /// Causal-read settings.
     pub causal: CausalConfig,
+    /// Users who may run every admin-console command.
+    pub admin_users: Vec<String>,
+    /// Users who may run the admin console's SHOW commands.
+    pub stats_users: Vec<String>,
 }
 
 impl Config {
@@ -151,6 +157,7 @@ impl Config {
         }
         let tls = tls::client_tls(&file)?;
         let users = users::client_users(&file.users, &primary, listen)?;
+        console::check_console_users(&users, &file.admin_users, &file.stats_users)?;
         Ok(Config {
             listen,
             admin_listen: file.admin_listen,
@@ -197,6 +204,8 @@ impl Config {
             users,
             tls,
             causal: causal::causal_config(&file)?,
+            admin_users: file.admin_users,
+            stats_users: file.stats_users,
         })
     }
 
@@ -224,6 +233,17 @@ impl Config {
     /// The user with this login name, if there is one.
     pub fn user(&self, name: &str) -> Option<&ClientUser> {
         self.users.iter().find(|u| u.name == name)
+    }
+
+    /// What `user` may run on the admin console, if anything (admin wins over stats).
+    pub fn console_access(&self, user: &str) -> Option<ConsoleAccess> {
+        if self.admin_users.iter().any(|u| u == user) {
+            Some(ConsoleAccess::Admin)
+        } else if self.stats_users.iter().any(|u| u == user) {
+            Some(ConsoleAccess::Stats)
+        } else {
+            None
+        }
     }
 
     /// The credential a login name must present, if the user exists.
@@ -302,6 +322,39 @@ mod tests {
             .pool_limits();
         assert_eq!(limits.idle_timeout, None);
         assert_eq!(limits.lifetime, Some(Duration::from_millis(1500)));
+    }
+
+    #[test]
+    fn console_users_come_from_repeated_flags_and_must_be_login_users() {
+        use clap::Parser;
+        #[derive(clap::Parser)]
+        struct Cli {
+            #[command(flatten)]
+            args: ProxyArgs,
+        }
+        let cli = Cli::try_parse_from([
+            "proxy",
+            "--primary",
+            "postgres://app@db1/app",
+            "--admin-user",
+            "app",
+            "--stats-user",
+            "app",
+        ])
+        .unwrap();
+        let config = cli.args.load().unwrap();
+        assert_eq!(config.console_access("app"), Some(ConsoleAccess::Admin));
+        assert_eq!(config.console_access("other"), None);
+        let file = FileConfig {
+            primary: Some("postgres://app@db1/app".into()),
+            stats_users: vec!["exporter".into()],
+            ..Default::default()
+        };
+        let error = Config::build(file).unwrap_err().to_string();
+        assert!(
+            error.starts_with("user \"exporter\": listed in stats_users but no client may log in as it; add it under [[users]]"),
+            "{error}"
+        );
     }
 
     #[test]

@@ -15,18 +15,58 @@ use super::client_io::{ClientIo, ClientSocket};
 use super::error::ClientError;
 use super::session::Session;
 use crate::auth::{AuthError, Credential, ScramExchange, md5_response};
+use crate::clients::{ClientEntry, NewClient};
+use crate::config::ConsoleAccess;
 use crate::net::backend::build::{self, fatal};
 use crate::net::sqlstate;
 use crate::net::{FrontendMessage, StartupFrame, startup::decode_startup};
 use crate::proxy::Proxy;
 
-/// Serves one accepted client connection: the handshake, then its session until it ends.
+/// A client of the admin console, logged in: who, with which rights, and its registry entry.
+#[derive(Debug)]
+pub(crate) struct ConsoleLogin {
+    /// Login name.
+    pub user: String,
+    /// The database name it used (`lsngate` or `pgbouncer`).
+    pub database: String,
+    /// What it may run.
+    pub access: ConsoleAccess,
+    /// Its entry in the client registry (its id, its kill switch).
+    pub entry: Arc<ClientEntry>,
+    /// The client's startup parameters.
+    pub params: Vec<(String, String)>,
+    /// Its cancel key.
+    pub cancel_key: (i32, i32),
+}
+
+/// Serves a logged-in admin-console client: the admin layer's, handed down by `serve` (the
+/// client side names no layer above it).
+pub(crate) type ConsoleFn =
+    fn(
+        Arc<Proxy>,
+        ClientIo,
+        ConsoleLogin,
+        watch::Receiver<bool>,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), ClientError>> + Send>>;
+
+/// Where a client connected from and over what.
+#[derive(Debug, Clone, Copy)]
+struct Origin {
+    peer: Option<std::net::SocketAddr>,
+    local: Option<std::net::SocketAddr>,
+    tls: bool,
+}
+
+/// Serves one accepted client connection: the handshake, then its session (or the admin
+/// console, for the databases `lsngate` and `pgbouncer`) until it ends.
 pub(crate) async fn handle_client(
     proxy: Arc<Proxy>,
     stream: TcpStream,
     shutdown: watch::Receiver<bool>,
+    console: ConsoleFn,
 ) -> Result<(), ClientError> {
     let _ = stream.set_nodelay(true);
+    let (peer, local) = (stream.peer_addr().ok(), stream.local_addr().ok());
     let config = proxy.config();
     let mut socket: Box<dyn ClientSocket> = Box::new(stream);
     let mut buf = BytesMut::with_capacity(1024);
@@ -75,11 +115,27 @@ pub(crate) async fn handle_client(
             .await?;
         return Err(ClientError::Refused("client limit reached".into()));
     }
-    let result = login_and_run(&proxy, socket, buf, minor, params, shutdown).await;
+    let origin = Origin {
+        peer,
+        local,
+        tls: encrypted,
+    };
+    let result = login_and_run(
+        &proxy, socket, buf, minor, params, shutdown, origin, console,
+    )
+    .await;
     proxy.client_left();
     result
 }
 
+/// Refuses the login with a FATAL carrying `code` and `message`.
+async fn refuse(io: &mut ClientIo, code: &str, message: String) -> Result<(), ClientError> {
+    io.queue(&fatal(code, &message));
+    io.flush().await?;
+    Err(ClientError::Refused(message))
+}
+
+#[allow(clippy::too_many_arguments)]
 async fn login_and_run(
     proxy: &Arc<Proxy>,
     stream: Box<dyn ClientSocket>,
@@ -87,6 +143,8 @@ async fn login_and_run(
     minor: u16,
     params: Vec<(String, String)>,
     shutdown: watch::Receiver<bool>,
+    origin: Origin,
+    console: ConsoleFn,
 ) -> Result<(), ClientError> {
     let config = proxy.config();
     let mut io = ClientIo::new(stream, buf, config.max_message_size);
@@ -119,7 +177,54 @@ async fn login_and_run(
         let _ = io.flush().await;
         return Err(e);
     }
+    let console_access = if crate::config::is_console_database(&database) {
+        // PgBouncer's answer to a user in neither list, with the fix.
+        let Some(access) = config.console_access(&user) else {
+            let message = format!(
+                "not allowed: user \"{user}\" may not use the admin console \"{database}\"; \
+                 add it to admin_users (every command) or stats_users (SHOW only)"
+            );
+            return refuse(
+                &mut io,
+                sqlstate::INVALID_AUTHORIZATION_SPECIFICATION,
+                message,
+            )
+            .await;
+        };
+        Some(access)
+    } else {
+        if proxy.nodes.gates.is_disabled(&database) {
+            let message = format!(
+                "database \"{database}\" is not currently accepting connections: it was \
+                 DISABLEd on the lsngate admin console; ENABLE {database} there"
+            );
+            return refuse(&mut io, sqlstate::OBJECT_NOT_IN_PREREQUISITE_STATE, message).await;
+        }
+        None
+    };
     let (key, slot) = proxy.register_cancel();
+    let registered = proxy.registry.register(NewClient {
+        user: user.clone(),
+        database: database.clone(),
+        peer: origin.peer,
+        local: origin.local,
+        application_name: StartupFrame::param(&params, "application_name").unwrap_or_default(),
+        tls: origin.tls,
+        cancel: Arc::clone(&slot),
+    });
+    if let Some(access) = console_access {
+        let login = ConsoleLogin {
+            user,
+            database,
+            access,
+            entry: Arc::clone(&registered.entry),
+            params,
+            cancel_key: key,
+        };
+        let result = console(Arc::clone(proxy), io, login, shutdown).await;
+        proxy.unregister_cancel(key);
+        return result;
+    }
     let session = Session::start(
         Arc::clone(proxy),
         io,
@@ -129,6 +234,7 @@ async fn login_and_run(
         key,
         slot,
         shutdown,
+        Arc::clone(&registered.entry),
     )
     .await;
     let result = match session {

@@ -101,6 +101,8 @@ pub struct Session {
     /// `Session::report_changes`).
     pub(super) reported: HashMap<String, String>,
     shutdown: watch::Receiver<bool>,
+    /// Its entry in the client registry: KILL_CLIENT and KILL on the admin console fire it.
+    client: Option<Arc<crate::clients::ClientEntry>>,
 }
 
 impl Session {
@@ -115,6 +117,7 @@ impl Session {
         cancel_key: (i32, i32),
         cancel_slot: CancelSlot,
         shutdown: watch::Receiver<bool>,
+        client: Arc<crate::clients::ClientEntry>,
     ) -> Result<Session, ClientError> {
         let mut config_seen = u64::MAX;
         let config = proxy
@@ -201,6 +204,7 @@ impl Session {
             skip_to_sync: false,
             reported,
             shutdown,
+            client: Some(client),
         })
     }
 
@@ -251,6 +255,7 @@ impl Session {
             skip_to_sync: false,
             reported: HashMap::new(),
             shutdown: watch::channel(false).1,
+            client: None,
         }
     }
 
@@ -280,12 +285,23 @@ impl Session {
             Client(Result<Option<Incoming>, ReadError>),
             Backend(Result<(), crate::backend::BackendError>),
             Shutdown,
+            Killed,
         }
-        // Armed once, and polled only when it was woken: the drain signal must not cost on
-        // every message.
+        // Armed once, and polled only when it was woken: the drain signal and the admin
+        // console's kill switch must not cost on every message.
         let mut shutdown = self.shutdown.clone();
+        let client = self.client.clone();
         let mut shutdown_changed = std::pin::pin!(super::woken::WhenWoken::new(async move {
-            let _ = shutdown.changed().await;
+            let killed = async {
+                match &client {
+                    Some(client) => client.kill.notified().await,
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                _ = shutdown.changed() => false,
+                _ = killed => true,
+            }
         }));
         let mut shutdown_seen = false;
         // Read once here and again when the signal fires (the watch's lock costs on every turn).
@@ -311,7 +327,7 @@ impl Session {
                 biased;
                 filled = async { super::replies::fill_attached(self.backend.as_mut().expect("listening implies attached")).await }, if listening => Event::Backend(filled),
                 incoming = self.io.incoming() => Event::Client(incoming),
-                _ = &mut shutdown_changed, if !draining && !shutdown_seen => Event::Shutdown,
+                killed = &mut shutdown_changed, if !draining && !shutdown_seen => if killed { Event::Killed } else { Event::Shutdown },
             };
             match event {
                 Event::Backend(Ok(())) => self.on_buffered_replies().await?,
@@ -337,6 +353,16 @@ impl Session {
                 Event::Shutdown => {
                     shutdown_seen = true;
                     draining = *self.shutdown.borrow();
+                }
+                Event::Killed => {
+                    // At once, like PgBouncer's KILL: a transaction in progress is lost with
+                    // the connection (the server rolls it back).
+                    self.io.queue(&crate::net::backend::build::fatal(
+                        sqlstate::ADMIN_SHUTDOWN,
+                        "terminating connection due to a KILL on the lsngate admin console",
+                    ));
+                    let _ = self.io.flush().await;
+                    return Ok(());
                 }
             }
         }

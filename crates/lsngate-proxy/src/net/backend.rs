@@ -199,20 +199,52 @@ pub mod build {
     }
     /// RowDescription for one text column, then DataRow frames, for SHOW answered locally.
     pub fn single_text_row(column: &str, value: &str) -> Vec<Frame> {
+        vec![
+            row_description(&[(column, TEXT_OID)]),
+            text_data_row(&[Some(value)]),
+        ]
+    }
+
+    /// The type OID of `text`.
+    pub const TEXT_OID: u32 = 25;
+    /// The type OID of `int8`.
+    pub const INT8_OID: u32 = 20;
+
+    /// RowDescription of columns (name, type OID), every value in text format.
+    pub fn row_description(columns: &[(&str, u32)]) -> Frame {
         let mut d = BytesMut::new();
-        d.put_i16(1);
-        put_cstr(&mut d, column);
-        d.put_i32(0);
-        d.put_i16(0);
-        d.put_u32(25);
-        d.put_i16(-1);
-        d.put_i32(-1);
-        d.put_i16(0);
+        d.put_i16(columns.len() as i16);
+        for (name, oid) in columns {
+            put_cstr(&mut d, name);
+            d.put_i32(0);
+            d.put_i16(0);
+            d.put_u32(*oid);
+            d.put_i16(if *oid == INT8_OID { 8 } else { -1 });
+            d.put_i32(-1);
+            d.put_i16(0);
+        }
+        Frame::new(b'T', d.freeze())
+    }
+
+    /// DataRow of text values (`None` is NULL).
+    pub fn text_data_row(values: &[Option<&str>]) -> Frame {
         let mut r = BytesMut::new();
-        r.put_i16(1);
-        r.put_i32(value.len() as i32);
-        r.put_slice(value.as_bytes());
-        vec![Frame::new(b'T', d.freeze()), Frame::new(b'D', r.freeze())]
+        r.put_i16(values.len() as i16);
+        for value in values {
+            match value {
+                Some(v) => {
+                    r.put_i32(v.len() as i32);
+                    r.put_slice(v.as_bytes());
+                }
+                None => r.put_i32(-1),
+            }
+        }
+        Frame::new(b'D', r.freeze())
+    }
+
+    /// EmptyQueryResponse.
+    pub fn empty_query() -> Frame {
+        Frame::new(b'I', Bytes::new())
     }
 }
 

@@ -27,6 +27,10 @@ pub const INVALID_SQL_STATEMENT_NAME: &str = "26000";
 pub const INVALID_AUTHORIZATION_SPECIFICATION: &str = "28000";
 /// 28P01 `invalid_password`.
 pub const INVALID_PASSWORD: &str = "28P01";
+/// 3D000 `invalid_catalog_name`: no such database.
+pub const INVALID_CATALOG_NAME: &str = "3D000";
+/// 42501 `insufficient_privilege`.
+pub const INSUFFICIENT_PRIVILEGE: &str = "42501";
 /// 42601 `syntax_error`.
 pub const SYNTAX_ERROR: &str = "42601";
 /// 42704 `undefined_object`.
