@@ -29,7 +29,7 @@ pub enum Credential {
 pub enum AuthError {
     /// Wrong password (deliberately vague towards the client).
     #[error("password authentication failed for user \"{0}\"")]
-    BadPassword(String),
+    WrongPassword(String),
     /// The client sent something that is not a valid SCRAM message.
     #[error(
         "malformed SCRAM message: {0}; the client must speak SCRAM-SHA-256 without channel binding"
@@ -195,7 +195,7 @@ impl ScramExchange {
         );
         let client_signature = hmac(&verifier.stored_key, auth_message.as_bytes());
         if proof.len() != client_signature.len() {
-            return Err(AuthError::BadPassword(user.to_string()));
+            return Err(AuthError::WrongPassword(user.to_string()));
         }
         let client_key: Vec<u8> = proof
             .iter()
@@ -203,7 +203,7 @@ impl ScramExchange {
             .map(|(a, b)| a ^ b)
             .collect();
         if Sha256::digest(&client_key).as_slice() != verifier.stored_key.as_slice() {
-            return Err(AuthError::BadPassword(user.to_string()));
+            return Err(AuthError::WrongPassword(user.to_string()));
         }
         Ok(format!(
             "v={}",

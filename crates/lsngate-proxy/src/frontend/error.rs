@@ -81,7 +81,7 @@ mod tests {
         assert!(left.is_routine());
         let garbage: ClientError = ProtocolError::LengthTooSmall { tag: 'Q', len: 1 }.into();
         assert!(matches!(garbage, ClientError::Protocol(_)) && garbage.is_routine());
-        assert!(!ClientError::from(AuthError::BadPassword("app".into())).is_routine());
+        assert!(!ClientError::from(AuthError::WrongPassword("app".into())).is_routine());
         assert!(!ClientError::Refused("client limit reached".into()).is_routine());
         assert!(!ClientError::Server("lost".into()).is_routine());
         assert_eq!(NoBackend::NoPrimary.to_string(), crate::proxy::no_primary());

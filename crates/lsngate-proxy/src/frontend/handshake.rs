@@ -318,7 +318,7 @@ async fn authenticate(
             io.flush().await?;
             let answer = cstring(&read_auth_response(io).await?);
             if answer != md5_response(hash, salt) {
-                return Err(crate::auth::AuthError::BadPassword(user.to_string()).into());
+                return Err(crate::auth::AuthError::WrongPassword(user.to_string()).into());
             }
         }
         Credential::Scram(verifier) => {

@@ -277,7 +277,8 @@ impl Session {
             let tags = &mut attached.reset_tags;
             match frame.tag {
                 b'C' | b's' | b'I' if matches!(tags.front(), Some(Some(_))) => {
-                    if tags.pop_front() == Some(Some(true)) && frame.tag == b'C' {
+                    let reset = tags.pop_front() == Some(Some(true));
+                    if reset && frame.tag == b'C' {
                         frame = crate::net::backend::build::command_complete("RESET");
                     }
                 }
