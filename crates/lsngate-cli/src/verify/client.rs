@@ -58,16 +58,29 @@ pub struct Failure {
     /// error class (`primary-unavailable`, `not-replayed`, `guarded`, ...).
     pub sqlstate: String,
     pub message: String,
-    /// Whether a write that failed this way may still have committed (see
-    /// [`outcome_unknown`]); a definite failure that committed anyway is a violation.
-    pub outcome_unknown: bool,
+    /// What a write that failed this way did (see [`effect_of`]); a write said to have had no
+    /// effect that committed anyway is a violation.
+    pub effect: Effect,
+}
+
+/// What a failed write did to the database, in the target's own words.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Effect {
+    /// Certainly nothing: an `ERROR` (its transaction rolled back), the proxy's 08001 ("not
+    /// sent"), or a call refused before anything was sent.
+    Nothing,
+    /// May or may not have committed.
+    Unknown,
+    /// Committed, though the call failed after the commit: the library's `TokenUnavailable`
+    /// ("the transaction COMMITTED, but reading its WAL position failed").
+    Committed,
 }
 
 impl From<tokio_postgres::Error> for Failure {
     fn from(e: tokio_postgres::Error) -> Failure {
         Failure {
             sqlstate: sqlstate(&e),
-            outcome_unknown: outcome_unknown(&e),
+            effect: effect_of(&e),
             // The server's (or the proxy's) message, not tokio-postgres's bare "db error".
             message: match e.as_db_error() {
                 Some(db) => db.message().to_string(),
@@ -77,21 +90,26 @@ impl From<tokio_postgres::Error> for Failure {
     }
 }
 
-/// Whether a statement that ended with `e` may have committed. An `ERROR` (from PostgreSQL or
+/// What a statement that ended with `e` did. An `ERROR` (from PostgreSQL or
 /// from the proxy speaking for it) rolls the statement's transaction back: certainly not
 /// committed. Unknown are a connection that broke without an answer, a `FATAL`/`PANIC` (a
 /// server ending the session — after `SIGTERM` that can come after the commit record), and
 /// class 08 (connection exception: the proxy's 08006 "lost the server connection while it ran
 /// your statement") — except 08001, the proxy's "no server connection could be had, the
 /// statement was not sent".
-pub fn outcome_unknown(e: &tokio_postgres::Error) -> bool {
-    match e.as_db_error() {
+pub fn effect_of(e: &tokio_postgres::Error) -> Effect {
+    let unknown = match e.as_db_error() {
         None => true,
         Some(db) => {
             let code = db.code().code();
             (code.starts_with("08") && code != "08001")
                 || matches!(db.severity(), "FATAL" | "PANIC")
         }
+    };
+    if unknown {
+        Effect::Unknown
+    } else {
+        Effect::Nothing
     }
 }
 

@@ -31,7 +31,9 @@ pub enum OpKind {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Outcome {
-    /// Acknowledged: a write committed, a read returned a row.
+    /// Acknowledged: a write committed, a read returned a row. Also a write whose call failed
+    /// after the target said it committed (the library's `TokenUnavailable`): its version is
+    /// unknown and its error is kept.
     Ok,
     /// Certainly had no effect: never sent (no connection could be opened), or refused with an
     /// `ERROR` (which rolls its transaction back); or a read that failed.

@@ -19,7 +19,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use lsngate::{Gate, Session, Token};
 use lsngate_core::Lsn;
 
-use super::client::{Failure, READ_SQL, Seen, WRITE_SQL, Written, outcome_unknown, seen, sqlstate};
+use super::client::{
+    Effect, Failure, READ_SQL, Seen, WRITE_SQL, Written, effect_of, seen, sqlstate,
+};
 use super::workload::Mode;
 
 /// The gate every process shares, and how many of their reads it served from the primary.
@@ -57,7 +59,7 @@ pub fn refusal(mode: Mode) -> Option<String> {
 pub fn no_read_only_transactions() -> Failure {
     Failure {
         sqlstate: "unsupported".into(),
-        outcome_unknown: false,
+        effect: Effect::Nothing,
         message: "the lsngate library runs reads one statement at a time (Gate::read); its \
                   transactions (Gate::begin, Gate::transaction) run on the primary"
             .into(),
@@ -101,7 +103,7 @@ impl LibraryClient {
         let version = rows.first().map(|row| row.get(0)).ok_or_else(|| Failure {
             sqlstate: "no-row".into(),
             message: format!("no row for key {key}: the table was not there"),
-            outcome_unknown: false,
+            effect: Effect::Nothing,
         })?;
         Ok(Written {
             version,
@@ -137,8 +139,9 @@ impl LibraryClient {
 }
 
 /// The library's error as a history entry: the server's SQLSTATE when there is one, else the
-/// library's own class. Whether a write may have committed is the library's own word
-/// (`CommitOutcomeUnknown`, `CommitFailed`), or for a statement's error the server's.
+/// library's own class. What a failed write did is the library's own word (`CommitOutcomeUnknown`,
+/// `CommitFailed`, `TokenUnavailable`: committed, its position lost), or for a statement's error
+/// the server's.
 fn failure(e: lsngate::Error) -> Failure {
     use lsngate::Error;
     let class = match &e {
@@ -147,10 +150,10 @@ fn failure(e: lsngate::Error) -> Failure {
         | Error::CommitOutcomeUnknown(source) => {
             return Failure {
                 sqlstate: sqlstate(source),
-                outcome_unknown: match &e {
-                    Error::CommitOutcomeUnknown(_) => true,
-                    Error::CommitFailed(_) => false,
-                    _ => outcome_unknown(source),
+                effect: match &e {
+                    Error::CommitOutcomeUnknown(_) => Effect::Unknown,
+                    Error::CommitFailed(_) => Effect::Nothing,
+                    _ => effect_of(source),
                 },
                 message: e.to_string(),
             };
@@ -163,7 +166,33 @@ fn failure(e: lsngate::Error) -> Failure {
     };
     Failure {
         sqlstate: class.into(),
+        effect: match e {
+            Error::TokenUnavailable { .. } => Effect::Committed,
+            _ => Effect::Nothing,
+        },
         message: e.to_string(),
-        outcome_unknown: false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Found by the million-operation run through the library under kill-primary: a write whose
+    /// commit went through and whose position query died with the primary came back as
+    /// `TokenUnavailable` ("the transaction COMMITTED"), was recorded as failed, and the checker
+    /// rightly called it a phantom. It is a committed write whose version is unknown.
+    #[test]
+    fn a_write_the_library_says_committed_is_recorded_as_committed() {
+        let committed = failure(lsngate::Error::TokenUnavailable {
+            cause: "connection closed".into(),
+        });
+        assert_eq!(committed.effect, Effect::Committed);
+        assert_eq!(committed.sqlstate, "token-unavailable");
+        let unreachable = failure(lsngate::Error::PrimaryUnavailable {
+            address: "127.0.0.1:1".into(),
+            cause: "refused".into(),
+        });
+        assert_eq!(unreachable.effect, Effect::Nothing);
     }
 }

@@ -99,7 +99,10 @@ impl Facts<'_> {
         summary.violations = counts.violations();
         summary.proved = counts.owed_replica_reads > 0;
         summary.errors = BTreeMap::new();
-        for op in ops.iter().filter(|o| o.outcome != Outcome::Ok) {
+        for op in ops
+            .iter()
+            .filter(|o| o.outcome != Outcome::Ok || o.sqlstate.is_some())
+        {
             let code = op.sqlstate.clone().unwrap_or_else(|| "none".into());
             *summary.errors.entry(code).or_default() += 1;
         }

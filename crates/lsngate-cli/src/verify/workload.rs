@@ -17,7 +17,7 @@ use lsngate_core::Lsn;
 use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
 
-use super::client::{Client, Failure, Seen, Via};
+use super::client::{Client, Effect, Failure, Seen, Via};
 use super::history::{Op, OpKind, Outcome};
 
 pub const REGISTER_TABLE: &str = "lsngate_verify_register";
@@ -271,9 +271,15 @@ impl Process {
                 }
             }
             // Sent, then failed: refused with an ERROR, it certainly did not commit; when the
-            // connection broke or the session ended (or nothing came back), it may have.
-            Err(Ended::Failed(failure)) if !failure.outcome_unknown => {
-                self.failed(&mut op, Ended::Failed(failure), Outcome::Failed)
+            // connection broke or the session ended (or nothing came back), it may have; the
+            // library may say it committed and only its position was lost (version unknown).
+            Err(Ended::Failed(failure)) => {
+                let outcome = match failure.effect {
+                    Effect::Nothing => Outcome::Failed,
+                    Effect::Unknown => Outcome::Indeterminate,
+                    Effect::Committed => Outcome::Ok,
+                };
+                self.failed(&mut op, Ended::Failed(failure), outcome)
             }
             Err(ended) => self.failed(&mut op, ended, Outcome::Indeterminate),
         }
