@@ -76,6 +76,7 @@ pub fn causal_status(proxy: &Proxy) -> serde_json::Value {
             "timeline": proxy.nodes.newest_timeline.get(),
         },
         "replicas": causal.watcher.views(&proxy.nodes),
+        "scopes": causal.scopes.status(config.causal.scopes),
     })
 }
 
@@ -84,6 +85,7 @@ fn refresh_gauges(proxy: &Proxy) {
         tally.report();
     }
     proxy.causal.stats.report();
+    proxy.causal.scopes.report();
     for n in proxy.nodes.all().iter() {
         let address = n.url.address();
         let role = n.role().as_str();
