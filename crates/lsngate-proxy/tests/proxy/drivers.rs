@@ -57,27 +57,36 @@ fn pgjdbc_classes() -> &'static Path {
 /// The built pgx_session program.
 fn pgx_program() -> &'static Path {
     static PROGRAM: OnceLock<PathBuf> = OnceLock::new();
-    PROGRAM.get_or_init(|| {
-        assert!(
-            Path::new(DEBIAN_GOPATH)
-                .join("src/github.com/jackc/pgx/v4")
-                .exists(),
-            "{}",
-            missing("pgx v4 under /usr/share/gocode")
-        );
-        assert!(which("go").is_some(), "{}", missing("go"));
-        let dir = build_dir("pgx");
-        let program = dir.join("pgx_session");
-        let mut go = Command::new("go");
-        go.args(["build", "-o", program.to_str().unwrap(), "pgx_session.go"])
-            .current_dir(clients_dir())
-            .env("GO111MODULE", "off")
-            .env("GOPATH", DEBIAN_GOPATH)
-            .env("GOCACHE", dir.join("cache"))
-            .env("GOFLAGS", "");
-        run_ok(&mut go);
-        program
-    })
+    PROGRAM.get_or_init(|| go_program("pgx_session"))
+}
+
+/// Builds `clients/<name>.go` (a pgx v4 program) into the target directory and returns the
+/// program's path.
+pub fn go_program(name: &str) -> PathBuf {
+    assert!(
+        Path::new(DEBIAN_GOPATH)
+            .join("src/github.com/jackc/pgx/v4")
+            .exists(),
+        "{}",
+        missing("pgx v4 under /usr/share/gocode")
+    );
+    assert!(which("go").is_some(), "{}", missing("go"));
+    let dir = build_dir("pgx");
+    let program = dir.join(name);
+    let mut go = Command::new("go");
+    go.args([
+        "build",
+        "-o",
+        program.to_str().unwrap(),
+        &format!("{name}.go"),
+    ])
+    .current_dir(clients_dir())
+    .env("GO111MODULE", "off")
+    .env("GOPATH", DEBIAN_GOPATH)
+    .env("GOCACHE", dir.join("cache"))
+    .env("GOFLAGS", "");
+    run_ok(&mut go);
+    program
 }
 
 fn which(tool: &str) -> Option<PathBuf> {

@@ -1,0 +1,385 @@
+//! Causal scopes (`SET lsngate.scope`, `/* lsngate_scope='…' */`, `-c lsngate.scope=…`): a
+//! write under a scope is seen by every later read under it, on any connection of any client of
+//! the proxy — with a replica held 50 ms behind, on both server versions. The headline is Go's
+//! pgxpool writing on one pooled connection and reading on another, against the same program
+//! without a scope (the control, which must show stale reads). A scope the proxy does not hold
+//! (evicted by a tiny `scope_capacity`, expired by a short `scope_ttl_ms`) reads as `universal`:
+//! shown by a read that sees a write made under no scope at all.
+
+use std::process::Command;
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use crate::support::*;
+use lsngate_cluster::{Cluster, shared_delayed_cluster};
+
+fn proxy_with(cluster: &Cluster, change: impl FnOnce(&mut lsngate_proxy::FileConfig)) -> TestProxy {
+    let mut file = file_config(cluster);
+    file.pool_size = Some(12);
+    change(&mut file);
+    TestProxy::with(file)
+}
+
+fn create(cluster: &Cluster, table: &str) {
+    cluster
+        .primary()
+        .sql(&format!(
+            "CREATE TABLE {table} (id bigint PRIMARY KEY, v int)"
+        ))
+        .unwrap();
+    caught_up(cluster);
+}
+
+fn scopes_status(proxy: &TestProxy) -> serde_json::Value {
+    proxy.status()["causal"]["scopes"].clone()
+}
+
+fn count(value: &serde_json::Value, path: &[&str]) -> u64 {
+    let mut v = value;
+    for key in path {
+        v = &v[*key];
+    }
+    v.as_u64()
+        .unwrap_or_else(|| panic!("no count at {path:?} in {value}"))
+}
+
+/// `stale=S replica=R reads=N` from the pgxpool program, run in `mode` (set, comment, none).
+fn pgxpool(proxy: &TestProxy, table: &str, ops: usize, workers: usize, mode: &str) -> [u64; 3] {
+    static PROGRAM: OnceLock<std::path::PathBuf> = OnceLock::new();
+    let program = PROGRAM.get_or_init(|| crate::drivers::go_program("scopes_pgxpool"));
+    let (stdout, _) = run_ok(Command::new(program).args([
+        &proxy.url(),
+        table,
+        &ops.to_string(),
+        &workers.to_string(),
+        mode,
+    ]));
+    let line = stdout.trim();
+    ["stale", "replica", "reads"].map(|name| {
+        line.split_whitespace()
+            .find_map(|w| w.strip_prefix(&format!("{name}=")))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("no {name}= in {line:?}"))
+    })
+}
+
+#[test]
+fn pgxpool_8_workers_writing_and_reading_on_different_pooled_connections_under_a_scope() {
+    let cluster = shared_delayed_cluster();
+    let proxy = proxy_with(cluster, |_| {});
+    // The control: the read's connection knows nothing of the write made on another.
+    let t = unique("scope_control");
+    create(cluster, &t);
+    let [stale, replica, reads] = pgxpool(&proxy, &t, 1200, 8, "none");
+    println!("no scope (control), 8 workers: stale={stale} replica={replica} reads={reads}");
+    assert_eq!(reads, 1200);
+    assert!(
+        stale > 0,
+        "the control must show stale reads, or 0 stale under a scope proves nothing"
+    );
+    for mode in ["set", "comment"] {
+        let t = unique(&format!("scope_{mode}"));
+        create(cluster, &t);
+        let [stale, replica, reads] = pgxpool(&proxy, &t, 1200, 8, mode);
+        println!("scope by {mode}, 8 workers: stale={stale} replica={replica} reads={reads}");
+        assert_eq!(reads, 1200);
+        assert_eq!(
+            stale, 0,
+            "a read under the scope missed the scope's write ({mode})"
+        );
+        assert!(
+            replica * 2 > reads,
+            "most reads must be served by the replica: {replica}/{reads} ({mode})"
+        );
+    }
+    let scopes = scopes_status(&proxy);
+    println!("/status causal.scopes: {scopes}");
+    assert_eq!(count(&scopes, &["tracked"]), 8, "one scope per worker");
+    assert!(count(&scopes, &["raises"]) >= 2400);
+    assert!(count(&scopes, &["reads", "known_floor"]) >= 2400 - 16);
+    assert_eq!(
+        count(&scopes, &["reads", "outcomes", "stale"]),
+        0,
+        "fallback = primary never serves stale"
+    );
+    let metrics = proxy.http_get("/metrics");
+    // Other tests' proxies in this process report to the same registry: the gauge is there,
+    // its value is whichever proxy was scraped last.
+    assert!(
+        metrics.contains("lsngate_proxy_scopes_tracked"),
+        "{metrics}"
+    );
+    assert!(
+        !metrics.contains("user:"),
+        "no scope name may appear in the metrics"
+    );
+}
+
+/// (rows with `id`, served by a replica) read on `client`.
+async fn read_row(
+    client: &tokio_postgres::Client,
+    sql_prefix: &str,
+    table: &str,
+    id: i64,
+) -> (i64, bool) {
+    let row = client
+        .query_one(
+            &format!("{sql_prefix}SELECT count(*), pg_is_in_recovery() FROM {table} WHERE id = $1"),
+            &[&id],
+        )
+        .await
+        .unwrap();
+    (row.get(0), row.get(1))
+}
+
+#[test]
+fn set_reset_comment_and_startup_options_carry_a_scope_across_connections() {
+    let cluster = shared_delayed_cluster();
+    let proxy = proxy_with(cluster, |_| {});
+    let t = unique("scope_ways");
+    create(cluster, &t);
+    rt().block_on(async {
+        let writer = connect(&proxy.conninfo()).await;
+        assert_eq!(show(&writer, "SHOW lsngate.scope").await, "");
+        writer
+            .batch_execute("SET lsngate.scope = 'tenant:acme/eu'")
+            .await
+            .unwrap();
+        assert_eq!(show(&writer, "SHOW lsngate.scope").await, "tenant:acme/eu");
+        // A reader that set the scope in its startup options, one that names it per statement,
+        // and one that set it over the extended protocol.
+        let by_options = connect(&format!(
+            "{} options='-c lsngate.scope=tenant:acme/eu'",
+            proxy.conninfo()
+        ))
+        .await;
+        assert_eq!(
+            show(&by_options, "SHOW lsngate.scope").await,
+            "tenant:acme/eu"
+        );
+        let by_comment = connect(&proxy.conninfo()).await;
+        let by_extended = connect(&proxy.conninfo()).await;
+        by_extended
+            .execute("SET lsngate.scope TO 'tenant:acme/eu'", &[])
+            .await
+            .unwrap();
+        let comment = "/* lsngate_scope='tenant%3Aacme%2Feu' */ ";
+        let (mut stale, mut replica) = (0, 0);
+        for id in 0..60i64 {
+            if id % 3 == 0 {
+                // A write inside a transaction block, committed by its COMMIT.
+                writer
+                    .batch_execute(&format!("BEGIN; INSERT INTO {t} VALUES ({id}, 1); COMMIT"))
+                    .await
+                    .unwrap();
+            } else {
+                writer
+                    .execute(&format!("INSERT INTO {t} VALUES ($1, 1)"), &[&id])
+                    .await
+                    .unwrap();
+            }
+            let (reader, prefix) = match id % 3 {
+                0 => (&by_options, ""),
+                1 => (&by_comment, comment),
+                _ => (&by_extended, ""),
+            };
+            let (rows, on_replica) = read_row(reader, prefix, &t, id).await;
+            stale += usize::from(rows == 0);
+            replica += usize::from(on_replica);
+        }
+        println!("60 writes, reads on three other connections: stale={stale} replica={replica}");
+        assert_eq!(stale, 0, "a read under the scope missed its write");
+        assert!(replica > 30, "most reads on the replica: {replica}/60");
+        // The comment applied to its statement only; RESET and SET TO DEFAULT clear the scope.
+        assert_eq!(show(&by_comment, "SHOW lsngate.scope").await, "");
+        writer.batch_execute("RESET lsngate.scope").await.unwrap();
+        assert_eq!(show(&writer, "SHOW lsngate.scope").await, "");
+        by_options
+            .batch_execute("SET lsngate.scope TO DEFAULT")
+            .await
+            .unwrap();
+        assert_eq!(show(&by_options, "SHOW lsngate.scope").await, "");
+    });
+}
+
+#[test]
+fn bad_scope_names_are_refused_for_that_statement_and_the_session_goes_on() {
+    let cluster = shared_delayed_cluster();
+    let proxy = proxy_with(cluster, |_| {});
+    rt().block_on(async {
+        let client = connect(&proxy.conninfo()).await;
+        client
+            .batch_execute("SET lsngate.scope = 'user:1'")
+            .await
+            .unwrap();
+        let long = format!("'{}'", "a".repeat(129));
+        let refused = [
+            (
+                "SET lsngate.scope = 'user 42'".to_string(),
+                "letters, digits",
+            ),
+            (
+                "SET lsngate.scope = 'a'';DROP TABLE x;--'".to_string(),
+                "letters, digits",
+            ),
+            (format!("SET lsngate.scope = {long}"), "at most 128 bytes"),
+            ("SET lsngate.scope = ''".to_string(), "RESET lsngate.scope"),
+            (
+                "/* lsngate_scope='naïve' */ SELECT 1".to_string(),
+                "lsngate_scope comment",
+            ),
+        ];
+        for (sql, says) in &refused {
+            // Over the simple and the extended protocol.
+            for extended in [false, true] {
+                let error = if extended {
+                    client.execute(sql.as_str(), &[]).await.unwrap_err()
+                } else {
+                    client.batch_execute(sql).await.unwrap_err()
+                };
+                let db = error
+                    .as_db_error()
+                    .unwrap_or_else(|| panic!("{sql}: {error}"));
+                println!("{sql} -> ERROR {}: {}", db.code().code(), db.message());
+                assert_eq!(db.code().code(), "22023", "{sql}");
+                assert!(db.message().contains(says), "{sql}: {}", db.message());
+                assert_eq!(
+                    show(&client, "SELECT 41 + 1").await,
+                    "42",
+                    "the session goes on"
+                );
+                assert_eq!(
+                    show(&client, "SHOW lsngate.scope").await,
+                    "user:1",
+                    "a refused name changes nothing"
+                );
+            }
+        }
+    });
+    // In the startup options: the login is refused, naming the rule.
+    let error = rt().block_on(async {
+        let conninfo = format!("{} options='-c lsngate.scope=user%42'", proxy.conninfo());
+        tokio_postgres::connect(&conninfo, tokio_postgres::NoTls)
+            .await
+            .err()
+            .expect("a bad scope in the startup options refuses the login")
+    });
+    let message = error
+        .as_db_error()
+        .map(|e| e.message().to_string())
+        .unwrap_or_default();
+    assert!(
+        message.contains("startup options") && message.contains("letters, digits"),
+        "{error}"
+    );
+}
+
+/// Writes row `id` under `scope` on `writer`, then a row under no scope on `other`, then reads
+/// under `scope` on `reader`: (saw its own row, saw the row written under no scope).
+async fn write_then_read_elsewhere(
+    [writer, other, reader]: [&tokio_postgres::Client; 3],
+    table: &str,
+    scope: &str,
+    id: i64,
+    before_read: impl std::future::Future<Output = ()>,
+) -> (bool, bool) {
+    let comment = format!("/* lsngate_scope='{scope}' */ ");
+    writer
+        .execute(
+            &format!("{comment}INSERT INTO {table} VALUES ($1, 1)"),
+            &[&id],
+        )
+        .await
+        .unwrap();
+    before_read.await;
+    other
+        .execute(&format!("INSERT INTO {table} VALUES ($1, 2)"), &[&-id])
+        .await
+        .unwrap();
+    let (own, _) = read_row(reader, &comment, table, id).await;
+    let (unscoped, _) = read_row(reader, &comment, table, -id).await;
+    (own == 1, unscoped == 1)
+}
+
+#[test]
+fn a_scope_pushed_out_by_a_tiny_capacity_reads_as_universal_never_stale() {
+    let cluster = shared_delayed_cluster();
+    let proxy = proxy_with(cluster, |f| f.scope_capacity = Some(2));
+    let t = unique("scope_evicted");
+    create(cluster, &t);
+    rt().block_on(async {
+        let writer = connect(&proxy.conninfo()).await;
+        let other = connect(&proxy.conninfo()).await;
+        let reader = connect(&proxy.conninfo()).await;
+        let mut missed = 0;
+        for id in 1..=30i64 {
+            let scope = format!("user:{id}");
+            // Two writes under other scopes push this one out of a book of 2.
+            let push_out = async {
+                for other_scope in ["filler:a", "filler:b"] {
+                    writer
+                        .batch_execute(&format!(
+                            "/* lsngate_scope='{other_scope}' */ UPDATE {t} SET v = v WHERE id = 0"
+                        ))
+                        .await
+                        .unwrap();
+                }
+            };
+            let (own, unscoped) =
+                write_then_read_elsewhere([&writer, &other, &reader], &t, &scope, id, push_out)
+                    .await;
+            assert!(own, "read under evicted scope {scope} missed its write");
+            missed += usize::from(!unscoped);
+        }
+        assert_eq!(
+            missed, 0,
+            "an evicted scope reads as universal: it sees even writes made under no scope"
+        );
+    });
+    let scopes = scopes_status(&proxy);
+    println!("/status causal.scopes: {scopes}");
+    assert!(count(&scopes, &["evictions", "capacity"]) >= 30, "{scopes}");
+    assert!(
+        count(&scopes, &["reads", "unknown_floor"]) >= 30,
+        "{scopes}"
+    );
+    assert!(count(&scopes, &["tracked"]) <= 2);
+    let metrics = proxy.http_get("/metrics");
+    assert!(
+        metrics.contains("lsngate_proxy_scope_evictions_total{reason=\"capacity\"}"),
+        "{metrics}"
+    );
+}
+
+#[test]
+fn a_scope_expired_by_its_ttl_reads_as_universal_never_stale() {
+    let cluster = shared_delayed_cluster();
+    let ttl = Duration::from_millis(300);
+    let proxy = proxy_with(cluster, |f| f.scope_ttl_ms = Some(ttl.as_millis() as u64));
+    let t = unique("scope_expired");
+    create(cluster, &t);
+    rt().block_on(async {
+        let writer = connect(&proxy.conninfo()).await;
+        let other = connect(&proxy.conninfo()).await;
+        let reader = connect(&proxy.conninfo()).await;
+        for id in 1..=10i64 {
+            let scope = format!("device:{id}");
+            let outlive_ttl = tokio::time::sleep(ttl + Duration::from_millis(100));
+            let (own, unscoped) =
+                write_then_read_elsewhere([&writer, &other, &reader], &t, &scope, id, outlive_ttl)
+                    .await;
+            assert!(own, "read under expired scope {scope} missed its write");
+            assert!(
+                unscoped,
+                "an expired scope reads as universal: it sees even writes made under no scope"
+            );
+        }
+    });
+    let scopes = scopes_status(&proxy);
+    println!("/status causal.scopes: {scopes}");
+    assert!(count(&scopes, &["evictions", "ttl"]) >= 10, "{scopes}");
+    assert!(
+        count(&scopes, &["reads", "unknown_floor"]) >= 10,
+        "{scopes}"
+    );
+}
