@@ -139,7 +139,12 @@ fn set_reset_comment_and_startup_options_carry_a_scope_across_connections() {
     let t = unique("scope_ways");
     create(cluster, &t);
     rt().block_on(async {
-        let writer = connect(&proxy.conninfo()).await;
+        // The writer in `eventual` mode: no floor of its own, but its scope's writes count.
+        let writer = connect(&format!(
+            "{} options='-c lsngate.consistency=eventual'",
+            proxy.conninfo()
+        ))
+        .await;
         assert_eq!(show(&writer, "SHOW lsngate.scope").await, "");
         writer
             .batch_execute("SET lsngate.scope = 'tenant:acme/eu'")
@@ -159,6 +164,10 @@ fn set_reset_comment_and_startup_options_carry_a_scope_across_connections() {
         );
         let by_comment = connect(&proxy.conninfo()).await;
         let by_extended = connect(&proxy.conninfo()).await;
+        by_extended
+            .batch_execute("SET lsngate.consistency = eventual")
+            .await
+            .unwrap();
         by_extended
             .execute("SET lsngate.scope TO 'tenant:acme/eu'", &[])
             .await
