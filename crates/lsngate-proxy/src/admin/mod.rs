@@ -76,7 +76,9 @@ pub fn causal_status(proxy: &Proxy) -> serde_json::Value {
             "timeline": proxy.nodes.newest_timeline.get(),
         },
         "replicas": causal.watcher.views(&proxy.nodes),
-        "scopes": causal.scopes.status(config.causal.scopes),
+        "scopes": causal
+            .scopes
+            .status(config.causal.scopes, config.causal.scope_store.as_deref()),
     })
 }
 

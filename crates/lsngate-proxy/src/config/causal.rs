@@ -34,6 +34,8 @@ pub struct CausalConfig {
     pub lag_bound: LagBound,
     /// Bounds of the causal scopes' floors (`scope_capacity`, `scope_ttl_ms`).
     pub scopes: ScopeLimits,
+    /// Redis URL where the scopes' floors are shared with other proxies (`scope_store`).
+    pub scope_store: Option<String>,
 }
 
 impl Default for CausalConfig {
@@ -52,6 +54,7 @@ impl Default for CausalConfig {
                 capacity: defaults::SCOPE_CAPACITY,
                 ttl: Duration::from_millis(defaults::SCOPE_TTL_MS),
             },
+            scope_store: None,
         }
     }
 }
@@ -256,6 +259,20 @@ pub(super) fn causal_config(file: &FileConfig) -> Result<CausalConfig, ConfigErr
             None => default.scopes.ttl,
         },
     };
+    let scope_store = match file.scope_store.as_deref().map(str::trim) {
+        None | Some("") => None,
+        Some(url) if url.starts_with("redis://") && url.len() > "redis://".len() => {
+            Some(url.to_string())
+        }
+        Some(other) => {
+            return Err(bad(
+                "scope_store",
+                format!(
+                    "{other:?} is not a Redis URL; use redis://host:port or redis://host:port/db (TLS to Redis is not supported)"
+                ),
+            ));
+        }
+    };
     Ok(CausalConfig {
         consistency,
         wait_timeout: file
@@ -277,6 +294,7 @@ pub(super) fn causal_config(file: &FileConfig) -> Result<CausalConfig, ConfigErr
             max_lag: file.max_replica_lag_ms.map(Duration::from_millis),
         },
         scopes,
+        scope_store,
     })
 }
 

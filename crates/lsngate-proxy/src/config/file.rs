@@ -186,6 +186,11 @@ pub struct FileConfig {
     /// the primary's position [default: 60000].
     #[arg(long)]
     pub scope_ttl_ms: Option<u64>,
+    /// Redis shared by several proxies for the causal scopes' floors (`redis://host:port/db`):
+    /// a read under a scope sees the scope's writes made through any of them [default: none,
+    /// each proxy keeps its own].
+    #[arg(long)]
+    pub scope_store: Option<String>,
     /// Reads without a floor skip replicas lagging more than this many ms. Default: no bound.
     #[arg(skip)]
     pub max_replica_lag_ms: Option<u64>,

@@ -312,7 +312,12 @@ impl Session {
 
     /// The floor of the next read: the client's own, plus what its scopes and its mode add.
     async fn read_floor(&mut self, statement: Option<Floor>) -> anyhow::Result<Option<Floor>> {
-        let scoped = self.scope_floor().await?;
+        // A universal read waits for the primary's current position, past every scope's writes:
+        // no scope floor to look up (nor a round trip to the scope store).
+        let scoped = match self.floors.mode.level {
+            Level::Universal => None,
+            _ => self.scope_floor().await?,
+        };
         let own = Floor::merge(Floor::merge(self.floors.own(), statement), scoped);
         let causal = &self.proxy.causal;
         Ok(match self.floors.mode.level {

@@ -52,7 +52,8 @@ impl Session {
                 .causal
                 .primary_position(&self.proxy.nodes, self.config.connect_timeout)
                 .await;
-            self.scopes_committed(u64::MAX, position.as_ref().ok().copied());
+            self.scopes_committed(u64::MAX, position.as_ref().ok().copied())
+                .await;
             match position {
                 Ok(floor) => self.on_position(floor, true).await?,
                 Err(e) => {

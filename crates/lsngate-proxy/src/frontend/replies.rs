@@ -689,7 +689,7 @@ impl Session {
                 if wrote {
                     // Before the client's ReadyForQuery, like its own floor: the scopes it
                     // wrote under, unknown (forgotten) when the position is.
-                    self.scopes_committed(number, floor);
+                    self.scopes_committed(number, floor).await;
                 }
                 if let Some(floor) = floor {
                     self.on_position(floor, wrote).await?;

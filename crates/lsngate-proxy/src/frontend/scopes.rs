@@ -11,7 +11,9 @@
 //! the book forget those scopes: a read under a forgotten scope waits for the primary's current
 //! position, which is past the commit. The same happens to a read under a scope the book does not
 //! hold for any other reason (evicted, expired, written through another proxy), so no read under
-//! a scope is served from a replica that may be behind a write made under it here.
+//! a scope is served from a replica that may be behind a write made under it here. With
+//! `scope_store`, the floors live in Redis too, raised there before the client hears its commit
+//! is done, and read from there: a write through one proxy is seen by reads through another.
 
 use std::collections::VecDeque;
 
@@ -88,19 +90,34 @@ impl ClientScopes {
 
 impl Session {
     /// The floor a read under the flight's scopes must see; `None` when it works under none.
-    /// A scope the book does not hold costs the primary's current position (shared with other
-    /// readers asking at the same moment), which then becomes its floor.
+    /// With `scope_store`, each scope's floor is Redis' (where every proxy raises it), asked once
+    /// per read within the wait budget. A scope with no floor there (or here, without a store) —
+    /// and any scope when Redis does not answer — costs the primary's current position (shared
+    /// with other readers asking at the same moment), which then becomes its floor.
     pub(super) async fn scope_floor(&mut self) -> anyhow::Result<Option<Floor>> {
         let scopes: Vec<ScopeName> = self.scopes.current(self.floors.scope.as_ref()).to_vec();
         if scopes.is_empty() {
             return Ok(None);
         }
-        let book = &self.proxy.causal.scopes;
+        let proxy = std::sync::Arc::clone(&self.proxy);
+        let book = &proxy.causal.scopes;
         let limits = self.config.causal.scopes;
+        let store = self.config.causal.scope_store.as_deref();
+        let bound = self.config.causal.wait_timeout;
         let mut floor = None;
         let mut unknown = Vec::new();
         for scope in scopes {
-            match book.floor(&scope, limits) {
+            let local = book.floor(&scope, limits);
+            let known = match store {
+                None => local,
+                // Only Redis knows the other proxies' writes: without its floor, this proxy's
+                // own is not enough.
+                Some(url) => match book.load_shared(url, &scope, bound).await {
+                    Ok(Some(shared)) => Floor::merge(local, Some(shared)),
+                    Ok(None) | Err(_) => None,
+                },
+            };
+            match known {
                 Some(known) => floor = Floor::merge(floor, Some(known)),
                 None => unknown.push(scope),
             }
@@ -110,26 +127,63 @@ impl Session {
             return Ok(floor);
         }
         book.record_floor(ScopeFloorSource::Unknown);
-        let primary = self
-            .proxy
+        let primary = proxy
             .causal
-            .primary_position(&self.proxy.nodes, self.config.connect_timeout)
+            .primary_position(&proxy.nodes, self.config.connect_timeout)
             .await?;
         for scope in &unknown {
-            self.proxy.causal.scopes.raise(scope, primary, limits);
+            book.raise(scope, primary, limits);
+            if let Some(url) = store {
+                // A seed only: a failure costs the next reader the same primary round trip.
+                let _ = book
+                    .save_shared(url, scope, primary, limits.ttl, bound)
+                    .await;
+            }
         }
         Ok(Floor::merge(floor, Some(primary)))
     }
 
     /// Position segments up to number `upto` were answered: their scopes rise to `floor`, or
-    /// are forgotten when the position is unknown.
-    pub(super) fn scopes_committed(&mut self, upto: u64, floor: Option<Floor>) {
-        let book = &self.proxy.causal.scopes;
-        for scope in self.scopes.answered(upto) {
+    /// are forgotten when the position is unknown — here, and in Redis with `scope_store`, before
+    /// the client hears that its commit is done. A scope Redis could not be told of is reported
+    /// to the client in a NOTICE: reads under it through other proxies may miss the commit.
+    pub(super) async fn scopes_committed(&mut self, upto: u64, floor: Option<Floor>) {
+        let scopes = self.scopes.answered(upto);
+        if scopes.is_empty() {
+            return;
+        }
+        let proxy = std::sync::Arc::clone(&self.proxy);
+        let book = &proxy.causal.scopes;
+        let limits = self.config.causal.scopes;
+        let bound = self.config.causal.wait_timeout;
+        let store = self.config.causal.scope_store.clone();
+        let mut unshared = Vec::new();
+        for scope in &scopes {
             match floor {
-                Some(floor) => book.raise(&scope, floor, self.config.causal.scopes),
-                None => book.forget(&scope),
+                Some(floor) => book.raise(scope, floor, limits),
+                None => book.forget(scope),
             }
+            let Some(url) = store.as_deref() else {
+                continue;
+            };
+            let shared = match floor {
+                Some(floor) => book.save_shared(url, scope, floor, limits.ttl, bound).await,
+                None => book.remove_shared(url, scope, bound).await,
+            };
+            if let Err(e) = shared {
+                unshared.push((scope.as_str().to_string(), e));
+            }
+        }
+        if let Some((_, why)) = unshared.first() {
+            let names: Vec<&str> = unshared.iter().map(|(n, _)| n.as_str()).collect();
+            let notice = format!(
+                "lsngate: the commit's position could not be shared for scope {} ({why}); reads under it through other proxies may not see this commit (this proxy's do)",
+                names.join(", ")
+            );
+            self.io.queue(
+                &crate::net::ErrorFields::new("NOTICE", crate::net::sqlstate::WARNING, notice)
+                    .to_frame(b'N'),
+            );
         }
     }
 

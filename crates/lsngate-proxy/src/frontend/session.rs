@@ -817,7 +817,7 @@ impl Session {
     /// a pinned one is reset with DISCARD ALL before it returns to the pool.
     async fn finish(&mut self) {
         // Commits whose positions were not heard: their scopes' next reads assume the worst.
-        self.scopes_committed(u64::MAX, None);
+        self.scopes_committed(u64::MAX, None).await;
         let Some(mut attached) = self.backend.take() else {
             return;
         };

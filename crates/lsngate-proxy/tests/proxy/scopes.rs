@@ -392,3 +392,131 @@ fn a_scope_expired_by_its_ttl_reads_as_universal_never_stale() {
         "{scopes}"
     );
 }
+
+/// `n` requests, each writing under `scope` through one proxy and reading through the other
+/// (the direction alternating): (stale, served by a replica).
+async fn across_proxies(
+    [a, b]: [&TestProxy; 2],
+    table: &str,
+    scope: &str,
+    ids: std::ops::Range<i64>,
+) -> (usize, usize) {
+    let through = |p: &TestProxy| format!("{} options='-c lsngate.scope={scope}'", p.conninfo());
+    let (a_client, b_client) = (connect(&through(a)).await, connect(&through(b)).await);
+    let (mut stale, mut replica) = (0, 0);
+    for id in ids {
+        let (writer, reader) = if id % 2 == 0 {
+            (&a_client, &b_client)
+        } else {
+            (&b_client, &a_client)
+        };
+        writer
+            .execute(&format!("INSERT INTO {table} VALUES ($1, 1)"), &[&id])
+            .await
+            .unwrap();
+        let (rows, on_replica) = read_row(reader, "", table, id).await;
+        stale += usize::from(rows == 0);
+        replica += usize::from(on_replica);
+    }
+    (stale, replica)
+}
+
+fn store_calls(proxy: &TestProxy, op: &str, what: &str) -> u64 {
+    count(&scopes_status(proxy), &["store", "calls", op, what])
+}
+
+#[test]
+fn two_proxies_sharing_a_redis_scope_store_see_each_others_writes() {
+    let cluster = shared_delayed_cluster();
+    let t = unique("scope_shared");
+    create(cluster, &t);
+    // The control: two proxies, each with its own book, miss each other's writes.
+    let (a, b) = (proxy_with(cluster, |_| {}), proxy_with(cluster, |_| {}));
+    let (stale, _) = rt().block_on(across_proxies([&a, &b], &t, "user:1", 0..40));
+    println!("two proxies, no scope store (control): stale={stale}/40");
+    assert!(
+        stale > 0,
+        "the control must miss writes made through the other proxy"
+    );
+    drop((a, b));
+
+    let redis = lsngate_cluster::RedisServer::start();
+    let shared = |f: &mut lsngate_proxy::FileConfig| f.scope_store = Some(redis.url());
+    let (a, b) = (proxy_with(cluster, shared), proxy_with(cluster, shared));
+    let (stale, replica) = rt().block_on(async {
+        let mut totals = (0, 0);
+        for (i, scope) in ["user:1", "user:2", "tenant:acme"].iter().enumerate() {
+            let start = 1000 * (i as i64 + 1);
+            let (s, r) = across_proxies([&a, &b], &t, scope, start..start + 100).await;
+            totals = (totals.0 + s, totals.1 + r);
+        }
+        totals
+    });
+    println!("two proxies sharing Redis: stale={stale}/300 replica={replica}/300");
+    assert_eq!(
+        stale, 0,
+        "a read through one proxy missed a write made through the other"
+    );
+    assert!(replica > 150, "most reads on the replica: {replica}/300");
+    for p in [&a, &b] {
+        let status = scopes_status(p);
+        println!("/status causal.scopes.store: {}", status["store"]);
+        assert!(store_calls(p, "save", "calls") >= 150, "{status}");
+        assert!(store_calls(p, "load", "calls") >= 150, "{status}");
+        for op in ["load", "save", "remove"] {
+            assert_eq!(store_calls(p, op, "errors"), 0, "{status}");
+        }
+    }
+    let (stored, _) = run_ok(Command::new("redis-cli").args([
+        "-p",
+        &redis.port.to_string(),
+        "GET",
+        "lsngate:scope:user:1",
+    ]));
+    assert_eq!(
+        stored.trim().len(),
+        16 + ".t1".len(),
+        "fixed-width hex and timeline: {stored}"
+    );
+
+    // A universal read already waits for the primary's position: no round trip to Redis.
+    let loads = store_calls(&b, "load", "calls");
+    rt().block_on(async {
+        let client = connect(&format!(
+            "{} options='-c lsngate.scope=user:1 -c lsngate.consistency=universal'",
+            b.conninfo()
+        ))
+        .await;
+        assert_eq!(read_row(&client, "", &t, 1000).await.0, 1);
+    });
+    assert_eq!(store_calls(&b, "load", "calls"), loads);
+
+    // Redis gone: a commit under a scope says it could not be shared; reads under the scope
+    // wait for the primary's position instead (never stale), and the session goes on.
+    drop(redis);
+    let psql = |p: &TestProxy, sql: &str| {
+        let output = run(Command::new("psql").args([
+            &format!("{} options='-c lsngate.scope=user:1'", p.conninfo()),
+            "-X",
+            "-At",
+            "-c",
+            sql,
+        ]));
+        assert!(output.status.success(), "{:?}", texts(&output));
+        texts(&output)
+    };
+    let (_, notice) = psql(&a, &format!("INSERT INTO {t} VALUES (5000, 1)"));
+    println!("{}", notice.trim());
+    assert!(
+        notice.contains("NOTICE") && notice.contains("could not be shared for scope user:1"),
+        "{notice}"
+    );
+    let (count_seen, _) = psql(&b, &format!("SELECT count(*) FROM {t} WHERE id = 5000"));
+    assert_eq!(
+        count_seen.trim(),
+        "1",
+        "Redis down: the read waited for the primary"
+    );
+    assert!(store_calls(&b, "load", "errors") >= 1);
+    assert!(count(&scopes_status(&b), &["reads", "unknown_floor"]) >= 1);
+}
