@@ -686,9 +686,10 @@ impl Session {
                         self.proxy.nodes.newest_timeline.observe(timeline);
                     }
                 }
-                if wrote {
-                    // Before the client's ReadyForQuery, like its own floor: the scopes it
-                    // wrote under, unknown (forgotten) when the position is.
+                if wrote || floor.is_some() {
+                    // Before the client's ReadyForQuery, like its own floor: the scopes written
+                    // under up to this segment (any position taken after a commit is past it),
+                    // forgotten when a commit's position is unknown.
                     self.scopes_committed(number, floor).await;
                 }
                 if let Some(floor) = floor {
