@@ -47,7 +47,8 @@ pub struct BenchArgs {
     workers: usize,
     /// Strategies to run, comma-separated [default: every one the server supports]: primary,
     /// replica, sleep:<ms>, sync-on, remote-apply, waitfor, poll, lsngate, proxy-session,
-    /// proxy-token (the last two through an lsngate proxy the bench starts on 127.0.0.1).
+    /// proxy-token, proxy-scope, proxy-global (the last four through an lsngate proxy the bench
+    /// starts on 127.0.0.1).
     #[arg(long, value_delimiter = ',')]
     strategies: Vec<Strategy>,
     /// Wait budget per read for waitfor, poll, lsngate and the proxy in the main table (e.g. 1s,
@@ -207,6 +208,8 @@ fn default_strategies() -> Vec<Strategy> {
         Strategy::Lsngate,
         Strategy::ProxySession,
         Strategy::ProxyToken,
+        Strategy::ProxyScope,
+        Strategy::ProxyGlobal,
     ]
 }
 
