@@ -19,6 +19,10 @@ use std::time::{Duration, Instant};
 
 use lsngate_core::{Lsn, Token};
 
+/// Prefix of the causal scopes' keys (`lsngate:scope:<name>`), shared by the lsngate proxy's
+/// `scope_store` and the library's `Gate::scope`: give it to [`RedisTokenStore::with_prefix`].
+pub const SCOPE_PREFIX: &str = "lsngate:scope:";
+
 /// A boxed future, as the object-safe [`TokenStore`] returns.
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 

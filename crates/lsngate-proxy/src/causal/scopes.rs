@@ -41,9 +41,6 @@ pub enum ScopeFloorSource {
     Unknown,
 }
 
-/// Prefix of the scopes' keys in Redis (`scope_store`).
-pub const SHARED_PREFIX: &str = "lsngate:scope:";
-
 /// What is done with Redis, for its counters.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SharedOp {
@@ -267,7 +264,7 @@ impl Scopes {
         let store = RedisTokenStore::connect_without_timers(url)
             .await
             .map_err(|e| format!("scope store: {e}"))?
-            .with_prefix(SHARED_PREFIX);
+            .with_prefix(lsngate_store::SCOPE_PREFIX);
         *self.shared.lock().expect("scope store slot") = Some((url.to_string(), store.clone()));
         Ok(store)
     }

@@ -520,3 +520,71 @@ fn two_proxies_sharing_a_redis_scope_store_see_each_others_writes() {
     assert!(store_calls(&b, "load", "errors") >= 1);
     assert!(count(&scopes_status(&b), &["reads", "unknown_floor"]) >= 1);
 }
+
+#[test]
+fn the_library_and_a_proxy_share_a_scope_through_one_redis() {
+    use lsngate_store::{RedisTokenStore, SCOPE_PREFIX, TokenStore};
+    let cluster = shared_delayed_cluster();
+    let redis = lsngate_cluster::RedisServer::start();
+    let proxy = proxy_with(cluster, |f| f.scope_store = Some(redis.url()));
+    let t = unique("scope_library");
+    create(cluster, &t);
+    let (control, stale, replica) = rt().block_on(async {
+        let store: std::sync::Arc<dyn TokenStore> = std::sync::Arc::new(
+            RedisTokenStore::connect(&redis.url())
+                .await
+                .unwrap()
+                .with_prefix(SCOPE_PREFIX),
+        );
+        let gate = lsngate::Gate::connect(
+            lsngate::Config::new(cluster.primary_url()).replicas(cluster.replica_urls()),
+        )
+        .await
+        .unwrap();
+        let scope = gate
+            .scope("user:9", store, Duration::from_secs(60))
+            .unwrap();
+        let proxied = connect(&format!(
+            "{} options='-c lsngate.scope=user:9'",
+            proxy.conninfo()
+        ))
+        .await;
+        let insert = format!("INSERT INTO {t} VALUES ($1, 1)");
+        let select = format!("SELECT count(*), pg_is_in_recovery() FROM {t} WHERE id = $1");
+        // The control: the library reading with no token misses rows written through the proxy.
+        let mut control = 0;
+        for id in 0..20i64 {
+            proxied.execute(&insert, &[&id]).await.unwrap();
+            let read = gate.read().query(&select, &[&id]).await.unwrap();
+            control += usize::from(read.rows[0].get::<_, i64>(0) == 0);
+        }
+        let (mut stale, mut replica) = (0, 0);
+        for id in 100..160i64 {
+            let (rows, on_replica) = if id % 2 == 0 {
+                // The library writes under the scope, a proxied client reads under it.
+                scope.write(&insert, &[&id]).await.unwrap();
+                read_row(&proxied, "", &t, id).await
+            } else {
+                // A proxied client writes, the library reads under the scope.
+                proxied.execute(&insert, &[&id]).await.unwrap();
+                let read = scope.query(&select, &[&id]).await.unwrap();
+                (read.rows[0].get(0), read.rows[0].get(1))
+            };
+            stale += usize::from(rows == 0);
+            replica += usize::from(on_replica);
+        }
+        (control, stale, replica)
+    });
+    println!(
+        "library + proxy on one Redis: control {control}/20 stale; scope stale={stale}/60 replica={replica}/60"
+    );
+    assert!(
+        control > 0,
+        "the control must miss writes made through the proxy"
+    );
+    assert_eq!(
+        stale, 0,
+        "a read under the scope missed a write made under it by the other side"
+    );
+    assert!(replica > 30, "most reads on the replica: {replica}/60");
+}
