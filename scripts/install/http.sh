@@ -2,7 +2,9 @@
 # Test dependencies of crates/lsngate-http: Debian's headless Chromium and redis-server (both from
 # apt), and playwright-core (npm, pinned by crates/lsngate-http/e2e/package-lock.json) to drive the
 # browser. crates/lsngate-proxy's dashboard test renders the admin page with the same Chromium
-# (and its dashboard_screenshot example uses the same playwright-core). Idempotent: does nothing
+# (and its dashboard_screenshot example uses the same playwright-core), and its causal-scope test
+# shares floors between two proxies through the same redis-server (redis-cli, from
+# redis-tools, which redis-server depends on, reads the stored key). Idempotent: does nothing
 # that is already done.
 set -euo pipefail
 cd "$(dirname "$0")/../.."

@@ -206,6 +206,8 @@ fn bench_runs_every_strategy_and_writes_the_documented_json() {
         "lsngate",
         "proxy-session",
         "proxy-token",
+        "proxy-scope",
+        "proxy-global",
         "floor",
     ];
     if major >= 19 {
@@ -239,6 +241,8 @@ fn bench_runs_every_strategy_and_writes_the_documented_json() {
         "lsngate",
         "proxy-session",
         "proxy-token",
+        "proxy-scope",
+        "proxy-global",
         "floor",
     ] {
         if let Some(row) = by_name(name) {
@@ -248,7 +252,12 @@ fn bench_runs_every_strategy_and_writes_the_documented_json() {
     assert_eq!(by_name("primary").unwrap()["served_by_replica"], 0);
     // Through the proxy every read is served by a replica or falls back to the primary, and the
     // proxy's own outcome counts come with the row.
-    for name in ["proxy-session", "proxy-token"] {
+    for name in [
+        "proxy-session",
+        "proxy-token",
+        "proxy-scope",
+        "proxy-global",
+    ] {
         let row = by_name(name).unwrap();
         assert_eq!(
             row["served_by_replica"].as_u64().unwrap() + row["fallbacks"].as_u64().unwrap(),

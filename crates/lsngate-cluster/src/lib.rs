@@ -21,6 +21,7 @@ mod forwarder;
 mod node;
 mod pgbin;
 mod process;
+mod redis;
 mod tls;
 
 use std::path::PathBuf;
@@ -33,6 +34,7 @@ pub use forwarder::{Fault, Forwarder};
 pub use node::{Node, NodeSpec};
 pub use pgbin::{BUNDLE_BIN, PG_BIN_ENV, PgBin};
 pub use process::SERVER_USER;
+pub use redis::RedisServer;
 pub use tls::{ClusterTls, Issued, TestCa};
 
 /// Everything lsngate-cluster can fail with; each message says what to do about it.

@@ -25,7 +25,7 @@ use tower_service::Service;
 
 use crate::context::{NewToken, TokenContext};
 use crate::cookie::{CookieAttributes, cookie_values};
-use crate::store::{BoxFuture, TokenStore};
+use lsngate_store::{BoxFuture, TokenStore};
 
 /// The default request/response header: `Lsn-Token`.
 pub const DEFAULT_HEADER: &str = "lsn-token";

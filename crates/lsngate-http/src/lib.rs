@@ -27,11 +27,12 @@ mod context;
 mod cookie;
 pub mod job;
 mod layer;
-pub mod store;
 pub mod worker;
 
 pub use context::{MissingTokenLayer, NewToken, TokenContext};
 pub use job::JobPayload;
 pub use layer::{DEFAULT_COOKIE, DEFAULT_HEADER, DEFAULT_TTL, TokenLayer, TokenService, UserOf};
-pub use store::{MemoryTokenStore, RedisTokenStore, StoreError, TokenStore};
+/// The token store, shared with the proxy's causal scopes (crate `lsngate-store`).
+pub use lsngate_store as store;
+pub use lsngate_store::{MemoryTokenStore, RedisTokenStore, StoreError, TokenStore};
 pub use worker::JobContext;

@@ -21,6 +21,8 @@ mod pooling;
 mod psql;
 #[path = "proxy/routing.rs"]
 mod routing;
+#[path = "proxy/scopes.rs"]
+mod scopes;
 #[path = "proxy/server_auth.rs"]
 mod server_auth;
 #[path = "proxy/sessions.rs"]

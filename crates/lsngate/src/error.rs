@@ -81,6 +81,19 @@ pub enum Error {
     #[error(transparent)]
     Token(#[from] TokenError),
 
+    /// A write under a causal scope committed, but the scope store could not be told.
+    #[error(
+        "the write under scope {scope:?} committed at {lsn}, but the scope store could not be told ({cause}); reads under the scope through other processes may not see it: check the store, then call Scope::committed again with the write's token"
+    )]
+    ScopeNotShared {
+        /// The scope.
+        scope: String,
+        /// The commit's position.
+        lsn: Lsn,
+        /// What the store said.
+        cause: String,
+    },
+
     /// The primary could not be reached.
     #[error(
         "cannot reach the primary {address}: {cause}; check that it is up and the URL is right"

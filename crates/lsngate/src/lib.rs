@@ -39,6 +39,7 @@ pub mod metrics;
 mod monitor;
 mod pool;
 mod read;
+mod scope;
 mod session;
 mod watcher;
 mod write;
@@ -51,6 +52,7 @@ pub use lsngate_core::{
     Fallback, GuardConfig, LagBound, Lsn, Refusal, Role, Token, TokenCodec, TokenError, WhenGuarded,
 };
 pub use read::{Read, ReadBuilder, Served, ServedBy};
+pub use scope::Scope;
 pub use session::Session;
 pub use watcher::ReplicaStatus;
 pub use write::{WriteTx, Written, commit_token};

@@ -47,8 +47,9 @@ pub struct BenchArgs {
     workers: usize,
     /// Strategies to run, comma-separated [default: every one the server supports]: primary,
     /// replica, sleep:<ms>, sync-on, remote-apply, waitfor, poll, lsngate, proxy-session,
-    /// proxy-token (these two through an lsngate proxy the bench starts on 127.0.0.1), floor (a
-    /// tight poller on the replica: when the row first shows there, what the others compare to).
+    /// proxy-token, proxy-scope, proxy-global (these four through an lsngate proxy the bench
+    /// starts on 127.0.0.1), floor (a tight poller on the replica: when the row first shows
+    /// there, what the others compare to).
     #[arg(long, value_delimiter = ',')]
     strategies: Vec<Strategy>,
     /// Wait budget per read for waitfor, poll, lsngate and the proxy in the main table (e.g. 1s,
@@ -208,6 +209,8 @@ fn default_strategies() -> Vec<Strategy> {
         Strategy::Lsngate,
         Strategy::ProxySession,
         Strategy::ProxyToken,
+        Strategy::ProxyScope,
+        Strategy::ProxyGlobal,
         Strategy::Floor,
     ]
 }

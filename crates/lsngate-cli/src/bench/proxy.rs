@@ -1,5 +1,8 @@
 //! The connections each benchmark worker opens through the in-process proxy
-//! ([`crate::inproc_proxy`]) for `proxy-session` and `proxy-token`, and their statements.
+//! ([`crate::inproc_proxy`]) for `proxy-session`, `proxy-token`, `proxy-scope` and
+//! `proxy-global`, and their statements.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use lsngate_core::Lsn;
 use tokio_postgres::types::Type;
@@ -23,6 +26,17 @@ pub struct ProxyClients {
     writer_insert: Statement,
     /// … reads on B with A's commit position as the floor.
     reader: Client,
+    /// `proxy-scope`: writes on one connection and reads on another, both under the worker's
+    /// causal scope (as an app's pool hands a request two connections in turn).
+    scope_writer: Client,
+    scope_writer_insert: Statement,
+    scope_reader: Client,
+    scope_reader_read: Statement,
+    /// `proxy-global`: writes on one connection, reads on another in `global` mode.
+    global_writer: Client,
+    global_writer_insert: Statement,
+    global_reader: Client,
+    global_reader_read: Statement,
 }
 
 /// A read through the proxy: the value seen and whether a replica served it.
@@ -32,12 +46,31 @@ pub struct ProxyRead {
 }
 
 impl ProxyClients {
-    /// Opens the worker's three proxy connections and prepares their statements.
+    /// Opens the worker's proxy connections and prepares their statements.
     pub async fn open(proxy: &InProcessProxy) -> anyhow::Result<ProxyClients> {
+        static WORKERS: AtomicUsize = AtomicUsize::new(0);
         let session = proxy.connect("session").await?;
         let writer = proxy.connect("token").await?;
         let reader = proxy.connect("token").await?;
+        let scope = format!("bench:{}", WORKERS.fetch_add(1, Ordering::Relaxed));
+        let scope_writer = proxy.connect("session").await?;
+        let scope_reader = proxy.connect("session").await?;
+        for client in [&scope_writer, &scope_reader] {
+            client
+                .batch_execute(&format!("SET lsngate.scope = '{scope}'"))
+                .await?;
+        }
+        let global_writer = proxy.connect("global").await?;
+        let global_reader = proxy.connect("global").await?;
         Ok(ProxyClients {
+            scope_writer_insert: scope_writer.prepare(INSERT).await?,
+            scope_reader_read: scope_reader.prepare(READ_WHERE_SERVED).await?,
+            global_writer_insert: global_writer.prepare(INSERT).await?,
+            global_reader_read: global_reader.prepare(READ_WHERE_SERVED).await?,
+            scope_writer,
+            scope_reader,
+            global_writer,
+            global_reader,
             session_insert: session.prepare(INSERT).await?,
             session_read: session.prepare(READ_WHERE_SERVED).await?,
             writer_insert: writer.prepare(INSERT).await?,
@@ -98,6 +131,40 @@ impl ProxyClients {
             .await?;
         Ok(served(row))
     }
+}
+
+impl ProxyClients {
+    /// `proxy-scope`'s write, on the scope's first connection.
+    pub async fn scope_insert(&self, payload: &str) -> anyhow::Result<i64> {
+        insert(&self.scope_writer, &self.scope_writer_insert, payload).await
+    }
+
+    /// `proxy-scope`'s read, on the scope's other connection.
+    pub async fn scope_read(&self, id: i64) -> anyhow::Result<ProxyRead> {
+        let row = self
+            .scope_reader
+            .query_opt(&self.scope_reader_read, &[&id])
+            .await?;
+        Ok(served(row))
+    }
+
+    /// `proxy-global`'s write.
+    pub async fn global_insert(&self, payload: &str) -> anyhow::Result<i64> {
+        insert(&self.global_writer, &self.global_writer_insert, payload).await
+    }
+
+    /// `proxy-global`'s read, on another connection than the write.
+    pub async fn global_read(&self, id: i64) -> anyhow::Result<ProxyRead> {
+        let row = self
+            .global_reader
+            .query_opt(&self.global_reader_read, &[&id])
+            .await?;
+        Ok(served(row))
+    }
+}
+
+async fn insert(client: &Client, statement: &Statement, payload: &str) -> anyhow::Result<i64> {
+    Ok(client.query_one(statement, &[&payload]).await?.get(0))
 }
 
 fn served(row: Option<tokio_postgres::Row>) -> ProxyRead {

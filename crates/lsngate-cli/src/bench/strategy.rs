@@ -40,6 +40,12 @@ pub enum Strategy {
     /// The lsngate proxy in token mode: write on one connection, `SHOW lsngate.commit_lsn` there
     /// (answered by the proxy), read on another with the position as a comment floor.
     ProxyToken,
+    /// The lsngate proxy with a causal scope per worker (`SET lsngate.scope` on both
+    /// connections): write on one connection, read on another; the scope carries the write.
+    ProxyScope,
+    /// The lsngate proxy in global mode: write on one connection, read on another, which waits
+    /// for every write made through the proxy.
+    ProxyGlobal,
     /// Not something an application could do: a tight poller reads the row on the replica again
     /// and again until it is there. Its read p50 is how long after COMMIT returned the replica
     /// first shows the row — the floor every exact strategy is measured against.
@@ -59,6 +65,8 @@ impl std::str::FromStr for Strategy {
             "lsngate" => Strategy::Lsngate,
             "proxy-session" => Strategy::ProxySession,
             "proxy-token" => Strategy::ProxyToken,
+            "proxy-scope" => Strategy::ProxyScope,
+            "proxy-global" => Strategy::ProxyGlobal,
             "floor" => Strategy::Floor,
             other => match other.strip_prefix("sleep:") {
                 Some(delay) => Strategy::Sleep(crate::duration::parse(delay)?),
@@ -86,13 +94,15 @@ impl std::fmt::Display for Strategy {
             Strategy::Lsngate => write!(f, "lsngate"),
             Strategy::ProxySession => write!(f, "proxy-session"),
             Strategy::ProxyToken => write!(f, "proxy-token"),
+            Strategy::ProxyScope => write!(f, "proxy-scope"),
+            Strategy::ProxyGlobal => write!(f, "proxy-global"),
             Strategy::Floor => write!(f, "floor"),
         }
     }
 }
 
 impl Strategy {
-    pub const NAMES: &'static str = "primary, replica, sleep:<ms>, sync-on, remote-apply, waitfor, poll, lsngate, proxy-session, proxy-token, floor";
+    pub const NAMES: &'static str = "primary, replica, sleep:<ms>, sync-on, remote-apply, waitfor, poll, lsngate, proxy-session, proxy-token, proxy-scope, proxy-global, floor";
 
     /// The `synchronous_commit` a worker's primary session uses for this strategy's writes.
     /// `local` keeps the others as fast as plain asynchronous replication when the cluster has a
@@ -116,7 +126,13 @@ impl Strategy {
 
     /// Whether the strategy goes through the in-process lsngate proxy.
     pub fn uses_proxy(&self) -> bool {
-        matches!(self, Strategy::ProxySession | Strategy::ProxyToken)
+        matches!(
+            self,
+            Strategy::ProxySession
+                | Strategy::ProxyToken
+                | Strategy::ProxyScope
+                | Strategy::ProxyGlobal
+        )
     }
 }
 
@@ -267,6 +283,8 @@ pub async fn write(
     let id = match strategy {
         Strategy::ProxySession => session.proxy()?.session_insert(payload).await?,
         Strategy::ProxyToken => session.proxy()?.token_insert(payload).await?,
+        Strategy::ProxyScope => session.proxy()?.scope_insert(payload).await?,
+        Strategy::ProxyGlobal => session.proxy()?.global_insert(payload).await?,
         _ => session.insert(payload).await?,
     };
     Ok((id, None))
@@ -349,13 +367,19 @@ pub async fn read_back(
                 fallback: read.served.fallback.is_some(),
             }
         }
-        Strategy::ProxySession | Strategy::ProxyToken => {
+        Strategy::ProxySession
+        | Strategy::ProxyToken
+        | Strategy::ProxyScope
+        | Strategy::ProxyGlobal => {
             let proxy = session.proxy()?;
-            let read = if *strategy == Strategy::ProxySession {
-                proxy.session_read(id).await?
-            } else {
-                let floor = proxy.commit_lsn().await?;
-                proxy.token_read(floor, id).await?
+            let read = match strategy {
+                Strategy::ProxySession => proxy.session_read(id).await?,
+                Strategy::ProxyScope => proxy.scope_read(id).await?,
+                Strategy::ProxyGlobal => proxy.global_read(id).await?,
+                _ => {
+                    let floor = proxy.commit_lsn().await?;
+                    proxy.token_read(floor, id).await?
+                }
             };
             // The proxy sends the read to a replica; the primary serves it only as a fallback.
             ReadResult {

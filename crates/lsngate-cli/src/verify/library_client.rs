@@ -162,6 +162,7 @@ fn failure(e: lsngate::Error) -> Failure {
         Error::NotReplayed { .. } => "not-replayed",
         Error::PrimaryGuarded { .. } => "guarded",
         Error::TokenUnavailable { .. } => "token-unavailable",
+        Error::ScopeNotShared { .. } => "scope-not-shared",
         Error::Config(_) | Error::Token(_) => "config",
     };
     Failure {

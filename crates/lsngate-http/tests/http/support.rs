@@ -1,10 +1,10 @@
-//! Test helpers: a counting `metrics` recorder and a `redis-server` on a random port.
+//! Test helpers: a counting `metrics` recorder (the `redis-server` on a random port is the test
+//! kit's, `lsngate_cluster::RedisServer`).
 
-use std::net::TcpListener;
-use std::process::{Child, Command, Stdio};
+pub use lsngate_cluster::RedisServer;
+
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
 
 use metrics::{
     Counter, CounterFn, Gauge, Histogram, Key, KeyName, Metadata, Recorder, SharedString, Unit,
@@ -82,66 +82,6 @@ pub fn with_recorder<T>(
         .build()
         .unwrap();
     metrics::with_local_recorder(recorder, || runtime.block_on(future))
-}
-
-/// A `redis-server` on a free port in a temp dir; killed on drop.
-pub struct RedisServer {
-    child: Child,
-    pub port: u16,
-    _dir: tempfile::TempDir,
-}
-
-impl RedisServer {
-    pub fn start() -> RedisServer {
-        let port = TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
-        let dir = tempfile::tempdir().unwrap();
-        let child = Command::new("redis-server")
-            .args([
-                "--port",
-                &port.to_string(),
-                "--bind",
-                "127.0.0.1",
-                "--save",
-                "",
-                "--appendonly",
-                "no",
-            ])
-            .arg("--dir")
-            .arg(dir.path())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("redis-server not found: run scripts/install/http.sh");
-        let server = RedisServer {
-            child,
-            port,
-            _dir: dir,
-        };
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-            assert!(
-                Instant::now() < deadline,
-                "redis-server did not listen on {port}"
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        server
-    }
-
-    pub fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}/0", self.port)
-    }
-}
-
-impl Drop for RedisServer {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
 }
 
 /// The user a test request belongs to: its `x-user` header (for the token stores).

@@ -79,6 +79,9 @@ pub fn causal_status(proxy: &Proxy) -> serde_json::Value {
             "timeline": proxy.nodes.newest_timeline.get(),
         },
         "replicas": causal.watcher.views(&proxy.nodes),
+        "scopes": causal
+            .scopes
+            .status(config.causal.scopes, config.causal.scope_store.as_deref()),
     })
 }
 
@@ -87,6 +90,7 @@ fn refresh_gauges(proxy: &Proxy) {
         tally.report();
     }
     proxy.causal.stats.report();
+    proxy.causal.scopes.report();
     for n in proxy.nodes.all().iter() {
         let address = n.url.address();
         let role = n.role().as_str();

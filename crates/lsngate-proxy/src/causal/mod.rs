@@ -1,10 +1,12 @@
 //! Causal reads: read-your-writes for every client of the proxy. This module holds what all
 //! sessions share — the work done with the consistency settings (the settings themselves are
 //! `config::causal`), the replay [`Watcher`] (the server side's, `backend::replay`), the primary guard, the read statistics,
-//! the proxy-wide commit floor (`global`) and the coalesced primary position (`universal`) —
-//! plus the statements the proxy adds to a backend flight (`sql`). Per-client floors and the read
+//! the proxy-wide commit floor (`global`), the coalesced primary position (`universal`) and the
+//! causal scopes' floors (`scopes`) — plus the statements the proxy adds to a backend flight
+//! (`sql`). Per-client floors and the read
 //! path live in `frontend::causal`.
 
+pub mod scopes;
 pub mod sql;
 pub mod stats;
 
@@ -16,6 +18,7 @@ use lsngate_core::{Lsn, Refusal, SharedGuard, Token};
 use tokio::time::Instant;
 
 pub use lsngate_core::Floor;
+pub use scopes::{ScopeFloorSource, Scopes};
 pub use stats::{Outcome, Stats};
 
 use crate::backend::replay::Watcher;
@@ -63,6 +66,8 @@ pub struct Causal {
     pub watcher: Watcher,
     /// Read outcomes and waits.
     pub stats: Stats,
+    /// Each causal scope's floor.
+    pub scopes: Scopes,
     guard: SharedGuard,
     origin: Instant,
     global: Mutex<Option<Floor>>,
@@ -77,6 +82,7 @@ impl Causal {
         Causal {
             watcher: Watcher::default(),
             stats: Stats::default(),
+            scopes: Scopes::default(),
             guard: SharedGuard::new(config.guard),
             origin: Instant::now(),
             global: Mutex::new(None),

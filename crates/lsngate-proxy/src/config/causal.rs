@@ -7,7 +7,7 @@
 use std::fmt;
 use std::time::Duration;
 
-use lsngate_core::{Fallback, GuardConfig, LagBound, TokenCodec, WhenGuarded};
+use lsngate_core::{Fallback, GuardConfig, LagBound, ScopeLimits, TokenCodec, WhenGuarded};
 
 use super::{ConfigError, FileConfig, defaults};
 
@@ -32,6 +32,10 @@ pub struct CausalConfig {
     pub replay_poll: Duration,
     /// Lag bound for reads without a floor (none by default).
     pub lag_bound: LagBound,
+    /// Bounds of the causal scopes' floors (`scope_capacity`, `scope_ttl_ms`).
+    pub scopes: ScopeLimits,
+    /// Redis URL where the scopes' floors are shared with other proxies (`scope_store`).
+    pub scope_store: Option<String>,
 }
 
 impl Default for CausalConfig {
@@ -46,6 +50,11 @@ impl Default for CausalConfig {
             signed: false,
             replay_poll: Duration::from_millis(defaults::REPLAY_POLL_MS),
             lag_bound: LagBound::default(),
+            scopes: ScopeLimits {
+                capacity: defaults::SCOPE_CAPACITY,
+                ttl: Duration::from_millis(defaults::SCOPE_TTL_MS),
+            },
+            scope_store: None,
         }
     }
 }
@@ -227,6 +236,43 @@ pub(super) fn causal_config(file: &FileConfig) -> Result<CausalConfig, ConfigErr
         }
         _ => (TokenCodec::unsigned(), false),
     };
+    let scopes = ScopeLimits {
+        capacity: match file.scope_capacity {
+            Some(0) => {
+                return Err(bad(
+                    "scope_capacity",
+                    "0 would keep no scope; use at least 1 (every read under a scope the proxy does not hold waits for the primary's position)".into(),
+                ));
+            }
+            Some(n) => n,
+            None => default.scopes.capacity,
+        },
+        ttl: match file.scope_ttl_ms {
+            Some(0) => {
+                return Err(bad(
+                    "scope_ttl_ms",
+                    "0 would forget every scope at once; use a number of milliseconds like 60000"
+                        .into(),
+                ));
+            }
+            Some(ms) => Duration::from_millis(ms),
+            None => default.scopes.ttl,
+        },
+    };
+    let scope_store = match file.scope_store.as_deref().map(str::trim) {
+        None | Some("") => None,
+        Some(url) if url.starts_with("redis://") && url.len() > "redis://".len() => {
+            Some(url.to_string())
+        }
+        Some(other) => {
+            return Err(bad(
+                "scope_store",
+                format!(
+                    "{other:?} is not a Redis URL; use redis://host:port or redis://host:port/db (TLS to Redis is not supported)"
+                ),
+            ));
+        }
+    };
     Ok(CausalConfig {
         consistency,
         wait_timeout: file
@@ -247,6 +293,8 @@ pub(super) fn causal_config(file: &FileConfig) -> Result<CausalConfig, ConfigErr
             max_bytes: file.max_replica_lag_bytes,
             max_lag: file.max_replica_lag_ms.map(Duration::from_millis),
         },
+        scopes,
+        scope_store,
     })
 }
 

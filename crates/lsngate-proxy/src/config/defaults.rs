@@ -39,6 +39,10 @@ pub const WAIT_TIMEOUT_MS: u64 = 500;
 pub const REPLAY_POLL_MS: u64 = 20;
 /// `require_signed_tokens`.
 pub const REQUIRE_SIGNED_TOKENS: bool = false;
+/// `scope_capacity`: causal scopes whose floor the proxy keeps (about 200 bytes each).
+pub const SCOPE_CAPACITY: usize = 100_000;
+/// `scope_ttl_ms`: a scope's floor is forgotten this long after its last write (1 minute).
+pub const SCOPE_TTL_MS: u64 = 60_000;
 
 #[cfg(test)]
 mod tests {
@@ -86,6 +90,8 @@ mod tests {
             ),
             ("require_signed_tokens", REQUIRE_SIGNED_TOKENS.to_string()),
             ("replay_poll_ms", REPLAY_POLL_MS.to_string()),
+            ("scope_capacity", SCOPE_CAPACITY.to_string()),
+            ("scope_ttl_ms", SCOPE_TTL_MS.to_string()),
         ])
     }
 
@@ -117,7 +123,7 @@ mod tests {
                 checked += 1;
             }
         }
-        assert_eq!(checked, 14, "every flag with a value default is checked");
+        assert_eq!(checked, 16, "every flag with a value default is checked");
     }
 
     /// The README's `### Config file` example, as TOML.
@@ -198,7 +204,7 @@ mod tests {
             }
         }
         assert_eq!(
-            checked, 14,
+            checked, 16,
             "every flag with a value default is in the README's table"
         );
     }

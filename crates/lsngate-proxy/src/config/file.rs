@@ -187,6 +187,19 @@ pub struct FileConfig {
     /// Default [`REPLAY_POLL_MS`](super::defaults::REPLAY_POLL_MS).
     #[arg(skip)]
     pub replay_poll_ms: Option<u64>,
+    /// Most causal scopes (`SET lsngate.scope`) whose floor is kept; the least recently used
+    /// leaves first and its next read waits for the primary's position [default: 100000].
+    #[arg(long)]
+    pub scope_capacity: Option<usize>,
+    /// Milliseconds a scope's floor is kept after its last write; later reads under it wait for
+    /// the primary's position [default: 60000].
+    #[arg(long)]
+    pub scope_ttl_ms: Option<u64>,
+    /// Redis shared by several proxies for the causal scopes' floors (`redis://host:port/db`):
+    /// a read under a scope sees the scope's writes made through any of them [default: none,
+    /// each proxy keeps its own].
+    #[arg(long)]
+    pub scope_store: Option<String>,
     /// Reads without a floor skip replicas lagging more than this many ms. Default: no bound.
     #[arg(skip)]
     pub max_replica_lag_ms: Option<u64>,

@@ -24,6 +24,8 @@ pub enum Duty {
     Position {
         /// The flight may have written: the position is a commit token.
         wrote: bool,
+        /// The segment's number, for the causal scopes its answer raises (`scopes.rs`).
+        number: u64,
     },
     /// The server's session settings, read back when a transaction ends while the client's SETs
     /// are in doubt (see [`Session::note_session_effects`]).

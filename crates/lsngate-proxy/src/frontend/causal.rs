@@ -38,6 +38,8 @@ pub struct ClientFloors {
     pub auto: Option<Floor>,
     /// Set by `SET lsngate.min_lsn` or the startup options.
     pub explicit: Option<Floor>,
+    /// The causal scope set by `SET lsngate.scope` or the startup options (see `scopes.rs`).
+    pub scope: Option<lsngate_core::ScopeName>,
     /// Position of the client's last commit that wrote.
     pub commit: Option<Floor>,
     /// `lsngate.stale` was last reported `on`.
@@ -171,6 +173,7 @@ impl Session {
         class: Option<Class>,
         statement_floor: Option<Floor>,
     ) -> Result<(), ClientError> {
+        self.scopes.reading = !self.scopes.current(self.floors.scope.as_ref()).is_empty();
         if self.backend.as_ref().is_some_and(|b| b.awaiting_replies()) {
             // A commit position or served position of an earlier flight may still be on its way.
             // This also keeps a server connection to one routed read at a time, with nothing
@@ -194,7 +197,7 @@ impl Session {
                     tracing::warn!(
                         "the position of the client's last commit is unknown and the primary cannot be asked ({e}); reading the primary"
                     );
-                    self.proxy.causal.record(Outcome::NoReplica);
+                    self.record_read(Outcome::NoReplica);
                     return self
                         .dispatch_to(flight, class, Route::to(Some(Target::Primary)))
                         .await;
@@ -218,7 +221,7 @@ impl Session {
                 Some(n) if n.role() == crate::backend::Role::Replica => Outcome::Replica,
                 _ => Outcome::NoReplica,
             };
-            self.proxy.causal.record(outcome);
+            self.record_read(outcome);
             let route = match node.filter(|_| outcome == Outcome::Replica) {
                 Some(node) => Route {
                     target: Some(Target::Replica),
@@ -260,12 +263,12 @@ impl Session {
         match route(&request, &states) {
             _ if older_timeline => {
                 tracing::debug!("read floor is from an older timeline; reading the primary");
-                self.proxy.causal.record(Outcome::Fallback);
+                self.record_read(Outcome::Fallback);
                 self.read_primary(read).await
             }
             Decision::Replica { index, .. } if floor.is_none() => {
                 // No floor, only a lag bound: nothing to wait for.
-                self.proxy.causal.record(Outcome::Replica);
+                self.record_read(Outcome::Replica);
                 let route = Route {
                     target: Some(Target::Replica),
                     node: Some(replicas[index].0.clone()),
@@ -301,15 +304,21 @@ impl Session {
             }
             Decision::Primary(PrimaryReason::NotCaughtUp) => self.fall_back(read).await,
             Decision::Primary(_) => {
-                self.proxy.causal.record(Outcome::NoReplica);
+                self.record_read(Outcome::NoReplica);
                 self.read_primary(read).await
             }
         }
     }
 
-    /// The floor of the next read: the client's own, plus what its mode adds.
+    /// The floor of the next read: the client's own, plus what its scopes and its mode add.
     async fn read_floor(&mut self, statement: Option<Floor>) -> anyhow::Result<Option<Floor>> {
-        let own = Floor::merge(self.floors.own(), statement);
+        // A universal read waits for the primary's current position, past every scope's writes:
+        // no scope floor to look up (nor a round trip to the scope store).
+        let scoped = match self.floors.mode.level {
+            Level::Universal => None,
+            _ => self.scope_floor().await?,
+        };
+        let own = Floor::merge(Floor::merge(self.floors.own(), statement), scoped);
         let causal = &self.proxy.causal;
         Ok(match self.floors.mode.level {
             Level::Global => Floor::merge(own, causal.global_floor()),
@@ -333,7 +342,7 @@ impl Session {
     pub(super) async fn fall_back(&mut self, read: CausalRead) -> Result<(), ClientError> {
         let causal = &self.proxy.causal;
         if self.config.causal.fallback == Fallback::Error {
-            causal.record(Outcome::Error);
+            self.record_read(Outcome::Error);
             let message = self.not_caught_up(read.floor);
             return self
                 .answer_flight_error(&read.flight, SQLSTATE_NOT_CAUGHT_UP, &message)
@@ -348,7 +357,7 @@ impl Session {
                     let when_guarded = self.config.causal.when_guarded;
                     let Some(pause) = lsngate_core::pace::guard_queue_pause(when_guarded, left)
                     else {
-                        causal.record(Outcome::Error);
+                        self.record_read(Outcome::Error);
                         let message = format!(
                             "lsngate: this read needs position {} and no replica had it; {refusal}",
                             read.floor.map(|f| f.to_string()).unwrap_or_default()
@@ -361,7 +370,7 @@ impl Session {
                 }
             }
         }
-        causal.record(Outcome::Fallback);
+        self.record_read(Outcome::Fallback);
         self.floors.guard_slot = true;
         self.read_primary(read).await
     }
@@ -432,7 +441,9 @@ impl Session {
         floor: Floor,
         wrote: bool,
     ) -> Result<(), ClientError> {
-        self.floors.auto = Floor::merge(self.floors.auto, Some(floor));
+        if self.floors.mode.tracks_positions() {
+            self.floors.auto = Floor::merge(self.floors.auto, Some(floor));
+        }
         if wrote {
             self.floors.commit = Some(floor);
             self.proxy.causal.committed(floor);
@@ -452,6 +463,9 @@ impl Session {
 
     /// A replica read was served at `lsn` (the replay position right after it).
     pub(super) fn on_served(&mut self, lsn: Lsn) {
+        if !self.floors.mode.tracks_positions() {
+            return;
+        }
         self.floors.auto = Floor::merge(self.floors.auto, Some(Floor::at(lsn)));
     }
 
@@ -569,7 +583,7 @@ impl Session {
         }
         match (settled, node) {
             (Settled::Passed, Some(node)) => {
-                self.proxy.causal.record(Outcome::Waited);
+                self.record_read(Outcome::Waited);
                 self.report_stale(false);
                 // The floor is confirmed on this server: sent as a plain read (counted above).
                 let route = Route {
@@ -602,7 +616,7 @@ impl Session {
 
     /// Flags the answer about to be relayed as possibly stale (fallback = stale).
     pub(super) fn serve_stale(&mut self, replica: &str, floor: Floor) {
-        self.proxy.causal.record(Outcome::Stale);
+        self.record_read(Outcome::Stale);
         let notice = format!(
             "lsngate: served by replica {replica} which had not replayed {floor} within {} ms; the answer may be stale",
             self.config.causal.wait_timeout.as_millis()

@@ -17,7 +17,9 @@ pub struct ClientStatement {
     pub hint: Option<RouteHint>,
     /// A floor from a `lsngate_min_lsn` comment.
     pub floor: Option<Floor>,
-    /// Why the comment's floor was refused (the statement then fails without running).
+    /// The causal scope of a `lsngate_scope` comment.
+    pub scope: Option<lsngate_core::ScopeName>,
+    /// Why the comment's floor or scope was refused (the statement then fails without running).
     pub hint_error: Option<String>,
     /// The text is a proxy command (`SET lsngate.…`), answered by the proxy.
     pub local: Option<LocalCommand>,

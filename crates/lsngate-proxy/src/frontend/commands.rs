@@ -6,6 +6,7 @@
 //! | `lsngate.route` | `primary`, `replica`, `auto` | the hint in force |
 //! | `lsngate.consistency` | a mode (see `causal::mode`) | the client's mode |
 //! | `lsngate.min_lsn` | `'X/Y'` or a signed token: a floor for every later read | the floor set |
+//! | `lsngate.scope` | a causal scope name (`'user:42'`): reads see its writes from any client | the scope set |
 //! | `lsngate.floor` | — | what the next read must see (own writes, reads, min_lsn) |
 //! | `lsngate.commit_lsn` | — | position of the client's last commit that wrote |
 //! | `lsngate.commit_token` | — | the same with the primary's timeline, `X/Y.tN` (signed with `token_secret`) |
@@ -26,7 +27,7 @@ use crate::statement::{LocalCommand, RouteHint, Verb};
 /// An error answer: SQLSTATE and message.
 pub type Refused = (&'static str, String);
 
-const KNOWN: &str = "lsngate.route, lsngate.consistency, lsngate.min_lsn (SET/RESET/SHOW); lsngate.floor, lsngate.commit_lsn, lsngate.commit_token, lsngate.stale (SHOW)";
+const KNOWN: &str = "lsngate.route, lsngate.consistency, lsngate.min_lsn, lsngate.scope (SET/RESET/SHOW); lsngate.floor, lsngate.commit_lsn, lsngate.commit_token, lsngate.stale (SHOW)";
 
 /// Sets (`Some`) or resets (`None`) one proxy setting of a client.
 pub fn apply(
@@ -64,6 +65,15 @@ pub fn apply(
                     .map_err(|e| (sqlstate::INVALID_PARAMETER_VALUE, e))?,
             )
         }
+        ("scope", None) => floors.scope = None,
+        ("scope", Some(v)) => {
+            floors.scope = Some(lsngate_core::ScopeName::parse(v).map_err(|e| {
+                (
+                    sqlstate::INVALID_PARAMETER_VALUE,
+                    format!("invalid lsngate.scope: {e}"),
+                )
+            })?)
+        }
         ("floor" | "commit_lsn" | "commit_token" | "stale", _) => {
             return Err((
                 sqlstate::CANT_CHANGE_RUNTIME_PARAM,
@@ -90,6 +100,11 @@ fn show(session: &Session, name: &str) -> Result<String, Refused> {
         "route" => session.hint.as_str().to_string(),
         "consistency" => floors.mode.to_string(),
         "min_lsn" => text(floors.explicit),
+        "scope" => floors
+            .scope
+            .as_ref()
+            .map(|s| s.to_string())
+            .unwrap_or_default(),
         "floor" => text(floors.own()),
         "commit_lsn" => text(floors.commit),
         "commit_token" => floors
@@ -363,6 +378,19 @@ mod tests {
                 .0,
             sqlstate::UNDEFINED_OBJECT
         );
+        apply(&mut floors, &mut hint, &config, "scope", Some("'user:42'")).unwrap();
+        assert_eq!(floors.scope.as_ref().unwrap().as_str(), "user:42");
+        let (code, message) =
+            apply(&mut floors, &mut hint, &config, "scope", Some("'user 42'")).unwrap_err();
+        assert_eq!(code, sqlstate::INVALID_PARAMETER_VALUE);
+        assert!(message.contains("letters, digits"), "{message}");
+        assert_eq!(
+            floors.scope.as_ref().unwrap().as_str(),
+            "user:42",
+            "a refused name changes nothing"
+        );
+        apply(&mut floors, &mut hint, &config, "scope", None).unwrap();
+        assert_eq!(floors.scope, None);
         apply(&mut floors, &mut hint, &config, "route", Some("primary")).unwrap();
         assert_eq!(hint, RouteHint::Primary);
     }

@@ -407,16 +407,16 @@ impl Session {
             let settled = self.settle_floor(floor, deadline).await;
             self.proxy.causal.stats.record_wait(started.elapsed());
             if settled != super::causal::Settled::Passed {
-                self.proxy.causal.record(crate::causal::Outcome::Fallback);
+                self.record_read(crate::causal::Outcome::Fallback);
                 self.release_backend();
                 let route = Route::to(Some(Target::Primary));
                 return Box::pin(self.dispatch_to(flight, class, route)).await;
             }
-            self.proxy.causal.record(crate::causal::Outcome::Waited);
+            self.record_read(crate::causal::Outcome::Waited);
             needs_verdict = false;
         } else if read.as_ref().is_some_and(|r| r.floor.is_some()) && !needs_verdict {
             // The server this connection reached already has the floor: no wait.
-            self.proxy.causal.record(crate::causal::Outcome::Replica);
+            self.record_read(crate::causal::Outcome::Replica);
         }
         let attached = self.backend.as_ref().expect("attached before send");
         let (target, node) = (attached.target, attached.conn.node);
@@ -487,7 +487,11 @@ impl Session {
         });
         let retry_allowed = self.config.retry_buffer_size > 0;
         let status = self.status;
-        let tracks = self.floors.mode.tracks_positions();
+        if attached.target == Target::Primary && matches!(class, Some(Class::Write) | None) {
+            self.scopes.note_write(self.floors.scope.as_ref());
+        }
+        let tracks =
+            self.floors.mode.tracks_positions() || self.scopes.active(self.floors.scope.as_ref());
         let fast = self.floors.mode.fast;
         let budget = self.config.causal.wait_timeout;
         let ends = segment_ends(&flight);
@@ -606,9 +610,10 @@ impl Session {
                             && matches!(class, Some(Class::Read | Class::Write))) =>
                 {
                     let wrote = ends_block || owed || class == Some(Class::Write);
+                    let number = self.scopes.position_sent(wrote);
                     attached
                         .expect
-                        .push_back(Owner::Proxy(Duty::Position { wrote }));
+                        .push_back(Owner::Proxy(Duty::Position { wrote, number }));
                     Some(probe_segment(Probe::Position, &mut attached.conn.prepared))
                 }
                 _ => None,

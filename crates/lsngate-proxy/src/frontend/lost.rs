@@ -44,7 +44,7 @@ impl Session {
         let position_due = attached
             .expect
             .iter()
-            .any(|o| matches!(o, Owner::Proxy(Duty::Position { wrote: true })));
+            .any(|o| matches!(o, Owner::Proxy(Duty::Position { wrote: true, .. })));
         if position_due {
             // The commit went through but its position was lost with the connection: take the
             // primary's current position instead (it is past the commit).
@@ -52,6 +52,8 @@ impl Session {
                 .proxy
                 .causal
                 .primary_position(&self.proxy.nodes, self.config.connect_timeout)
+                .await;
+            self.scopes_committed(u64::MAX, position.as_ref().ok().copied())
                 .await;
             match position {
                 Ok(floor) => self.on_position(floor, true).await?,

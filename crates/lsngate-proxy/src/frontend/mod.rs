@@ -21,6 +21,7 @@ mod pipeline;
 mod plan;
 mod preparation;
 mod replies;
+mod scopes;
 pub mod session;
 mod shapes;
 mod startup;

@@ -1,6 +1,6 @@
 //! Pass-through: the common simple Query that needs nothing from the proxy but a backend. In a
 //! session between transactions, with no floor to honour (consistency `eventual`, no
-//! `lsngate.min_lsn`, no lag bound), no route hint and nothing proxy-specific in its text, a
+//! `lsngate.min_lsn`, no lag bound, no causal scope), no route hint and nothing proxy-specific in its text, a
 //! query classified as a write, or as a read while no replica serves, goes to the primary as the
 //! client sent it: no re-encoding, no proxy segments, no allocation beyond the classification
 //! key. The route is the one every flight gets (`plan.rs`): this is a fast branch of that plan,
@@ -37,6 +37,7 @@ impl Session {
             && self.hint == RouteHint::Auto
             && self.floors.mode.level == Level::Eventual
             && self.floors.own().is_none()
+            && self.floors.scope.is_none()
             && !self.settings_in_doubt
             && self.config.causal.lag_bound.max_bytes.is_none()
             && self.config.causal.lag_bound.max_lag.is_none()

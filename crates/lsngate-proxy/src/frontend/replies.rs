@@ -670,22 +670,30 @@ impl Session {
                     n.request_check();
                 }
             }
-            Duty::Position { wrote } => {
+            Duty::Position { wrote, number } => {
                 let lsn = text(0).and_then(|t| Lsn::parse(&t).ok());
                 if lsn.is_none() && wrote {
                     tracing::warn!(node = %attached.conn.address, "no position after a commit; the client's next read asks the primary for one");
                     self.floors.commit_unknown = true;
                 }
-                if let Some(lsn) = lsn {
-                    let facts = &attached.conn.facts;
-                    let floor = Floor {
-                        lsn: facts.reachable(lsn),
-                        timeline: facts.timeline,
-                    };
+                let facts = &attached.conn.facts;
+                let floor = lsn.map(|lsn| Floor {
+                    lsn: facts.reachable(lsn),
+                    timeline: facts.timeline,
+                });
+                if let Some(floor) = floor {
                     causal.watcher.observe_primary(Instant::now(), floor.lsn);
-                    if let Some(timeline) = facts.timeline {
+                    if let Some(timeline) = floor.timeline {
                         self.proxy.nodes.newest_timeline.observe(timeline);
                     }
+                }
+                if wrote || floor.is_some() {
+                    // Before the client's ReadyForQuery, like its own floor: the scopes written
+                    // under up to this segment (any position taken after a commit is past it),
+                    // forgotten when a commit's position is unknown.
+                    self.scopes_committed(number, floor).await;
+                }
+                if let Some(floor) = floor {
                     self.on_position(floor, wrote).await?;
                 }
             }
@@ -733,7 +741,7 @@ impl Session {
                 causal
                     .watcher
                     .observe_replayed(node, &server, verdict.floor.lsn);
-                causal.record(Outcome::Waited);
+                self.record_read(Outcome::Waited);
                 self.report_stale(false);
                 return Ok(());
             }
@@ -754,6 +762,9 @@ impl Session {
                         Some(ReadWait::Failed(Discard::Poll(verdict.floor, verdict.sent)));
                 } else if self.config.causal.fallback == Fallback::Stale {
                     causal.record(Outcome::Stale);
+                    if self.scopes.reading {
+                        causal.scopes.record_outcome(Outcome::Stale);
+                    }
                     let notice = format!(
                         "lsngate: served by replica {} which had not replayed {} within {} ms; the answer may be stale",
                         attached.conn.address,

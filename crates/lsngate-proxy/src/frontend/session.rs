@@ -27,6 +27,15 @@ use crate::statement::{
     Class, Hints, LocalCommand, RouteHint, comment_hints, local_command, setting_reset,
 };
 
+/// The causal scope of a statement's `lsngate_scope` comment, or why it was refused.
+fn hinted_scope(hints: &Hints) -> (Option<lsngate_core::ScopeName>, Option<String>) {
+    match hints.scope.as_deref().map(lsngate_core::ScopeName::parse) {
+        Some(Ok(scope)) => (Some(scope), None),
+        Some(Err(e)) => (None, Some(format!("invalid lsngate_scope comment: {e}"))),
+        None => (None, None),
+    }
+}
+
 /// How long a session that ended waits for replies still due before it gives up its server
 /// connection instead of returning it to the pool.
 const FINISH_DRAIN: std::time::Duration = std::time::Duration::from_secs(1);
@@ -70,6 +79,8 @@ pub struct Session {
     pub(super) cancel_slot: CancelSlot,
     /// Consistency mode and floors.
     pub(super) floors: ClientFloors,
+    /// Causal scopes: the flight's, and the writes whose commit positions will raise theirs.
+    pub(super) scopes: super::scopes::ClientScopes,
     /// Portals bound to proxy commands, by name.
     pub(super) local_portals: HashMap<String, LocalCommand>,
     /// Statement names the client deallocated, to close on the server connections it uses
@@ -191,6 +202,7 @@ impl Session {
             settings_in_doubt: false,
             cancel_slot,
             floors,
+            scopes: Default::default(),
             local_portals: HashMap::new(),
             closing: std::collections::VecDeque::new(),
             plans_changed: false,
@@ -242,6 +254,7 @@ impl Session {
             pending: Vec::new(),
             settings_in_doubt: false,
             cancel_slot: Default::default(),
+            scopes: Default::default(),
             local_portals: HashMap::new(),
             closing: std::collections::VecDeque::new(),
             plans_changed: false,
@@ -441,7 +454,9 @@ impl Session {
                 param_types,
             } => {
                 let (hints, query) = comment_hints(&query).unwrap_or((Hints::default(), query));
-                let (floor, hint_error) = self.hinted_floor(&hints);
+                let (floor, floor_error) = self.hinted_floor(&hints);
+                let (scope, scope_error) = hinted_scope(&hints);
+                let hint_error = floor_error.or(scope_error);
                 let local = local_command(&query);
                 let class = self.class_memo.classify(
                     &self.proxy.classes,
@@ -458,6 +473,7 @@ impl Session {
                     class,
                     hint: hints.route,
                     floor,
+                    scope,
                     hint_error,
                     local,
                     shape: None,
@@ -703,6 +719,7 @@ impl Session {
         let mut class: Option<Class> = None;
         let mut hint = None;
         let mut floor = None;
+        let mut scopes = Vec::new();
         let mut unknown = false;
         for s in &used {
             let Some(s) = s else {
@@ -711,6 +728,9 @@ impl Session {
             };
             hint = hint.or(s.hint);
             floor = Floor::merge(floor, s.floor);
+            if let Some(scope) = s.scope.as_ref().filter(|scope| !scopes.contains(*scope)) {
+                scopes.push(scope.clone());
+            }
             class = Some(match (class, s.class) {
                 (None, c) => c,
                 (Some(Class::Read), Class::Read) => Class::Read,
@@ -729,7 +749,10 @@ impl Session {
             });
         }
         self.local_portals.clear();
-        self.dispatch(flight, class, hint, floor).await
+        self.scopes.flight = scopes;
+        let dispatched = self.dispatch(flight, class, hint, floor).await;
+        self.scopes.flight.clear();
+        dispatched
     }
 
     async fn simple_query(&mut self, sql: String) -> Result<(), ClientError> {
@@ -744,8 +767,9 @@ impl Session {
             );
             return self.answer_error(sqlstate::SYNTAX_ERROR, &message).await;
         }
-        let (floor, error) = self.hinted_floor(&hints);
-        if let Some(error) = error {
+        let (floor, floor_error) = self.hinted_floor(&hints);
+        let (scope, scope_error) = hinted_scope(&hints);
+        if let Some(error) = floor_error.or(scope_error) {
             return self
                 .answer_error(sqlstate::INVALID_PARAMETER_VALUE, &error)
                 .await;
@@ -763,13 +787,17 @@ impl Session {
             // Its answer is told apart by being the only one due (see `reset_to_startup`).
             self.drain().await?;
         }
-        self.dispatch(
-            vec![FrontendMessage::Query(sql)],
-            Some(class),
-            hints.route,
-            floor,
-        )
-        .await
+        self.scopes.flight = scope.into_iter().collect();
+        let dispatched = self
+            .dispatch(
+                vec![FrontendMessage::Query(sql)],
+                Some(class),
+                hints.route,
+                floor,
+            )
+            .await;
+        self.scopes.flight.clear();
+        dispatched
     }
 
     /// `RESET name` (or `SET name TO DEFAULT`) of a setting the client's startup packet gave: on
@@ -814,6 +842,8 @@ impl Session {
     /// Ends the session: a backend that is mid-transaction is closed (the server rolls back);
     /// a pinned one is reset with DISCARD ALL before it returns to the pool.
     async fn finish(&mut self) {
+        // Commits whose positions were not heard: their scopes' next reads assume the worst.
+        self.scopes_committed(u64::MAX, None).await;
         let Some(mut attached) = self.backend.take() else {
             return;
         };

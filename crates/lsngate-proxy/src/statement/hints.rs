@@ -1,7 +1,8 @@
 //! Route hints: how a client tells the proxy where a statement should run or which floor it
 //! must see, without any driver support — `SET lsngate.route` for the session, or a comment in
 //! the statement itself (`/* lsngate:route=primary */`, sqlcommenter-style
-//! `/*lsngate_min_lsn='0/3F8A120'*/`) that survives ORMs and query builders. The hint comments
+//! `/*lsngate_min_lsn='0/3F8A120'*/`, `/*lsngate_scope='user:42'*/`) that survives ORMs and
+//! query builders. The hint comments
 //! are cut from the text before classification so that statements differing only in their floor
 //! share one cache entry.
 
@@ -49,6 +50,8 @@ pub struct Hints {
     pub route: Option<RouteHint>,
     /// `/* lsngate_min_lsn='0/3F8A120' */`: the raw value, validated by the session.
     pub min_lsn: Option<String>,
+    /// `/* lsngate_scope='user:42' */`: the raw value (URL-decoded), validated by the session.
+    pub scope: Option<String>,
 }
 
 /// Finds lsngate hints in the statement's comments: `/* lsngate:route=primary */` and
@@ -90,6 +93,7 @@ pub fn comment_hints(sql: &str) -> Option<(Hints, String)> {
                     found = true;
                     hints.route = found_here.route.or(hints.route);
                     hints.min_lsn = found_here.min_lsn.or(hints.min_lsn);
+                    hints.scope = found_here.scope.or(hints.scope);
                     keep.push_str(&sql[copied..i]);
                     copied = end;
                 }
@@ -121,6 +125,9 @@ fn parse_hint_comment(inner: &str) -> Option<Hints> {
             "lsngate_min_lsn" | "lsngate:min_lsn" => {
                 hints.min_lsn = Some(crate::config::percent_decode(value))
             }
+            "lsngate_scope" | "lsngate:scope" => {
+                hints.scope = Some(crate::config::percent_decode(value))
+            }
             _ => return None,
         }
         any = true;
@@ -145,6 +152,15 @@ mod tests {
                 .unwrap();
         assert_eq!(hints.min_lsn.as_deref(), Some("0/3F8A120"));
         assert_eq!(hints.route, Some(RouteHint::Replica));
+        assert_eq!(rest.trim(), "SELECT 1");
+        let (hints, rest) =
+            comment_hints("/* lsngate_scope='x y' */ SELECT 1 /*lsngate_scope='user%3A42'*/")
+                .unwrap();
+        assert_eq!(
+            hints.scope.as_deref(),
+            Some("user:42"),
+            "the last one wins, as for the other keys"
+        );
         assert_eq!(rest.trim(), "SELECT 1");
         assert_eq!(
             comment_hints("SELECT '/* lsngate:route=replica */' /*controller='x'*/"),

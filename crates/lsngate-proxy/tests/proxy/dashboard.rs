@@ -145,6 +145,24 @@ fn chromium_renders_the_live_dashboard_from_status() {
     caught_up(cluster);
     const READS: i64 = 20;
     writes_and_reads(&proxy, &table, 0, READS);
+    // One write and read under a causal scope, on two connections.
+    rt().block_on(async {
+        let scoped = |sql: String| format!("/* lsngate_scope='user:7' */ {sql}");
+        let writer = connect(&proxy.conninfo()).await;
+        let reader = connect(&proxy.conninfo()).await;
+        writer
+            .batch_execute(&scoped(format!("INSERT INTO {table} (id) VALUES (-7)")))
+            .await
+            .unwrap();
+        let rows = reader
+            .simple_query(&scoped(format!("SELECT id FROM {table} WHERE id = -7")))
+            .await
+            .unwrap();
+        assert!(
+            rows.iter()
+                .any(|m| matches!(m, tokio_postgres::SimpleQueryMessage::Row(_)))
+        );
+    });
     let replicas = cluster.replicas().len();
     wait_status(&proxy, "every replica's replayed position", |s| {
         let views = s["causal"]["replicas"]
@@ -229,6 +247,37 @@ fn chromium_renders_the_live_dashboard_from_status() {
         served("replica") + served("waited") > 0,
         "replicas served some of the reads"
     );
+
+    // The scopes panel shows what /status holds.
+    let scopes = &after["causal"]["scopes"];
+    assert_eq!(
+        text_after(&dom, "id=\"scopes-tracked\""),
+        Some("1"),
+        "{scopes}"
+    );
+    assert_eq!(
+        text_after(&dom, "id=\"scopes-capacity\"").map(str::to_string),
+        Some(scopes["capacity"].to_string())
+    );
+    let mut scoped_reads = 0;
+    for name in [
+        "replica",
+        "waited",
+        "fallback",
+        "no_replica",
+        "stale",
+        "error",
+    ] {
+        let row = row(&dom, &format!("data-scope-outcome=\"{name}\""))
+            .unwrap_or_else(|| panic!("scope outcome {name} missing from the dashboard:\n{dom}"));
+        let shown: u64 = field(row, "count").parse().unwrap();
+        assert_eq!(
+            shown, scopes["reads"]["outcomes"][name],
+            "{name}: page vs /status"
+        );
+        scoped_reads += shown;
+    }
+    assert!(scoped_reads >= 1, "the read under user:7 is counted");
 
     // More writes move the primary; a second load shows the higher position.
     let first = lsn(first).unwrap_or_else(|| panic!("primary position {first:?} is not X/Y"));

@@ -61,7 +61,7 @@ fn pgx_program() -> &'static Path {
 }
 
 /// Builds `clients/NAME.go` against Debian's pgx v4 (GOPATH mode, the compiled packages cached
-/// for every program); returns the program.
+/// for every program) into the target directory; returns the program.
 pub fn build_pgx_program(name: &str) -> PathBuf {
     assert!(
         Path::new(DEBIAN_GOPATH)

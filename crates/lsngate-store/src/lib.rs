@@ -1,11 +1,15 @@
-//! Server-side token store for cross-device sessions: a user who wrote on the phone and reads on
-//! the laptop brings no cookie from the phone, so the layer also keeps each user's latest token
-//! under their user id, with a TTL, and merges it in on every request. [`TokenStore`] is the
-//! seam; [`RedisTokenStore`] is the shared implementation (one Redis for every app server) and
-//! [`MemoryTokenStore`] the single-process one.
+//! A store of commit tokens by key, shared by the processes that need one floor per name:
+//! lsngate-http keeps each user's latest token under their user id (a user who wrote on the phone
+//! and reads on the laptop brings no cookie from the phone), and the proxy keeps each causal
+//! scope's floor (`SET lsngate.scope`) so that several proxies behind one load balancer see each
+//! other's writes. [`TokenStore`] is the seam; [`RedisTokenStore`] is the shared implementation
+//! (one Redis for every process) and [`MemoryTokenStore`] the single-process one.
 //!
-//! Not a session store: it holds one token per user and nothing else. Saves merge by max, so two
-//! servers saving concurrently never move a user's token backwards.
+//! Not a session store: it holds one token per key and nothing else, with a TTL. Saves merge by
+//! max in one atomic step, so two processes saving concurrently never move a key's token
+//! backwards.
+
+#![warn(missing_docs)]
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -15,6 +19,10 @@ use std::time::{Duration, Instant};
 
 use lsngate_core::{Lsn, Token};
 
+/// Prefix of the causal scopes' keys (`lsngate:scope:<name>`), shared by the lsngate proxy's
+/// `scope_store` and the library's `Gate::scope`: give it to [`RedisTokenStore::with_prefix`].
+pub const SCOPE_PREFIX: &str = "lsngate:scope:";
+
 /// A boxed future, as the object-safe [`TokenStore`] returns.
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
@@ -22,9 +30,7 @@ pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
     /// Redis refused or could not be reached.
-    #[error(
-        "token store: Redis failed: {0}; check that Redis runs at the configured URL (requests go on with the cookie/header token only)"
-    )]
+    #[error("token store: Redis failed: {0}; check that Redis runs at the configured URL")]
     Redis(#[from] redis::RedisError),
     /// A stored value is not in the store's format (written by something else).
     #[error(
@@ -38,11 +44,11 @@ pub enum StoreError {
     },
 }
 
-/// Keeps each user's latest commit token for a while.
+/// Keeps each key's (user's, scope's) latest commit token for a while.
 pub trait TokenStore: Send + Sync + 'static {
-    /// The user's token, `None` when there is none or it expired.
+    /// The key's token, `None` when there is none or it expired.
     fn load<'a>(&'a self, user: &'a str) -> BoxFuture<'a, Result<Option<Token>, StoreError>>;
-    /// Merges `token` into the user's (max wins) and keeps it `ttl` from now.
+    /// Merges `token` into the key's (max wins) and keeps it `ttl` from now.
     fn save<'a>(
         &'a self,
         user: &'a str,
@@ -108,7 +114,7 @@ end
 return 1
 "#;
 
-/// Tokens in Redis under `<prefix><user>`, value `<16 hex digits of the LSN>[.t<timeline>]`,
+/// Tokens in Redis under `<prefix><key>`, value `<16 hex digits of the LSN>[.t<timeline>]`,
 /// expiring with Redis' own TTL.
 #[derive(Clone)]
 pub struct RedisTokenStore {
@@ -130,14 +136,33 @@ impl RedisTokenStore {
     pub async fn connect(url: &str) -> Result<RedisTokenStore, StoreError> {
         let client = redis::Client::open(url)?;
         let connection = client.get_multiplexed_async_connection().await?;
-        Ok(RedisTokenStore {
+        Ok(RedisTokenStore::over(connection))
+    }
+
+    /// [`RedisTokenStore::connect`] for a runtime without tokio's time driver (the proxy's, whose
+    /// timers run on a thread of their own): the connection sets no timeouts of its own — the
+    /// Redis client's default ones would need that driver — so the caller bounds every call,
+    /// connecting included.
+    pub async fn connect_without_timers(url: &str) -> Result<RedisTokenStore, StoreError> {
+        let client = redis::Client::open(url)?;
+        let config = redis::AsyncConnectionConfig::new()
+            .set_connection_timeout(None)
+            .set_response_timeout(None);
+        let connection = client
+            .get_multiplexed_async_connection_with_config(&config)
+            .await?;
+        Ok(RedisTokenStore::over(connection))
+    }
+
+    fn over(connection: redis::aio::MultiplexedConnection) -> RedisTokenStore {
+        RedisTokenStore {
             connection,
             prefix: "lsngate:token:".to_owned(),
             save_max: redis::Script::new(SAVE_MAX),
-        })
+        }
     }
 
-    /// Uses `prefix` before the user id instead of `lsngate:token:`.
+    /// Uses `prefix` before the key instead of `lsngate:token:`.
     pub fn with_prefix(mut self, prefix: impl Into<String>) -> RedisTokenStore {
         self.prefix = prefix.into();
         self
@@ -146,17 +171,28 @@ impl RedisTokenStore {
     fn key(&self, user: &str) -> String {
         format!("{}{user}", self.prefix)
     }
+
+    /// Drops the key's token: readers then find none, as after its TTL.
+    pub async fn remove(&self, key: &str) -> Result<(), StoreError> {
+        let mut connection = self.connection.clone();
+        let _: i64 = redis::cmd("DEL")
+            .arg(self.key(key))
+            .query_async(&mut connection)
+            .await?;
+        Ok(())
+    }
 }
 
 /// The stored form: fixed-width hex so it sorts as a number.
-pub(crate) fn stored_form(token: &Token) -> String {
+pub fn stored_form(token: &Token) -> String {
     match token.timeline {
         Some(timeline) => format!("{:016X}.t{timeline}", token.lsn.as_u64()),
         None => format!("{:016X}", token.lsn.as_u64()),
     }
 }
 
-pub(crate) fn parse_stored(value: &str) -> Option<Token> {
+/// A token from its [`stored_form`]; `None` for anything else.
+pub fn parse_stored(value: &str) -> Option<Token> {
     let (hex, timeline) = match value.split_once(".t") {
         Some((hex, timeline)) => (hex, Some(timeline.parse().ok()?)),
         None => (value, None),
