@@ -28,6 +28,9 @@ pub struct Rules {
     pub all_acknowledged: bool,
     /// `token`: a read carrying a floor sees every write whose commit position is at or below it.
     pub token_floors: bool,
+    /// `scope`: a read under a scope sees every write acknowledged under the same scope (by any
+    /// process) before it began.
+    pub scope_floors: bool,
     /// A process never reads an older version of a key than it already read. Every mode of the
     /// proxy promises it (its token mode is session plus tokens); the library's bare token reads
     /// (`Gate::read().after(token)`) do not — they remember nothing — so `--library --mode token`
@@ -326,6 +329,28 @@ fn owed_by_others(ops: &[Op], rules: &Rules) -> HashMap<usize, (i64, &'static st
     } else {
         HashMap::new()
     };
+    if rules.scope_floors {
+        let mut scopes: HashMap<&str, (Vec<&Op>, Vec<usize>)> = HashMap::new();
+        for w in &acknowledged {
+            if let Some(scope) = w.scope.as_deref() {
+                scopes.entry(scope).or_default().0.push(w);
+            }
+        }
+        for &i in &reads {
+            if let Some(scope) = ops[i].scope.as_deref() {
+                scopes.entry(scope).or_default().1.push(i);
+            }
+        }
+        for (writes, scope_reads) in scopes.values() {
+            for (i, version) in acknowledged_before_start(ops, writes, scope_reads) {
+                raise(
+                    i,
+                    version,
+                    "a write acknowledged under its scope before the read began",
+                );
+            }
+        }
+    }
     if rules.all_acknowledged {
         for &i in &reads {
             let version = before_start.get(&i).copied().unwrap_or(0);
@@ -414,6 +439,7 @@ mod tests {
         own_writes: true,
         all_acknowledged: false,
         token_floors: false,
+        scope_floors: false,
         monotonic: true,
         hang_after_ms: 1000.0,
     };
@@ -423,6 +449,7 @@ mod tests {
             process,
             kind: OpKind::Write,
             key,
+            scope: None,
             op_id: Some(id.into()),
             txn: None,
             invoke_ms: at,
@@ -441,6 +468,7 @@ mod tests {
             process,
             kind: OpKind::Read,
             key,
+            scope: None,
             op_id: None,
             txn: None,
             invoke_ms: at,
@@ -764,5 +792,40 @@ mod tests {
         );
         assert_eq!(verdict.counts.phantom, 1);
         assert_eq!(verdict.counts.indeterminate_committed, 1);
+    }
+
+    #[test]
+    fn a_read_under_a_scope_is_owed_the_writes_acknowledged_under_it_and_no_others() {
+        let under = |mut op: Op, scope: &str| {
+            op.scope = Some(scope.into());
+            op
+        };
+        let ops = vec![
+            // Process 0 writes key 0 under s0; its scope partner 1 must see it...
+            under(write(0, 0, "p0-0", 0.0, 1), "s0"),
+            under(read(1, 0, 2.0, 0, true), "s0"),
+            // ...but process 2, under another scope, need not.
+            under(read(2, 0, 2.0, 0, true), "s1"),
+            // A write still in flight when the read began is not owed.
+            under(write(0, 1, "p0-1", 3.0, 1), "s0"),
+            under(read(1, 1, 3.5, 0, true), "s0"),
+        ];
+        let scope = Rules {
+            scope_floors: true,
+            ..SESSION
+        };
+        let verdict = check(&ops, &[], &all_committed(&ops), &scope);
+        assert_eq!(kinds(&verdict), vec![ViolationKind::Stale]);
+        assert_eq!(verdict.violations[0].op, 1);
+        assert!(
+            verdict.violations[0]
+                .explanation
+                .contains("acknowledged under its scope"),
+            "{:?}",
+            verdict.violations
+        );
+        // Without the rule (session mode) nothing is owed across processes.
+        let verdict = check(&ops, &[], &all_committed(&ops), &SESSION);
+        assert_eq!(verdict.counts.violations(), 0);
     }
 }

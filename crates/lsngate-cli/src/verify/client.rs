@@ -128,10 +128,11 @@ pub enum Client {
 }
 
 impl Client {
-    pub async fn open(via: &Via, mode: Mode) -> anyhow::Result<Client> {
+    /// `scope`: the causal scope of scope mode.
+    pub async fn open(via: &Via, mode: Mode, scope: Option<&str>) -> anyhow::Result<Client> {
         Ok(match via {
             Via::Proxy(endpoint) => {
-                Client::Proxy(Box::new(ProxyClient::open(endpoint, mode).await?))
+                Client::Proxy(Box::new(ProxyClient::open(endpoint, mode, scope).await?))
             }
             Via::Library(target) => Client::Library(LibraryClient::open(target, mode)),
         })

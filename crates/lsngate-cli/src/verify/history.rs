@@ -63,6 +63,9 @@ pub struct Op {
     pub kind: OpKind,
     /// The register.
     pub key: i32,
+    /// Scope mode: the causal scope the operation ran under (shared by a pair of processes).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scope: Option<String>,
     /// Writes: the unique id committed with the register change (`p3-17`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub op_id: Option<String>,
@@ -168,6 +171,7 @@ mod tests {
             process: 1,
             kind: OpKind::Read,
             key: 3,
+            scope: None,
             op_id: None,
             txn: Some("p1-t1".into()),
             invoke_ms: 1.0,

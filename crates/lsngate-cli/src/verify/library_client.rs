@@ -51,6 +51,11 @@ pub fn refusal(mode: Mode) -> Option<String> {
              proxy's global mode without --library/--primary"
                 .into(),
         ),
+        Mode::Scope => Some(
+            "--mode scope is the proxy's causal scopes (SET lsngate.scope); the library has no \
+             Gate::scope yet (issue #24). Verify scopes through the proxy (drop --library/--primary)"
+                .into(),
+        ),
         _ => None,
     }
 }

@@ -60,8 +60,9 @@ pub struct VerifyArgs {
     /// Consistency mode of the clients: session, token (writes on one connection, reads on
     /// another with the commit position handed over, also between clients), global (proxy
     /// only: every write committed through the proxy before the read), universal (every write
-    /// committed on the primary before the read), or eventual (the self-test control: must show
-    /// violations when a replica lags).
+    /// committed on the primary before the read), scope (proxy only: clients in pairs share a
+    /// causal scope, `SET lsngate.scope`, and each writes and reads on two connections), or
+    /// eventual (the self-test control: must show violations when a replica lags).
     #[arg(long, value_enum, default_value = "session")]
     mode: Mode,
     /// How long the clients run, in seconds (at least until every requested fault has been
@@ -128,6 +129,7 @@ fn rules(mode: Mode, library: bool, hang_after: Duration) -> Rules {
         own_writes: mode != Mode::Token,
         all_acknowledged: matches!(mode, Mode::Global | Mode::Universal),
         token_floors: mode == Mode::Token,
+        scope_floors: mode == Mode::Scope,
         // The library's bare token reads remember nothing (see library_client).
         monotonic: !(library && mode == Mode::Token),
         hang_after_ms: hang_after.as_secs_f64() * 1e3,

@@ -2,7 +2,10 @@
 //! (`lsngate.consistency` at login). In `token` mode a process writes on one connection and
 //! reads on another, carrying the commit position the proxy reported (`SHOW
 //! lsngate.commit_lsn`) in a `/* lsngate_min_lsn='X/Y' */` comment; in every other mode it reads
-//! and writes on one connection and the proxy keeps the floor. Read-only transactions are plain
+//! and writes on one connection and the proxy keeps the floor — except in `scope` mode, where it
+//! writes on one connection and reads on another, both under the scope it shares with another
+//! process (`SET lsngate.scope`), so only the scope carries its writes to its reads. Read-only
+//! transactions are plain
 //! `BEGIN READ ONLY … COMMIT` blocks, which the proxy routes to a replica as a whole.
 //! Not the workload: which floor a read carries is decided there.
 
@@ -24,12 +27,30 @@ pub struct ProxyClient {
 }
 
 impl ProxyClient {
-    pub async fn open(endpoint: &tokio_postgres::Config, mode: Mode) -> anyhow::Result<Self> {
-        let main = inproc_proxy::connect(endpoint, mode.name()).await?;
+    pub async fn open(
+        endpoint: &tokio_postgres::Config,
+        mode: Mode,
+        scope: Option<&str>,
+    ) -> anyhow::Result<Self> {
+        // Scope mode is the proxy's session mode plus the scope.
+        let consistency = match mode {
+            Mode::Scope => Mode::Session.name(),
+            _ => mode.name(),
+        };
+        let main = inproc_proxy::connect(endpoint, consistency).await?;
         let reader = match mode {
             Mode::Token => Some(inproc_proxy::connect(endpoint, "token").await?),
+            Mode::Scope => Some(inproc_proxy::connect(endpoint, consistency).await?),
             _ => None,
         };
+        if let Some(scope) = scope {
+            // A name the workload makes: letters, digits and ':' only.
+            let set = format!("SET lsngate.scope = '{scope}'");
+            main.batch_execute(&set).await?;
+            if let Some(reader) = &reader {
+                reader.batch_execute(&set).await?;
+            }
+        }
         let write = main
             .prepare_typed(WRITE_SQL, &[Type::TEXT, Type::INT4, Type::INT4])
             .await?;

@@ -36,6 +36,10 @@ pub enum Mode {
     /// Every read sees every write committed on the primary before it began (the primary's
     /// position is read before each read).
     Universal,
+    /// Processes in pairs share a causal scope (`SET lsngate.scope`); each writes on one
+    /// connection and reads on another, so only the scope carries its writes to its reads, and
+    /// each read sees every write acknowledged under its scope before it began.
+    Scope,
     /// No floors at all: the self-test control, which must be caught.
     Eventual,
 }
@@ -47,6 +51,7 @@ impl Mode {
             Mode::Token => "token",
             Mode::Global => "global",
             Mode::Universal => "universal",
+            Mode::Scope => "scope",
             Mode::Eventual => "eventual",
         }
     }
@@ -195,12 +200,19 @@ impl Process {
     }
 
     /// A record of `kind` on `key`, started now.
+    /// Scope mode: the scope this process shares with its pair (`verify:s0` for processes 0
+    /// and 1, ...).
+    fn scope(&self) -> Option<String> {
+        (self.plan.mode == Mode::Scope).then(|| format!("verify:s{}", self.id / 2))
+    }
+
     fn start(&self, kind: OpKind, key: i32) -> Op {
         let invoke_ms = self.ms();
         Op {
             process: self.id,
             kind,
             key,
+            scope: self.scope(),
             op_id: None,
             txn: None,
             invoke_ms,
@@ -224,7 +236,7 @@ impl Process {
         let mut op = self.start(kind, key);
         let opened = tokio::time::timeout(
             self.plan.hang_after,
-            Client::open(&self.plan.via, self.plan.mode),
+            Client::open(&self.plan.via, self.plan.mode, self.scope().as_deref()),
         )
         .await;
         match opened {
