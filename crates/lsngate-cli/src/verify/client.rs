@@ -134,7 +134,7 @@ impl Client {
             Via::Proxy(endpoint) => {
                 Client::Proxy(Box::new(ProxyClient::open(endpoint, mode, scope).await?))
             }
-            Via::Library(target) => Client::Library(LibraryClient::open(target, mode)),
+            Via::Library(target) => Client::Library(LibraryClient::open(target, mode, scope)?),
         })
     }
 

@@ -8,6 +8,9 @@
 //!   with `gate.read().after(token)`; a bare token read remembers nothing, so it promises no
 //!   monotonic reads and the checker does not hold it to them;
 //! - `universal`: a session that also takes `Gate::primary_position()` before each read;
+//! - `scope`: a [`lsngate::Scope`] shared with another process, over one in-process store all
+//!   processes share (as app servers share one Redis): writes raise the scope's floor with their
+//!   token, reads wait for it;
 //! - `eventual`: token-less reads (the self-test control).
 //!
 //! The library has no gate-wide commit floor (the proxy's `global`) and reads one statement at a
@@ -16,8 +19,11 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use lsngate::{Gate, Session, Token};
+use std::time::Duration;
+
+use lsngate::{Gate, Scope, Session, Token};
 use lsngate_core::Lsn;
+use lsngate_store::{MemoryTokenStore, TokenStore};
 
 use super::client::{
     Effect, Failure, READ_SQL, Seen, WRITE_SQL, Written, effect_of, seen, sqlstate,
@@ -29,13 +35,19 @@ pub struct LibraryTarget {
     pub gate: Gate,
     /// Reads the gate answered from the primary (`Served::by`), as the library reports them.
     pub fallbacks: AtomicU64,
+    /// Scope mode: where the scopes' floors live, shared by every process.
+    scopes: Arc<dyn TokenStore>,
 }
+
+/// How long a scope's floor lives after its last write (longer than any run's pauses).
+const SCOPE_TTL: Duration = Duration::from_secs(600);
 
 impl LibraryTarget {
     pub fn new(gate: Gate) -> LibraryTarget {
         LibraryTarget {
             gate,
             fallbacks: AtomicU64::new(0),
+            scopes: Arc::new(MemoryTokenStore::new()),
         }
     }
 }
@@ -49,11 +61,6 @@ pub fn refusal(mode: Mode) -> Option<String> {
              holds it. Use --mode universal with the library (Gate::primary_position() before each \
              read: every write committed on the primary), --mode session or token, or verify the \
              proxy's global mode without --library/--primary"
-                .into(),
-        ),
-        Mode::Scope => Some(
-            "--mode scope is the proxy's causal scopes (SET lsngate.scope); the library has no \
-             Gate::scope yet (issue #24). Verify scopes through the proxy (drop --library/--primary)"
                 .into(),
         ),
         _ => None,
@@ -76,21 +83,36 @@ pub struct LibraryClient {
     mode: Mode,
     /// Session and universal modes (and eventual's writes are plain gate writes).
     session: Option<Session>,
+    /// Scope mode: the scope this process shares with its pair.
+    scope: Option<Scope>,
     /// The timeline of this process's last write token: a floor handed over as a bare position
     /// is taken to be on it (there is no failover in a verify run).
     timeline: Option<u32>,
 }
 
 impl LibraryClient {
-    pub fn open(target: &Arc<LibraryTarget>, mode: Mode) -> LibraryClient {
+    /// `scope`: the scope of scope mode (a name the workload makes).
+    pub fn open(
+        target: &Arc<LibraryTarget>,
+        mode: Mode,
+        scope: Option<&str>,
+    ) -> anyhow::Result<LibraryClient> {
         let session =
             matches!(mode, Mode::Session | Mode::Universal).then(|| target.gate.session());
-        LibraryClient {
+        let scope = scope
+            .map(|name| {
+                target
+                    .gate
+                    .scope(name, Arc::clone(&target.scopes), SCOPE_TTL)
+            })
+            .transpose()?;
+        Ok(LibraryClient {
             target: Arc::clone(target),
             mode,
             session,
+            scope,
             timeline: None,
-        }
+        })
     }
 
     pub async fn write(&mut self, op_id: &str, key: i32, process: i32) -> Result<Written, Failure> {
@@ -100,9 +122,13 @@ impl LibraryClient {
             .write_returning(WRITE_SQL, &[&op_id, &key, &process])
             .await
             .map_err(failure)?;
-        // What Session::write does, for a statement that returns its row.
+        // What Session::write does, for a statement that returns its row; what Scope::write
+        // does, likewise.
         if let Some(session) = &self.session {
             session.observe(token);
+        }
+        if let Some(scope) = &self.scope {
+            scope.committed(token).await.map_err(failure)?;
         }
         self.timeline = token.timeline.or(self.timeline);
         let version = rows.first().map(|row| row.get(0)).ok_or_else(|| Failure {
@@ -119,6 +145,7 @@ impl LibraryClient {
     pub async fn read(&mut self, key: i32, floor: Option<Lsn>) -> Result<Seen, Failure> {
         let gate = &self.target.gate;
         let read = match (&self.session, self.mode) {
+            _ if let Some(scope) = &self.scope => scope.query(READ_SQL, &[&key]).await,
             (Some(session), mode) => {
                 if mode == Mode::Universal {
                     session.observe(gate.primary_position().await.map_err(failure)?);
@@ -173,7 +200,8 @@ fn failure(e: lsngate::Error) -> Failure {
     Failure {
         sqlstate: class.into(),
         effect: match e {
-            Error::TokenUnavailable { .. } => Effect::Committed,
+            // Both say the write committed: its position was lost, or not told to the store.
+            Error::TokenUnavailable { .. } | Error::ScopeNotShared { .. } => Effect::Committed,
             _ => Effect::Nothing,
         },
         message: e.to_string(),

@@ -60,8 +60,9 @@ pub struct VerifyArgs {
     /// Consistency mode of the clients: session, token (writes on one connection, reads on
     /// another with the commit position handed over, also between clients), global (proxy
     /// only: every write committed through the proxy before the read), universal (every write
-    /// committed on the primary before the read), scope (proxy only: clients in pairs share a
-    /// causal scope, `SET lsngate.scope`, and each writes and reads on two connections), or
+    /// committed on the primary before the read), scope (clients in pairs share a causal scope:
+    /// through the proxy `SET lsngate.scope`, each writing and reading on two connections; with
+    /// the library `Gate::scope` over one shared store), or
     /// eventual (the self-test control: must show violations when a replica lags).
     #[arg(long, value_enum, default_value = "session")]
     mode: Mode,
