@@ -804,7 +804,8 @@ echo "hook did $1 $2"
         ),
         "{windows:?}"
     );
-    // A hook that fails stops the run and says which call failed and why.
+    // A hook that fails stops the run at once (not after --seconds: the deployment is no longer
+    // what the schedule says) and says which call failed and why.
     let output = lsngate_status(&[
         "verify",
         "--primary",
@@ -816,7 +817,7 @@ echo "hook did $1 $2"
         "--fault-hook",
         hook.to_str().unwrap(),
         "--seconds",
-        "2",
+        "600",
         "--fault-period",
         "1s",
     ]);

@@ -15,6 +15,10 @@ use crate::Error;
 use crate::pgbin::PgBin;
 use crate::process::{self, RunAs};
 
+/// How long [`Node::hand_over_to`] waits for the replica to stream from the primary (a
+/// restarted replica's WAL receiver retries every `wal_retrieve_retry_interval`, 5 s).
+pub const STREAMING_LIMIT: Duration = Duration::from_secs(15);
+
 /// Everything node helpers need besides the node itself.
 #[derive(Debug)]
 pub(crate) struct Tools {
@@ -251,11 +255,24 @@ impl Node {
         self.start()
     }
 
-    /// A clean failover from this primary to `replica`: a fast shutdown here (which sends every
-    /// WAL record, the shutdown checkpoint included, to the replicas streaming from it), a wait
-    /// until `replica` has received it all, and `replica`'s promotion. No acknowledged write is
-    /// lost, and this server can then [`Node::follow`] the new primary as it is.
+    /// A clean failover from this primary to `replica`: a wait until `replica` streams from
+    /// here, a fast shutdown here (which sends every WAL record, the shutdown checkpoint
+    /// included, to the replicas streaming from it), a wait until `replica` has received it all,
+    /// and `replica`'s promotion. No acknowledged write is lost, and this server can then
+    /// [`Node::follow`] the new primary as it is. A replica that does not stream within
+    /// [`STREAMING_LIMIT`] is refused before anything stops: this server stays the primary.
     pub fn hand_over_to(&self, replica: &Node) -> Result<(), Error> {
+        // A fast shutdown sends its WAL only to the walsenders it has then: a replica still
+        // reconnecting (just restarted, or repointed) would never get the tail.
+        let streaming = format!(
+            "SELECT count(*) FROM pg_stat_replication WHERE application_name = '{}' AND state = 'streaming'",
+            replica.name().replace('\'', "")
+        );
+        self.wait_until(
+            &format!("{} streaming from it before the hand-over", replica.name()),
+            STREAMING_LIMIT,
+            || Ok(self.sql(&streaming)? == "1"),
+        )?;
         self.stop()?;
         let last = self.checkpoint_location()?;
         replica.wait_until(

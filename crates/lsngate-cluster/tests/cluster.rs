@@ -253,3 +253,48 @@ fn a_cluster_dir_the_server_user_cannot_enter_is_refused_before_initdb() {
         closed.path().display()
     );
 }
+
+/// Found by a million-operation `lsngate verify` run: a failover right after the replica had
+/// restarted (its WAL receiver not yet connected) stopped the primary, and the replica never
+/// got the shutdown checkpoint, so it could not be promoted and the cluster was left with no
+/// primary. A hand-over to a replica that does not stream is now refused before anything stops.
+#[test]
+fn a_hand_over_to_a_replica_that_does_not_stream_is_refused_and_the_primary_stays() {
+    let cluster = Cluster::start(&ClusterConfig::default().replicas(1)).unwrap();
+    let (primary, replica) = (cluster.primary(), cluster.replica(0));
+    // The replica streams from a port nobody listens on.
+    replica
+        .set(
+            "primary_conninfo",
+            "host=127.0.0.1 port=1 user=postgres application_name=replica1",
+        )
+        .unwrap();
+    let gone = std::time::Instant::now() + Duration::from_secs(30);
+    while primary
+        .sql("SELECT count(*) FROM pg_stat_replication")
+        .unwrap()
+        != "0"
+    {
+        assert!(
+            std::time::Instant::now() < gone,
+            "the replica kept streaming"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let refused = primary.hand_over_to(replica).unwrap_err().to_string();
+    assert!(refused.contains("streaming"), "{refused}");
+    assert!(!primary.is_in_recovery().unwrap(), "the primary still runs");
+    primary.sql("CREATE TABLE still_primary (x int)").unwrap();
+    // Streaming again, the hand-over goes through and the old primary follows the new one.
+    replica.follow(primary).unwrap();
+    primary.hand_over_to(replica).unwrap();
+    assert!(!replica.is_in_recovery().unwrap());
+    primary.follow(replica).unwrap();
+    replica.sql("INSERT INTO still_primary VALUES (1)").unwrap();
+    let at = replica.position().unwrap();
+    primary.wait_replayed(&at, Duration::from_secs(30)).unwrap();
+    assert_eq!(
+        primary.sql("SELECT count(*) FROM still_primary").unwrap(),
+        "1"
+    );
+}

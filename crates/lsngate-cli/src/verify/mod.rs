@@ -204,6 +204,7 @@ pub async fn run(args: VerifyArgs) -> anyhow::Result<bool> {
     });
     let fault_targets = target.fault_targets(&kinds, hook);
     let faults_covered = Arc::new(AtomicBool::new(fault_targets.is_none()));
+    let faults_failed = Arc::new(AtomicBool::new(false));
     let plan = Arc::new(Plan {
         mode: args.mode,
         via: target.via.clone(),
@@ -213,6 +214,7 @@ pub async fn run(args: VerifyArgs) -> anyhow::Result<bool> {
         start,
         deadline: start + Duration::from_secs_f64(args.seconds),
         faults_covered: Arc::clone(&faults_covered),
+        faults_failed: Arc::clone(&faults_failed),
         max_ops: args.ops,
         hang_after,
         seed,
@@ -222,7 +224,12 @@ pub async fn run(args: VerifyArgs) -> anyhow::Result<bool> {
         let schedule =
             faults::Schedule::new(seed, &kinds, targets.replica_count(), args.fault_period);
         let stop = Arc::clone(&stop);
-        std::thread::spawn(move || faults::run(schedule, targets, start, &stop, &faults_covered))
+        std::thread::spawn(move || {
+            let ran = faults::run(schedule, targets, start, &stop, &faults_covered);
+            // The clients stop too: the cluster is no longer what the schedule says.
+            faults_failed.store(ran.is_err(), Ordering::SeqCst);
+            ran
+        })
     });
     let done = Arc::new(AtomicU64::new(0));
     let bar = progress(&args, start, Arc::clone(&done));

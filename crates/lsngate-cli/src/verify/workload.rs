@@ -82,6 +82,9 @@ pub struct Plan {
     /// Set once every requested fault was injected and healed at least once: the run goes on
     /// past the deadline until then (so a short run still meets every fault).
     pub faults_covered: Arc<AtomicBool>,
+    /// Set when injecting or healing a fault failed: the run stops (its cluster is no longer
+    /// what the schedule says) and reports the error.
+    pub faults_failed: Arc<AtomicBool>,
     /// Stop after this many operations in all (None: only the deadline).
     pub max_ops: Option<u64>,
     pub hang_after: Duration,
@@ -174,6 +177,9 @@ impl Process {
     }
 
     fn may_go_on(&self) -> bool {
+        if self.plan.faults_failed.load(Ordering::SeqCst) {
+            return false;
+        }
         if Instant::now() >= self.plan.deadline && self.plan.faults_covered.load(Ordering::SeqCst) {
             return false;
         }
