@@ -11,6 +11,10 @@
 //! | `lsngate.commit_lsn` | — | position of the client's last commit that wrote |
 //! | `lsngate.commit_token` | — | the same with the primary's timeline, `X/Y.tN` (signed with `token_secret`) |
 //! | `lsngate.stale` | — | `on` when the last read was served stale |
+//!
+//! RESET (one, `RESET ALL`, `DISCARD ALL`) returns a setting to the client's login value. In a
+//! string of several statements the commands must lead (`MixedCommands`): they are answered,
+//! then the rest is forwarded.
 
 use bytes::Bytes;
 
@@ -22,10 +26,13 @@ use crate::net::backend::TxStatus;
 use crate::net::backend::build;
 use crate::net::sqlstate;
 use crate::net::{ErrorFields, Frame, FrontendMessage};
-use crate::statement::{LocalCommand, RouteHint, Verb};
+use crate::statement::{LocalCommand, MixedCommands, RouteHint, Verb};
 
 /// An error answer: SQLSTATE and message.
 pub type Refused = (&'static str, String);
+
+/// The proxy settings a client can SET and RESET.
+const SETTABLE: [&str; 4] = ["route", "consistency", "min_lsn", "scope"];
 
 const KNOWN: &str = "lsngate.route, lsngate.consistency, lsngate.min_lsn, lsngate.scope (SET/RESET/SHOW); lsngate.floor, lsngate.commit_lsn, lsngate.commit_token, lsngate.stale (SHOW)";
 
@@ -155,10 +162,33 @@ impl Session {
                 Ok(Answered::Done("SET"))
             }
             Verb::Reset => {
-                let config = std::sync::Arc::clone(&self.config);
-                apply(&mut self.floors, &mut self.hint, &config, name, None)?;
+                self.reset_proxy_setting(name)?;
                 Ok(Answered::Done("RESET"))
             }
+        }
+    }
+
+    /// Returns one proxy setting to the value the client logged in with (its startup options),
+    /// else to the proxy's default — what RESET does to a setting on a direct connection.
+    fn reset_proxy_setting(&mut self, name: &str) -> Result<(), Refused> {
+        let config = std::sync::Arc::clone(&self.config);
+        apply(&mut self.floors, &mut self.hint, &config, name, None)?;
+        let login = self.startup_proxy.iter().rev().find(|(n, _)| n == name);
+        if let Some((_, value)) = login {
+            // Checked at login: the value applies again.
+            apply(&mut self.floors, &mut self.hint, &config, name, Some(value))?;
+        }
+        Ok(())
+    }
+
+    /// `RESET ALL` or `DISCARD ALL` went to the server: the proxy's settings return to their
+    /// login values as well. Pools that hand a connection to the next borrower reset it this
+    /// way; a leftover `eventual` would let that borrower read stale data, a leftover scope
+    /// would file its writes under another user's.
+    pub(super) fn reset_proxy_settings(&mut self) {
+        for name in SETTABLE {
+            self.reset_proxy_setting(name)
+                .expect("every settable name resets");
         }
     }
 
@@ -193,6 +223,67 @@ impl Session {
             Err((code, message)) => return self.answer_error(code, &message).await,
         };
         self.answer_query_installing(answer, false, installs).await
+    }
+
+    /// A simple Query of several statements with proxy commands among them. Leading ones are
+    /// answered in order, as the server would run them; returns the statements to forward
+    /// behind their answers, or `None` when the Query is answered (all commands, an error).
+    /// After a statement for the server a command cannot run in its place in the string: the
+    /// Query is refused before anything runs, rather than the command dropped or sent to the
+    /// server (which would take `lsngate.*` as a setting of its own and ignore it).
+    pub(super) async fn answer_leading_commands(
+        &mut self,
+        mixed: MixedCommands<'_>,
+    ) -> Result<Option<String>, ClientError> {
+        let (commands, rest) = match mixed {
+            MixedCommands::Leading(commands, rest) => (commands, rest.to_string()),
+            MixedCommands::Misplaced(text) => {
+                let message = format!(
+                    "cannot run {text:?} in this query: proxy commands (SET lsngate.<name> = 'value', RESET lsngate.<name>, SHOW lsngate.<name>), which the proxy answers itself, must come first in a string of several statements; nothing was run — put them first, or in a query of their own"
+                );
+                self.answer_error(sqlstate::FEATURE_NOT_SUPPORTED, &message)
+                    .await?;
+                return Ok(None);
+            }
+        };
+        // In an aborted block the server refuses a string's first statement and skips the rest.
+        // Behind unsynced extended messages, only `answer_locally`'s stand-in knows whether
+        // they ended the block; that path takes one command at a time.
+        if self.status == TxStatus::Failed {
+            self.answer_error(ABORTED.0, ABORTED.1).await?;
+            return Ok(None);
+        }
+        if self.stand_in_due() {
+            let message = "proxy commands in a string of several statements cannot follow extended-protocol messages not yet ended by a Sync; send a Sync first, or each proxy command in a query of its own";
+            self.answer_error(sqlstate::FEATURE_NOT_SUPPORTED, message)
+                .await?;
+            return Ok(None);
+        }
+        self.drain().await?;
+        let mut answer = Vec::new();
+        for command in commands {
+            match self.run_command(&command) {
+                Ok(Answered::Done(tag)) => answer.push(build::command_complete(tag)),
+                Ok(Answered::Shown(name, value)) => {
+                    answer.extend(build::single_text_row(&name, &value));
+                    answer.push(build::command_complete("SHOW"));
+                }
+                Err((code, message)) => {
+                    // The server stops a string at its first error; in a block the block fails.
+                    answer.push(ErrorFields::new("ERROR", code, message).to_frame(b'E'));
+                    self.answer_query(answer, true).await?;
+                    return Ok(None);
+                }
+            }
+        }
+        if rest.is_empty() {
+            self.answer_query(answer, false).await?;
+            return Ok(None);
+        }
+        for frame in &answer {
+            self.io.queue(frame);
+        }
+        Ok(Some(rest))
     }
 
     /// An extended-protocol flight made only of proxy commands, answered message by message

@@ -193,7 +193,12 @@ impl Session {
         let conn = &mut self.backend.as_mut().expect("attached").conn;
         match class {
             Class::Pin => self.pinned = true,
-            Class::SessionState if lower.contains(';') => return Some(false),
+            Class::SessionState if lower.contains(';') => {
+                if crate::statement::resets_all_in_parts(sql) && self.status != TxStatus::Failed {
+                    self.reset_proxy_settings();
+                }
+                return Some(false);
+            }
             Class::SessionState => {
                 if let Some((name, _)) = setting_reset(sql) {
                     // Sent as it is (one sent as the startup value's SET is recorded as that
@@ -226,6 +231,15 @@ impl Session {
                     } else if lower == "discard all" {
                         self.statements.clear();
                         conn.prepared.clear();
+                    }
+                    // The server refuses both in an aborted block, and DISCARD ALL in any.
+                    let refused = match self.status {
+                        TxStatus::Failed => true,
+                        TxStatus::InBlock => lower == "discard all",
+                        TxStatus::Idle => false,
+                    };
+                    if !refused {
+                        self.reset_proxy_settings();
                     }
                 } else if lower == "deallocate all" || lower == "deallocate prepare all" {
                     if simple {

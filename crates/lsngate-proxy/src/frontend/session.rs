@@ -94,6 +94,9 @@ pub struct Session {
     pub(super) startup_settings: crate::backend::Settings,
     /// Their values as the client gave them.
     startup_values: HashMap<String, String>,
+    /// The proxy settings of the client's startup packet (`lsngate.*`, name without the
+    /// prefix): what `RESET lsngate.<name>`, `RESET ALL` and `DISCARD ALL` return to.
+    pub(super) startup_proxy: Vec<(String, String)>,
     /// Portals bound to a statement that is [`ClientStatement::reset_as_set`], by name.
     pub(super) reset_portals: std::collections::HashSet<String>,
     /// The flight about to be sent runs `RESET ALL` or `DISCARD ALL`: the startup settings are
@@ -142,9 +145,10 @@ impl Session {
             ..ClientFloors::default()
         };
         let mut hint = RouteHint::Auto;
-        for (name, value) in startup_lsngate(&params) {
+        let startup_proxy = startup_lsngate(&params);
+        for (name, value) in &startup_proxy {
             if let Err((code, message)) =
-                super::commands::apply(&mut floors, &mut hint, &config, &name, Some(&value))
+                super::commands::apply(&mut floors, &mut hint, &config, name, Some(value))
             {
                 io.queue(&crate::net::backend::build::fatal(
                     code,
@@ -209,6 +213,7 @@ impl Session {
             log: Default::default(),
             startup_settings: startup,
             startup_values,
+            startup_proxy,
             reset_portals: Default::default(),
             restore_due: false,
             resets_parsed: false,
@@ -261,6 +266,7 @@ impl Session {
             log: Default::default(),
             startup_settings: Default::default(),
             startup_values: HashMap::new(),
+            startup_proxy: Vec::new(),
             reset_portals: Default::default(),
             restore_due: false,
             resets_parsed: false,
@@ -757,6 +763,13 @@ impl Session {
 
     async fn simple_query(&mut self, sql: String) -> Result<(), ClientError> {
         let (hints, sql) = comment_hints(&sql).unwrap_or((Hints::default(), sql));
+        let sql = match crate::statement::mixed_commands(&sql) {
+            None => sql,
+            Some(mixed) => match self.answer_leading_commands(mixed).await? {
+                Some(rest) => rest,
+                None => return Ok(()),
+            },
+        };
         if let Some(command) = local_command(&sql) {
             return self.answer_locally(command).await;
         }

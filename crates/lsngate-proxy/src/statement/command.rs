@@ -6,6 +6,7 @@
 //! doubt costs only a read-back or a wait.
 
 use super::class::has_word;
+use super::split::statements;
 
 /// What a proxy command does with its setting.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -71,6 +72,54 @@ pub fn local_command(sql: &str) -> Option<LocalCommand> {
         _ => return None,
     };
     Some(LocalCommand { name, verb })
+}
+
+/// A simple Query string of several statements with proxy commands among them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum MixedCommands<'a> {
+    /// The commands lead: the proxy answers them in order, then forwards `rest` (the string
+    /// from the first other statement on; empty when there is none).
+    Leading(Vec<LocalCommand>, &'a str),
+    /// A proxy command (or what looks like one) that does not lead: its text. The proxy answers
+    /// its commands itself, so it cannot run one between statements the server runs.
+    Misplaced(&'a str),
+}
+
+/// Finds proxy commands in a string of several statements (`SET lsngate.scope = 'user:7';
+/// INSERT ...`); `None` for one statement, or several without a proxy command.
+pub fn mixed_commands(sql: &str) -> Option<MixedCommands<'_>> {
+    if !sql.contains(';') || !sql.to_ascii_lowercase().contains("lsngate.") {
+        return None;
+    }
+    let parts = statements(sql);
+    if parts.len() < 2 || !parts.iter().any(|p| mentions_lsngate_setting(p)) {
+        return None;
+    }
+    let mut commands = Vec::new();
+    let mut rest = "";
+    for (i, part) in parts.iter().enumerate() {
+        match local_command(part) {
+            Some(command) if i == commands.len() => commands.push(command),
+            _ if mentions_lsngate_setting(part) => return Some(MixedCommands::Misplaced(part)),
+            _ if rest.is_empty() => {
+                // `statements` hands out slices of `sql`.
+                let offset = part.as_ptr() as usize - sql.as_ptr() as usize;
+                rest = &sql[offset..];
+            }
+            _ => {}
+        }
+    }
+    Some(MixedCommands::Leading(commands, rest))
+}
+
+/// Whether a string of several statements runs `RESET ALL` or `DISCARD ALL` among them.
+pub fn resets_all_in_parts(sql: &str) -> bool {
+    statements(sql).iter().any(|part| {
+        let words: Vec<&str> = part.split_whitespace().collect();
+        matches!(words.as_slice(), [verb, all]
+            if (verb.eq_ignore_ascii_case("reset") || verb.eq_ignore_ascii_case("discard"))
+                && all.eq_ignore_ascii_case("all"))
+    })
 }
 
 /// Cheap pre-check on the hot path: does this look like `SET/SHOW/RESET lsngate.*`?
@@ -179,6 +228,62 @@ pub fn sets_session_in_parts(sql: &[u8]) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn proxy_commands_may_lead_a_string_of_statements_and_nothing_else() {
+        let set = |name: &str, value: &str| LocalCommand {
+            name: name.into(),
+            verb: Verb::Set(value.into()),
+        };
+        assert_eq!(
+            mixed_commands("SET lsngate.scope = 'u'"),
+            None,
+            "one statement"
+        );
+        assert_eq!(mixed_commands("SELECT 1; SELECT 'lsngate.x'"), None);
+        assert_eq!(
+            mixed_commands(
+                "SET lsngate.scope = 'a;b'; set lsngate.route to primary ;INSERT INTO t VALUES (';');"
+            ),
+            Some(MixedCommands::Leading(
+                vec![set("scope", "'a;b'"), set("route", "primary")],
+                "INSERT INTO t VALUES (';');"
+            ))
+        );
+        assert_eq!(
+            mixed_commands("RESET lsngate.scope; SHOW lsngate.scope;"),
+            Some(MixedCommands::Leading(
+                vec![
+                    LocalCommand {
+                        name: "scope".into(),
+                        verb: Verb::Reset
+                    },
+                    LocalCommand {
+                        name: "scope".into(),
+                        verb: Verb::Show
+                    }
+                ],
+                ""
+            ))
+        );
+        assert_eq!(
+            mixed_commands("INSERT INTO t VALUES (1); SHOW lsngate.commit_token"),
+            Some(MixedCommands::Misplaced("SHOW lsngate.commit_token"))
+        );
+        assert_eq!(
+            mixed_commands("SET lsngate.scope 'x'; SELECT 1"),
+            Some(MixedCommands::Misplaced("SET lsngate.scope 'x'")),
+            "not a command the proxy can parse"
+        );
+    }
+
+    #[test]
+    fn reset_all_among_statements_is_noticed() {
+        assert!(resets_all_in_parts("SELECT 1; DISCARD  ALL"));
+        assert!(resets_all_in_parts("reset all; select 1"));
+        assert!(!resets_all_in_parts("SELECT 'reset all'; SELECT 2"));
+        assert!(!resets_all_in_parts("RESET work_mem; DISCARD PLANS"));
+    }
 
     #[test]
     fn a_set_among_the_parts_of_a_string_is_noticed() {

@@ -15,12 +15,13 @@ mod class;
 mod command;
 mod hints;
 mod key;
+mod split;
 
 pub use cache::{ClassCache, ClassMemo};
 pub use class::Class;
 pub use command::{
-    LocalCommand, Verb, local_command, may_reset_in_parts, mentions_lsngate_setting, session_set,
-    sets_session_in_parts, setting_reset,
+    LocalCommand, MixedCommands, Verb, local_command, may_reset_in_parts, mentions_lsngate_setting,
+    mixed_commands, resets_all_in_parts, session_set, sets_session_in_parts, setting_reset,
 };
 pub use hints::{Hints, RouteHint, comment_hints};
 

@@ -253,6 +253,129 @@ fn a_proxy_command_that_fails_in_a_transaction_block_fails_the_block() {
 }
 
 #[test]
+fn reset_all_and_discard_all_return_the_proxy_settings_to_the_login_values() {
+    // Pools that hand a connection to the next request (Npgsql, PgBouncer-style resets) run
+    // DISCARD ALL or RESET ALL so that nothing of the last borrower's session is left. The
+    // proxy's own settings are part of that session: a leftover `eventual` would let the next
+    // borrower read stale data, a leftover scope would file its writes under another user's.
+    // As on a direct connection, what the client gave at login is what RESET returns to.
+    let cluster = shared_cluster();
+    let proxy = one_connection_per_node(cluster);
+    rt().block_on(async {
+        let login = "options='-c lsngate.consistency=global -c lsngate.scope=tenant:login'";
+        let client = connect(&format!("{} {login}", proxy.conninfo())).await;
+        let settings = [
+            ("consistency", "eventual", "global"),
+            ("scope", "user:41", "tenant:login"),
+            ("route", "primary", "auto"),
+            ("min_lsn", "0/00000001", ""),
+        ];
+        let set_all = settings
+            .iter()
+            .map(|(name, value, _)| format!("SET lsngate.{name} = '{value}';"))
+            .collect::<String>();
+        for (reset, extended) in [
+            ("DISCARD ALL", false),
+            ("RESET ALL", false),
+            ("DISCARD ALL", true),
+            ("RESET ALL", true),
+        ] {
+            client.batch_execute(&set_all).await.unwrap();
+            for (name, value, _) in settings {
+                let shown = show(&client, &format!("SHOW lsngate.{name}")).await;
+                assert_eq!(shown, value, "lsngate.{name} before {reset}");
+            }
+            if extended {
+                client.execute(reset, &[]).await.unwrap();
+            } else {
+                client.batch_execute(reset).await.unwrap();
+            }
+            for (name, _, login_value) in settings {
+                let shown = show(&client, &format!("SHOW lsngate.{name}")).await;
+                assert_eq!(
+                    shown, login_value,
+                    "lsngate.{name} after {reset} (extended: {extended})"
+                );
+            }
+        }
+        // One setting's RESET goes back to its login value too, not to the proxy's default.
+        client
+            .batch_execute("SET lsngate.consistency = 'eventual'; RESET lsngate.consistency")
+            .await
+            .unwrap();
+        assert_eq!(show(&client, "SHOW lsngate.consistency").await, "global");
+        // A DISCARD ALL the server refuses (inside a transaction block) changes nothing.
+        client
+            .batch_execute("SET lsngate.consistency = 'eventual'; BEGIN")
+            .await
+            .unwrap();
+        let refused = client.batch_execute("DISCARD ALL").await.unwrap_err();
+        assert_eq!(refused.code().map(|c| c.code()), Some("25001"), "{refused}");
+        client.batch_execute("ROLLBACK").await.unwrap();
+        assert_eq!(show(&client, "SHOW lsngate.consistency").await, "eventual");
+        // RESET ALL among other statements the server runs.
+        client.batch_execute("SELECT 1; RESET ALL").await.unwrap();
+        assert_eq!(show(&client, "SHOW lsngate.consistency").await, "global");
+    });
+}
+
+#[test]
+fn proxy_commands_lead_a_string_of_statements_or_it_is_refused_whole() {
+    // `psql -c "SET lsngate.scope = 'user:7'; INSERT ..."` sends one Query. The proxy answers
+    // its commands itself, so they run first and the rest goes to the server; a command behind
+    // a statement for the server cannot keep its place, and must not reach the server (which
+    // takes `lsngate.scope` as a placeholder setting of its own and ignores it) or be read as
+    // one long value: the whole string is refused, with nothing run.
+    let cluster = shared_cluster();
+    let proxy = one_connection_per_node(cluster);
+    rt().block_on(async {
+        let client = connect(&proxy.conninfo()).await;
+        client
+            .batch_execute("CREATE TABLE IF NOT EXISTS lsngate_mixed (id int); TRUNCATE lsngate_mixed")
+            .await
+            .unwrap();
+        let answers = client
+            .simple_query("SET lsngate.scope = 'user:7'; SHOW lsngate.scope; INSERT INTO lsngate_mixed SELECT length(';'); SELECT count(*) FROM lsngate_mixed")
+            .await
+            .unwrap();
+        let rows: Vec<&str> = answers
+            .iter()
+            .filter_map(|m| match m {
+                tokio_postgres::SimpleQueryMessage::Row(r) => r.get(0),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(rows, ["user:7", "1"], "{answers:?}");
+        let refused = client
+            .batch_execute("INSERT INTO lsngate_mixed VALUES (2); SET lsngate.scope = 'user:9'")
+            .await
+            .unwrap_err();
+        assert_eq!(refused.code().map(|c| c.code()), Some("0A000"), "{refused}");
+        let message = refused.as_db_error().map(|e| e.message()).unwrap_or_default();
+        assert!(message.contains("must come first"), "{message}");
+        let count: i64 = client
+            .query_one("SELECT count(*) FROM lsngate_mixed", &[])
+            .await
+            .unwrap()
+            .get(0);
+        assert_eq!(count, 1, "nothing of the refused string ran");
+        assert_eq!(show(&client, "SHOW lsngate.scope").await, "user:7");
+        // A bad value stops the string at that command, as an error stops a server's string.
+        let refused = client
+            .batch_execute("SET lsngate.route = 'nowhere'; INSERT INTO lsngate_mixed VALUES (3)")
+            .await
+            .unwrap_err();
+        assert_eq!(refused.code().map(|c| c.code()), Some("22023"), "{refused}");
+        let count: i64 = client
+            .query_one("SELECT count(*) FROM lsngate_mixed", &[])
+            .await
+            .unwrap()
+            .get(0);
+        assert_eq!(count, 1, "the string stopped at the bad command");
+    });
+}
+
+#[test]
 fn sets_the_server_undid_are_undone_for_the_client_too() {
     let cluster = shared_cluster();
     let proxy = one_connection_per_node(cluster);

@@ -1,0 +1,184 @@
+//! A simple Query's string cut into its statements at the `;` that end them, as PostgreSQL's
+//! lexer would cut it: a `;` inside a string (`'…'`, `E'…'` with backslash escapes), a quoted
+//! identifier (`"…"`), a dollar-quoted body (`$tag$…$tag$`) or a comment (`-- …`, nested
+//! `/* … */`) ends nothing. Only the proxy's own commands need this: the proxy answers those
+//! itself, so it must know exactly where one ends and the statements it forwards begin.
+
+/// The statements of `sql`, trimmed, without their `;` and without empty ones.
+pub fn statements(sql: &str) -> Vec<&str> {
+    let bytes = sql.as_bytes();
+    let mut found = Vec::new();
+    let mut start = 0;
+    let mut i = 0;
+    while i < bytes.len() {
+        i = match bytes[i] {
+            b';' => {
+                push(&mut found, &sql[start..i]);
+                start = i + 1;
+                i + 1
+            }
+            b'\'' => {
+                let escapes = i > 0
+                    && bytes[i - 1].eq_ignore_ascii_case(&b'e')
+                    && (i < 2 || !is_ident(bytes[i - 2]));
+                quoted(bytes, i, b'\'', escapes)
+            }
+            b'"' => quoted(bytes, i, b'"', false),
+            b'-' if bytes.get(i + 1) == Some(&b'-') => bytes[i..]
+                .iter()
+                .position(|&b| b == b'\n')
+                .map_or(bytes.len(), |n| i + n + 1),
+            b'/' if bytes.get(i + 1) == Some(&b'*') => block_comment(bytes, i),
+            b'$' if i == 0 || !is_ident(bytes[i - 1]) => dollar_quoted(bytes, i),
+            _ => i + 1,
+        };
+    }
+    push(&mut found, &sql[start.min(sql.len())..]);
+    found
+}
+
+fn push<'a>(found: &mut Vec<&'a str>, statement: &'a str) {
+    let statement = statement.trim();
+    if !statement.is_empty() && !only_comments(statement) {
+        found.push(statement);
+    }
+}
+
+/// Whether a statement is nothing but comments (the server sends EmptyQueryResponse for it).
+fn only_comments(statement: &str) -> bool {
+    let bytes = statement.as_bytes();
+    let mut i = 0;
+    while i < bytes.len() {
+        i = match bytes[i] {
+            b if b.is_ascii_whitespace() => i + 1,
+            b'-' if bytes.get(i + 1) == Some(&b'-') => bytes[i..]
+                .iter()
+                .position(|&b| b == b'\n')
+                .map_or(bytes.len(), |n| i + n + 1),
+            b'/' if bytes.get(i + 1) == Some(&b'*') => block_comment(bytes, i),
+            _ => return false,
+        };
+    }
+    true
+}
+
+fn is_ident(b: u8) -> bool {
+    b.is_ascii_alphanumeric() || b == b'_' || b == b'$' || b >= 0x80
+}
+
+/// The index past a quoted run opening at `open` (a doubled quote stays inside; with
+/// `escapes`, so does a backslash-escaped character). Unterminated: the end of the string.
+fn quoted(bytes: &[u8], open: usize, quote: u8, escapes: bool) -> usize {
+    let mut i = open + 1;
+    while i < bytes.len() {
+        match bytes[i] {
+            b'\\' if escapes => i += 2,
+            b if b == quote && bytes.get(i + 1) == Some(&quote) => i += 2,
+            b if b == quote => return i + 1,
+            _ => i += 1,
+        }
+    }
+    bytes.len()
+}
+
+/// The index past a `/* … */` comment opening at `open`; they nest.
+fn block_comment(bytes: &[u8], open: usize) -> usize {
+    let mut depth = 0;
+    let mut i = open;
+    while i < bytes.len() {
+        if bytes[i..].starts_with(b"/*") {
+            depth += 1;
+            i += 2;
+        } else if bytes[i..].starts_with(b"*/") {
+            depth -= 1;
+            i += 2;
+            if depth == 0 {
+                return i;
+            }
+        } else {
+            i += 1;
+        }
+    }
+    bytes.len()
+}
+
+/// The index past a dollar-quoted body opening at `open`, or past the `$` when it opens none
+/// (`$1`, a parameter).
+fn dollar_quoted(bytes: &[u8], open: usize) -> usize {
+    let tag_len = bytes[open + 1..]
+        .iter()
+        .position(|&b| !(b.is_ascii_alphanumeric() || b == b'_' || b >= 0x80));
+    let Some(tag_len) = tag_len else {
+        return bytes.len();
+    };
+    let close = open + 1 + tag_len;
+    let opens = bytes[close] == b'$' && bytes.get(open + 1).is_none_or(|b| !b.is_ascii_digit());
+    if !opens {
+        return open + 1;
+    }
+    let tag = &bytes[open..=close];
+    let body = close + 1;
+    bytes[body..]
+        .windows(tag.len())
+        .position(|w| w == tag)
+        .map_or(bytes.len(), |n| body + n + tag.len())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::statements;
+    use proptest::prelude::*;
+
+    #[test]
+    fn statements_end_at_semicolons_outside_quotes_and_comments() {
+        assert_eq!(
+            statements("SET lsngate.scope = 'user:7'; INSERT INTO t VALUES (1);"),
+            ["SET lsngate.scope = 'user:7'", "INSERT INTO t VALUES (1)"]
+        );
+        assert_eq!(
+            statements("SELECT 'a;b', \"c;d\", E'it\\'s;'; SELECT 2"),
+            ["SELECT 'a;b', \"c;d\", E'it\\'s;'", "SELECT 2"]
+        );
+        assert_eq!(
+            statements("SELECT 'it''s;'; SELECT $$ ; $$, $x$ $$ ; $x$; SELECT $1"),
+            [
+                "SELECT 'it''s;'",
+                "SELECT $$ ; $$, $x$ $$ ; $x$",
+                "SELECT $1"
+            ]
+        );
+        assert_eq!(
+            statements("SELECT 1 -- a; comment\n; /* a /* nested; */ one; */ SELECT 2"),
+            [
+                "SELECT 1 -- a; comment",
+                "/* a /* nested; */ one; */ SELECT 2"
+            ]
+        );
+        // `e'` inside a name is not an escape string: `name'` cannot occur, but `some'` in
+        // `some'x\'` must not swallow the rest.
+        assert_eq!(
+            statements("SELECT 'x\\'; SELECT 2"),
+            ["SELECT 'x\\'", "SELECT 2"]
+        );
+        assert_eq!(statements(" ; -- only\n ;  "), Vec::<&str>::new());
+        assert_eq!(
+            statements("SELECT 'open; SELECT 2"),
+            ["SELECT 'open; SELECT 2"]
+        );
+        assert_eq!(
+            statements("SELECT a$b; SELECT 2"),
+            ["SELECT a$b", "SELECT 2"]
+        );
+    }
+
+    proptest! {
+        #[test]
+        fn splitting_never_panics_and_loses_no_statement_text(sql in ".{0,120}") {
+            let parts = statements(&sql);
+            for part in parts {
+                prop_assert!(sql.contains(part));
+                prop_assert!(!part.is_empty());
+            }
+        }
+    }
+}
