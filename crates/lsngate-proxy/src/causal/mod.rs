@@ -44,6 +44,14 @@ impl CausalConfig {
         Ok(token.floor())
     }
 
+    /// Reads a scope given by a client (SET, comment, startup options): a name, or a scope
+    /// signed with the token secret — which `require_signed_scopes` makes the only kind taken.
+    pub fn parse_scope(&self, text: &str) -> Result<lsngate_core::ScopeName, String> {
+        self.tokens
+            .verify_scope(text, self.require_signed_scopes, SystemTime::now())
+            .map_err(|e| e.to_string())
+    }
+
     /// The token for a commit floor: its position with the primary's timeline (`X/Y.tN`), signed
     /// when a key is configured. Unlike a bare `X/Y`, it still means the same after a failover,
     /// whoever reads it, whenever (see `backend::timeline`). `None` for an unsigned floor with no

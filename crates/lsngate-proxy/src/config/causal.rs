@@ -36,6 +36,8 @@ pub struct CausalConfig {
     pub scopes: ScopeLimits,
     /// Redis URL where the scopes' floors are shared with other proxies (`scope_store`).
     pub scope_store: Option<String>,
+    /// Scopes must be signed with the token secret (`require_signed_scopes`).
+    pub require_signed_scopes: bool,
 }
 
 impl Default for CausalConfig {
@@ -55,6 +57,7 @@ impl Default for CausalConfig {
                 ttl: Duration::from_millis(defaults::SCOPE_TTL_MS),
             },
             scope_store: None,
+            require_signed_scopes: defaults::REQUIRE_SIGNED_SCOPES,
         }
     }
 }
@@ -236,6 +239,15 @@ pub(super) fn causal_config(file: &FileConfig) -> Result<CausalConfig, ConfigErr
         }
         _ => (TokenCodec::unsigned(), false),
     };
+    let require_signed_scopes = file
+        .require_signed_scopes
+        .unwrap_or(defaults::REQUIRE_SIGNED_SCOPES);
+    if require_signed_scopes && !signed {
+        return Err(bad(
+            "require_signed_scopes",
+            "needs token_secret (the key scopes are signed with)".into(),
+        ));
+    }
     let scopes = ScopeLimits {
         capacity: match file.scope_capacity {
             Some(0) => {
@@ -295,6 +307,7 @@ pub(super) fn causal_config(file: &FileConfig) -> Result<CausalConfig, ConfigErr
         },
         scopes,
         scope_store,
+        require_signed_scopes,
     })
 }
 
@@ -332,5 +345,36 @@ mod tests {
         let err = Consistency::parse("strong").unwrap_err();
         assert!(err.contains("strong") && err.contains("universal"), "{err}");
         assert!(Consistency::parse("fast_eventual").is_err());
+    }
+
+    #[test]
+    fn signed_scopes_need_the_token_secret_and_then_refuse_bare_names() {
+        let without = FileConfig {
+            require_signed_scopes: Some(true),
+            ..Default::default()
+        };
+        let error = causal_config(&without).unwrap_err().to_string();
+        assert!(
+            error.contains("require_signed_scopes") && error.contains("token_secret"),
+            "{error}"
+        );
+        let with = FileConfig {
+            require_signed_scopes: Some(true),
+            token_secret: Some("k".into()),
+            ..Default::default()
+        };
+        let causal = causal_config(&with).unwrap();
+        let error = causal.parse_scope("'user:42'").unwrap_err();
+        assert!(error.contains("unsigned scope refused"), "{error}");
+        let signed = causal.tokens.issue_scope(
+            &lsngate_core::ScopeName::parse("user:42").unwrap(),
+            std::time::SystemTime::now(),
+        );
+        assert_eq!(
+            causal.parse_scope(&format!("'{signed}'")).unwrap().as_str(),
+            "user:42"
+        );
+        let open = causal_config(&FileConfig::default()).unwrap();
+        assert_eq!(open.parse_scope("user:42").unwrap().as_str(), "user:42");
     }
 }

@@ -39,6 +39,8 @@ pub const WAIT_TIMEOUT_MS: u64 = 500;
 pub const REPLAY_POLL_MS: u64 = 20;
 /// `require_signed_tokens`.
 pub const REQUIRE_SIGNED_TOKENS: bool = false;
+/// `require_signed_scopes`.
+pub const REQUIRE_SIGNED_SCOPES: bool = false;
 /// `scope_capacity`: causal scopes whose floor the proxy keeps (about 200 bytes each).
 pub const SCOPE_CAPACITY: usize = 100_000;
 /// `scope_ttl_ms`: a scope's floor is forgotten this long after its last write (1 minute).
@@ -90,6 +92,7 @@ mod tests {
             ),
             ("require_signed_tokens", REQUIRE_SIGNED_TOKENS.to_string()),
             ("replay_poll_ms", REPLAY_POLL_MS.to_string()),
+            ("require_signed_scopes", REQUIRE_SIGNED_SCOPES.to_string()),
             ("scope_capacity", SCOPE_CAPACITY.to_string()),
             ("scope_ttl_ms", SCOPE_TTL_MS.to_string()),
         ])

@@ -179,6 +179,12 @@ pub struct FileConfig {
     /// [`REQUIRE_SIGNED_TOKENS`](super::defaults::REQUIRE_SIGNED_TOKENS).
     #[arg(skip)]
     pub require_signed_tokens: Option<bool>,
+    /// With token_secret: a scope (`SET lsngate.scope`, its comment, the startup options) must be
+    /// signed with it (`<name>~s<signature>`, issued by the application server), so a client
+    /// cannot work under a scope it was not given. Default
+    /// [`REQUIRE_SIGNED_SCOPES`](super::defaults::REQUIRE_SIGNED_SCOPES).
+    #[arg(skip)]
+    pub require_signed_scopes: Option<bool>,
     /// Seconds a signed token issued by the proxy stays valid. Default: no expiry.
     #[arg(skip)]
     pub token_ttl_s: Option<u64>,

@@ -74,7 +74,7 @@ pub fn apply(
         }
         ("scope", None) => floors.scope = None,
         ("scope", Some(v)) => {
-            floors.scope = Some(lsngate_core::ScopeName::parse(v).map_err(|e| {
+            floors.scope = Some(config.causal.parse_scope(v).map_err(|e| {
                 (
                     sqlstate::INVALID_PARAMETER_VALUE,
                     format!("invalid lsngate.scope: {e}"),

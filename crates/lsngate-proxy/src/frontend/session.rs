@@ -28,8 +28,11 @@ use crate::statement::{
 };
 
 /// The causal scope of a statement's `lsngate_scope` comment, or why it was refused.
-fn hinted_scope(hints: &Hints) -> (Option<lsngate_core::ScopeName>, Option<String>) {
-    match hints.scope.as_deref().map(lsngate_core::ScopeName::parse) {
+fn hinted_scope(
+    config: &crate::config::Config,
+    hints: &Hints,
+) -> (Option<lsngate_core::ScopeName>, Option<String>) {
+    match hints.scope.as_deref().map(|s| config.causal.parse_scope(s)) {
         Some(Ok(scope)) => (Some(scope), None),
         Some(Err(e)) => (None, Some(format!("invalid lsngate_scope comment: {e}"))),
         None => (None, None),
@@ -461,7 +464,7 @@ impl Session {
             } => {
                 let (hints, query) = comment_hints(&query).unwrap_or((Hints::default(), query));
                 let (floor, floor_error) = self.hinted_floor(&hints);
-                let (scope, scope_error) = hinted_scope(&hints);
+                let (scope, scope_error) = hinted_scope(&self.config, &hints);
                 let hint_error = floor_error.or(scope_error);
                 let local = local_command(&query);
                 let class = self.class_memo.classify(
@@ -781,7 +784,7 @@ impl Session {
             return self.answer_error(sqlstate::SYNTAX_ERROR, &message).await;
         }
         let (floor, floor_error) = self.hinted_floor(&hints);
-        let (scope, scope_error) = hinted_scope(&hints);
+        let (scope, scope_error) = hinted_scope(&self.config, &hints);
         if let Some(error) = floor_error.or(scope_error) {
             return self
                 .answer_error(sqlstate::INVALID_PARAMETER_VALUE, &error)

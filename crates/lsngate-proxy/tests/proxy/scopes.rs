@@ -199,15 +199,24 @@ fn set_reset_comment_and_startup_options_carry_a_scope_across_connections() {
         println!("60 writes, reads on three other connections: stale={stale} replica={replica}");
         assert_eq!(stale, 0, "a read under the scope missed its write");
         assert!(replica > 30, "most reads on the replica: {replica}/60");
-        // The comment applied to its statement only; RESET and SET TO DEFAULT clear the scope.
+        // The comment applied to its statement only; RESET clears a scope SET in the session,
+        // and RESET or SET TO DEFAULT return one from the startup options to that login value,
+        // as on a direct connection.
         assert_eq!(show(&by_comment, "SHOW lsngate.scope").await, "");
         writer.batch_execute("RESET lsngate.scope").await.unwrap();
         assert_eq!(show(&writer, "SHOW lsngate.scope").await, "");
         by_options
+            .batch_execute("SET lsngate.scope = 'user:1'")
+            .await
+            .unwrap();
+        by_options
             .batch_execute("SET lsngate.scope TO DEFAULT")
             .await
             .unwrap();
-        assert_eq!(show(&by_options, "SHOW lsngate.scope").await, "");
+        assert_eq!(
+            show(&by_options, "SHOW lsngate.scope").await,
+            "tenant:acme/eu"
+        );
     });
 }
 
@@ -281,6 +290,41 @@ fn bad_scope_names_are_refused_for_that_statement_and_the_session_goes_on() {
         message.contains("startup options") && message.contains("letters, digits"),
         "{error}"
     );
+}
+
+#[test]
+fn with_require_signed_scopes_only_scopes_signed_with_the_secret_are_taken() {
+    // The client signs in Python, from the format the README documents: a bare name, a forged
+    // signature and an expired scope are refused; a signed scope carries read-your-writes from
+    // one psycopg connection to another (the replica held 50 ms behind).
+    let cluster = shared_delayed_cluster();
+    let secret = "scope-secret-7";
+    let proxy = proxy_with(cluster, |f| {
+        f.token_secret = Some(secret.into());
+        f.require_signed_scopes = Some(true);
+    });
+    let t = unique("scope_signed");
+    create(cluster, &t);
+    let dir = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("clients");
+    let (stdout, _) = run_ok(
+        Command::new("python3")
+            .arg(dir.join("signed_scope_psycopg.py"))
+            .args([&proxy.url(), secret, &t, "200"]),
+    );
+    let line = stdout.trim();
+    println!("{line}");
+    let field = |name: &str| {
+        line.split_whitespace()
+            .find_map(|w| w.strip_prefix(&format!("{name}=")))
+            .unwrap_or_else(|| panic!("no {name}= in {line:?}"))
+            .to_string()
+    };
+    for refused in ["unsigned", "forged", "expired"] {
+        assert_eq!(field(refused), "22023", "{refused}: {line}");
+    }
+    assert_eq!(field("reads"), "200", "{line}");
+    assert_eq!(field("stale"), "0", "{line}");
+    assert_ne!(field("replica"), "0", "the replica served reads: {line}");
 }
 
 /// Writes row `id` under `scope` on `writer`, then a row under no scope on `other`, then reads
