@@ -27,6 +27,7 @@ mod context;
 mod cookie;
 pub mod job;
 mod layer;
+mod scope;
 pub mod worker;
 
 pub use context::{MissingTokenLayer, NewToken, TokenContext};
@@ -35,4 +36,7 @@ pub use layer::{DEFAULT_COOKIE, DEFAULT_HEADER, DEFAULT_TTL, TokenLayer, TokenSe
 /// The token store, shared with the proxy's causal scopes (crate `lsngate-store`).
 pub use lsngate_store as store;
 pub use lsngate_store::{MemoryTokenStore, RedisTokenStore, StoreError, TokenStore};
+pub use scope::{
+    DEFAULT_SCOPE_TTL, MissingScopeLayer, ScopeContext, ScopeLayer, ScopeOf, ScopeService,
+};
 pub use worker::JobContext;

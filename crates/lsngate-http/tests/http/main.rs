@@ -8,5 +8,6 @@ mod browser;
 mod demo_app;
 mod layer;
 mod redis_store;
+mod scopes;
 mod support;
 mod worker;
