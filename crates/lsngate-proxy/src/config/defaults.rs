@@ -21,10 +21,17 @@ pub const MAX_CLIENT_CONNECTIONS: usize = 1000;
 pub const THREADS: usize = 1;
 /// `acquire_timeout_ms`.
 pub const ACQUIRE_TIMEOUT_MS: u64 = 5000;
+/// `client_login_timeout_ms`: PgBouncer's `client_login_timeout` (60 s), PostgreSQL's
+/// `authentication_timeout` (1 min).
+pub const CLIENT_LOGIN_TIMEOUT_MS: u64 = 60_000;
 /// `connect_timeout_ms`.
 pub const CONNECT_TIMEOUT_MS: u64 = 5000;
 /// `health_interval_ms`.
 pub const HEALTH_INTERVAL_MS: u64 = 1000;
+/// `idle_transaction_timeout_ms`: off, as PgBouncer's `idle_transaction_timeout`.
+pub const IDLE_TRANSACTION_TIMEOUT_MS: u64 = 0;
+/// `client_idle_timeout_ms`: off, as PgBouncer's `client_idle_timeout`.
+pub const CLIENT_IDLE_TIMEOUT_MS: u64 = 0;
 /// `server_idle_timeout_ms`: 10 minutes.
 pub const SERVER_IDLE_TIMEOUT_MS: u64 = 600_000;
 /// `server_lifetime_ms`: 1 hour.
@@ -72,8 +79,17 @@ mod tests {
             ("max_client_connections", MAX_CLIENT_CONNECTIONS.to_string()),
             ("threads", THREADS.to_string()),
             ("acquire_timeout_ms", ACQUIRE_TIMEOUT_MS.to_string()),
+            (
+                "client_login_timeout_ms",
+                CLIENT_LOGIN_TIMEOUT_MS.to_string(),
+            ),
             ("connect_timeout_ms", CONNECT_TIMEOUT_MS.to_string()),
             ("health_interval_ms", HEALTH_INTERVAL_MS.to_string()),
+            (
+                "idle_transaction_timeout_ms",
+                IDLE_TRANSACTION_TIMEOUT_MS.to_string(),
+            ),
+            ("client_idle_timeout_ms", CLIENT_IDLE_TIMEOUT_MS.to_string()),
             ("server_idle_timeout_ms", SERVER_IDLE_TIMEOUT_MS.to_string()),
             ("server_lifetime_ms", SERVER_LIFETIME_MS.to_string()),
             ("max_message_size", MAX_MESSAGE_SIZE.to_string()),
@@ -126,7 +142,7 @@ mod tests {
                 checked += 1;
             }
         }
-        assert_eq!(checked, 16, "every flag with a value default is checked");
+        assert_eq!(checked, 19, "every flag with a value default is checked");
     }
 
     /// The README's `### Config file` example, as TOML.
@@ -207,7 +223,7 @@ mod tests {
             }
         }
         assert_eq!(
-            checked, 16,
+            checked, 19,
             "every flag with a value default is in the README's table"
         );
     }

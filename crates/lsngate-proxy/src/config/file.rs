@@ -93,12 +93,25 @@ pub struct FileConfig {
     /// Milliseconds a client waits for a free backend connection [default: 5000].
     #[arg(long)]
     pub acquire_timeout_ms: Option<u64>,
+    /// Milliseconds a client has from connecting to being logged in (TLS handshake, startup
+    /// message, password exchange); past it the connection is closed [default: 60000].
+    #[arg(long)]
+    pub client_login_timeout_ms: Option<u64>,
     /// Milliseconds allowed to open a backend connection [default: 5000].
     #[arg(long)]
     pub connect_timeout_ms: Option<u64>,
     /// Milliseconds between health and role checks of each node [default: 1000].
     #[arg(long)]
     pub health_interval_ms: Option<u64>,
+    /// Milliseconds a client may sit idle inside a transaction block (its turn, nothing in
+    /// flight) before it is disconnected and the transaction rolled back; 0 = never
+    /// [default: 0].
+    #[arg(long)]
+    pub idle_transaction_timeout_ms: Option<u64>,
+    /// Milliseconds a client may sit idle outside a transaction block before it is
+    /// disconnected; 0 = never [default: 0].
+    #[arg(long)]
+    pub client_idle_timeout_ms: Option<u64>,
     /// Milliseconds an idle pooled server connection may stay unused before it is closed;
     /// 0 = never [default: 600000].
     #[arg(long)]

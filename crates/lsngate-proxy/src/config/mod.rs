@@ -117,10 +117,16 @@ pub struct Config {
     pub threads: usize,
     /// How long a client waits for a backend.
     pub acquire_timeout: Duration,
+    /// How long a client may take from connecting to being logged in.
+    pub client_login_timeout: Duration,
     /// How long opening a backend may take.
     pub connect_timeout: Duration,
     /// Interval of health/role checks.
     pub health_interval: Duration,
+    /// How long a client may idle inside a transaction block; None = forever.
+    pub idle_transaction_timeout: Option<Duration>,
+    /// How long a client may idle outside a transaction block; None = forever.
+    pub client_idle_timeout: Option<Duration>,
     /// How long an idle pooled server connection may stay unused; None = forever.
     pub server_idle_timeout: Option<Duration>,
     /// How long a server connection may stay open; None = forever.
@@ -172,6 +178,11 @@ impl Config {
                 file.acquire_timeout_ms
                     .unwrap_or(defaults::ACQUIRE_TIMEOUT_MS),
             ),
+            client_login_timeout: Duration::from_millis(
+                file.client_login_timeout_ms
+                    .unwrap_or(defaults::CLIENT_LOGIN_TIMEOUT_MS)
+                    .max(1),
+            ),
             connect_timeout: Duration::from_millis(
                 file.connect_timeout_ms
                     .unwrap_or(defaults::CONNECT_TIMEOUT_MS),
@@ -180,6 +191,14 @@ impl Config {
                 file.health_interval_ms
                     .unwrap_or(defaults::HEALTH_INTERVAL_MS)
                     .max(10),
+            ),
+            idle_transaction_timeout: limit_ms(
+                file.idle_transaction_timeout_ms
+                    .unwrap_or(defaults::IDLE_TRANSACTION_TIMEOUT_MS),
+            ),
+            client_idle_timeout: limit_ms(
+                file.client_idle_timeout_ms
+                    .unwrap_or(defaults::CLIENT_IDLE_TIMEOUT_MS),
             ),
             server_idle_timeout: limit_ms(
                 file.server_idle_timeout_ms

@@ -22,6 +22,9 @@ pub enum ClientError {
     /// a user not in the config, a bad `lsngate.*` startup option.
     #[error("refused: {0}")]
     Refused(String),
+    /// The client did not finish logging in within `client_login_timeout_ms` (FATAL 57014).
+    #[error("login timeout: {0}")]
+    LoginTimeout(String),
     /// The client's password or SCRAM exchange failed (FATAL 28P01).
     #[error(transparent)]
     Auth(#[from] AuthError),

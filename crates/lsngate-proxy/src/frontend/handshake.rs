@@ -4,7 +4,6 @@
 //! password exchange. A client that sends garbage gets a FATAL and loses only its own connection.
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -68,11 +67,25 @@ pub(crate) async fn handle_client(
     let _ = stream.set_nodelay(true);
     let (peer, local) = (stream.peer_addr().ok(), stream.local_addr().ok());
     let config = proxy.config();
+    // One bound for the whole login, as PostgreSQL's authentication_timeout: a client that
+    // connects and stalls (or trickles a byte at a time) must not hold its slot for ever.
+    let login_deadline = tokio::time::Instant::now() + config.client_login_timeout;
     let mut socket: Box<dyn ClientSocket> = Box::new(stream);
     let mut buf = BytesMut::with_capacity(1024);
     let mut encrypted = false;
     let (minor, params) = loop {
-        match read_startup(&mut socket, &mut buf, config.max_message_size).await? {
+        let startup = crate::timer::timeout_at(
+            login_deadline,
+            read_startup(&mut socket, &mut buf, config.max_message_size),
+        )
+        .await;
+        let Ok(startup) = startup else {
+            return Err(ClientError::Refused(format!(
+                "no startup message within client_login_timeout_ms ({} ms)",
+                config.client_login_timeout.as_millis()
+            )));
+        };
+        match startup? {
             StartupFrame::SslRequest => match config.tls.as_ref().filter(|_| !encrypted) {
                 Some(tls) => {
                     if !buf.is_empty() {
@@ -83,7 +96,13 @@ pub(crate) async fn handle_client(
                         ));
                     }
                     socket.write_all(b"S").await?;
-                    socket = Box::new(tls.acceptor.accept(socket).await?);
+                    let handshake =
+                        crate::timer::timeout_at(login_deadline, tls.acceptor.accept(socket));
+                    socket = Box::new(handshake.await.map_err(|_| {
+                        ClientError::Refused(
+                            "TLS handshake not done within client_login_timeout_ms".into(),
+                        )
+                    })??);
                     encrypted = true;
                 }
                 None => socket.write_all(b"N").await?,
@@ -121,7 +140,15 @@ pub(crate) async fn handle_client(
         tls: encrypted,
     };
     let result = login_and_run(
-        &proxy, socket, buf, minor, params, shutdown, origin, console,
+        &proxy,
+        socket,
+        buf,
+        minor,
+        params,
+        shutdown,
+        origin,
+        console,
+        login_deadline,
     )
     .await;
     proxy.client_left();
@@ -145,6 +172,7 @@ async fn login_and_run(
     shutdown: watch::Receiver<bool>,
     origin: Origin,
     console: ConsoleFn,
+    login_deadline: tokio::time::Instant,
 ) -> Result<(), ClientError> {
     let config = proxy.config();
     let mut io = ClientIo::new(stream, buf, config.max_message_size);
@@ -168,9 +196,19 @@ async fn login_and_run(
         io.flush().await?;
         return Err(ClientError::Refused(message));
     };
-    if let Err(e) = authenticate(&mut io, &user, &credential).await {
+    let authenticated =
+        crate::timer::timeout_at(login_deadline, authenticate(&mut io, &user, &credential))
+            .await
+            .unwrap_or_else(|_| {
+                Err(ClientError::LoginTimeout(format!(
+                    "canceling authentication due to timeout: not logged in within client_login_timeout_ms ({} ms)",
+                    config.client_login_timeout.as_millis()
+                )))
+            });
+    if let Err(e) = authenticated {
         let code = match e {
             ClientError::Protocol(_) => sqlstate::PROTOCOL_VIOLATION,
+            ClientError::LoginTimeout(_) => sqlstate::QUERY_CANCELED,
             _ => sqlstate::INVALID_PASSWORD,
         };
         io.queue(&fatal(code, &e.to_string()));
@@ -280,10 +318,7 @@ async fn read_startup(
                 return Err(e.into());
             }
         }
-        let read = crate::timer::timeout(Duration::from_secs(30), socket.read_buf(buf))
-            .await
-            .map_err(|_| ClientError::Refused("no startup message within 30 s".into()))?;
-        if read? == 0 {
+        if socket.read_buf(buf).await? == 0 {
             return Err(ClientError::Io(std::io::ErrorKind::UnexpectedEof.into()));
         }
     }

@@ -308,6 +308,7 @@ impl Session {
             Backend(Result<(), crate::backend::BackendError>),
             Shutdown,
             Killed,
+            Idle,
         }
         // Armed once, and polled only when it was woken: the drain signal and the admin
         // console's kill switch must not cost on every message.
@@ -344,12 +345,27 @@ impl Session {
                 self.io.flush().await?;
                 return Ok(());
             }
+            // The client's turn (nothing of its in flight): how long it may take.
+            let idle_limit = if self.backend.as_ref().is_some_and(|b| b.awaiting_replies()) {
+                None
+            } else if self.status == TxStatus::Idle {
+                self.config.client_idle_timeout
+            } else {
+                self.config.idle_transaction_timeout
+            };
+            let idle = async {
+                match idle_limit {
+                    Some(limit) => crate::timer::sleep(limit).await,
+                    None => std::future::pending().await,
+                }
+            };
             // Biased: in this order, with no random start (no random number per wake-up).
             let event = tokio::select! {
                 biased;
                 filled = async { super::replies::fill_attached(self.backend.as_mut().expect("listening implies attached")).await }, if listening => Event::Backend(filled),
                 incoming = self.io.incoming() => Event::Client(incoming),
                 killed = &mut shutdown_changed, if !draining && !shutdown_seen => if killed { Event::Killed } else { Event::Shutdown },
+                () = idle, if idle_limit.is_some() => Event::Idle,
             };
             match event {
                 Event::Backend(Ok(())) => self.on_buffered_replies().await?,
@@ -375,6 +391,25 @@ impl Session {
                 Event::Shutdown => {
                     shutdown_seen = true;
                     draining = *self.shutdown.borrow();
+                }
+                Event::Idle => {
+                    // PostgreSQL's own idle timeouts' codes and words; the server connection's
+                    // open transaction is rolled back as for any client that leaves mid-block.
+                    let (code, message) = if self.status == TxStatus::Idle {
+                        (
+                            sqlstate::IDLE_SESSION_TIMEOUT,
+                            "terminating connection due to idle-session timeout (client_idle_timeout_ms on lsngate)",
+                        )
+                    } else {
+                        (
+                            sqlstate::IDLE_IN_TRANSACTION_SESSION_TIMEOUT,
+                            "terminating connection due to idle-in-transaction timeout (idle_transaction_timeout_ms on lsngate); the transaction is rolled back",
+                        )
+                    };
+                    self.io
+                        .queue(&crate::net::backend::build::fatal(code, message));
+                    let _ = self.io.flush().await;
+                    return Ok(());
                 }
                 Event::Killed => {
                     // At once, like PgBouncer's KILL: a transaction in progress is lost with

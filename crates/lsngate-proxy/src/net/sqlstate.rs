@@ -45,3 +45,7 @@ pub const CANT_CHANGE_RUNTIME_PARAM: &str = "55P02";
 pub const QUERY_CANCELED: &str = "57014";
 /// 57P01 `admin_shutdown`.
 pub const ADMIN_SHUTDOWN: &str = "57P01";
+/// idle_in_transaction_session_timeout: a client idle inside a transaction block too long.
+pub const IDLE_IN_TRANSACTION_SESSION_TIMEOUT: &str = "25P03";
+/// idle_session_timeout: a client idle outside a transaction block too long.
+pub const IDLE_SESSION_TIMEOUT: &str = "57P05";

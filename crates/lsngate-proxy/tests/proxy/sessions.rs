@@ -77,6 +77,147 @@ fn scram_md5_and_unknown_users() {
     assert!(ok, "{out}");
 }
 
+/// Reads what the proxy sends until it closes the connection (at most 30 s: a bound, not a
+/// measurement), returning the bytes.
+fn read_to_close(socket: &mut std::net::TcpStream) -> Vec<u8> {
+    use std::io::Read;
+    socket
+        .set_read_timeout(Some(std::time::Duration::from_secs(30)))
+        .unwrap();
+    let mut received = Vec::new();
+    let mut chunk = [0u8; 1024];
+    loop {
+        match socket.read(&mut chunk) {
+            Ok(0) => return received,
+            Ok(n) => received.extend_from_slice(&chunk[..n]),
+            Err(e) => panic!("the proxy kept the stalled login open: {e}"),
+        }
+    }
+}
+
+#[test]
+fn a_login_that_stalls_is_ended_by_client_login_timeout_and_frees_its_slot() {
+    // PostgreSQL ends a login not finished within authentication_timeout; PgBouncer has
+    // client_login_timeout. Before 2026-12-05 the proxy waited for a password message for ever
+    // (and for a startup message 30 s per read, so a byte every 29 s kept it), each such client
+    // holding one of max_client_connections.
+    use std::io::Write;
+    let cluster = shared_cluster();
+    let mut file = file_config(cluster);
+    file.users = vec![user("app_scram", "s3cret", "scram-sha-256")];
+    file.client_login_timeout_ms = Some(300);
+    file.max_client_connections = Some(1);
+    let proxy = TestProxy::with(file);
+    // Stalls in the SCRAM exchange: startup sent, the SASL request received, no answer.
+    let mut stalled = std::net::TcpStream::connect(proxy.addr).unwrap();
+    let mut startup = Vec::new();
+    for (k, v) in [("user", "app_scram"), ("database", "postgres")] {
+        startup.extend_from_slice(k.as_bytes());
+        startup.push(0);
+        startup.extend_from_slice(v.as_bytes());
+        startup.push(0);
+    }
+    startup.push(0);
+    let mut packet = ((startup.len() + 8) as u32).to_be_bytes().to_vec();
+    packet.extend_from_slice(&196608u32.to_be_bytes());
+    packet.extend_from_slice(&startup);
+    stalled.write_all(&packet).unwrap();
+    let received = read_to_close(&mut stalled);
+    assert_eq!(received.first(), Some(&b'R'), "the SASL request came first");
+    let text = String::from_utf8_lossy(&received);
+    assert!(
+        text.contains("57014") && text.contains("client_login_timeout_ms"),
+        "a FATAL naming the timeout before the close: {text:?}"
+    );
+    // Never sends a startup message: closed too.
+    let mut silent = std::net::TcpStream::connect(proxy.addr).unwrap();
+    assert_eq!(read_to_close(&mut silent), b"", "closed without a word");
+    // The only client slot is free again.
+    let (ok, out) = psql_login(&proxy, "app_scram", "s3cret");
+    assert!(ok, "{out}");
+}
+
+/// Connects and keeps the connection task's outcome: the error a FATAL closed it with.
+async fn connect_watched(
+    conninfo: &str,
+) -> (
+    tokio_postgres::Client,
+    tokio::task::JoinHandle<Result<(), tokio_postgres::Error>>,
+) {
+    let (client, connection) = tokio_postgres::connect(conninfo, tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    (client, tokio::spawn(connection))
+}
+
+/// The SQLSTATE the proxy closed a watched connection with (waits at most 30 s: a bound).
+async fn closed_with(
+    watched: tokio::task::JoinHandle<Result<(), tokio_postgres::Error>>,
+) -> String {
+    let ended = tokio::time::timeout(std::time::Duration::from_secs(30), watched)
+        .await
+        .expect("the proxy ended the idle client")
+        .unwrap();
+    let error = ended.expect_err("closed by a FATAL");
+    error
+        .as_db_error()
+        .map(|e| format!("{} {}", e.code().code(), e.message()))
+        .unwrap_or_else(|| error.to_string())
+}
+
+#[test]
+fn idle_clients_are_ended_by_the_idle_timeouts_and_an_idle_transaction_is_rolled_back() {
+    // PgBouncer's idle_transaction_timeout and client_idle_timeout, with PostgreSQL's codes:
+    // a client that opens a block and goes quiet holds a server connection (here the only one)
+    // until it is ended; its transaction must not survive it.
+    let cluster = shared_cluster();
+    let mut file = file_config(cluster);
+    file.pool_size = Some(1);
+    file.idle_transaction_timeout_ms = Some(300);
+    let proxy = TestProxy::with(file);
+    rt().block_on(async {
+        let setup = connect(&proxy.conninfo()).await;
+        setup
+            .batch_execute(
+                "CREATE TABLE IF NOT EXISTS lsngate_idle_tx (id int); TRUNCATE lsngate_idle_tx",
+            )
+            .await
+            .unwrap();
+        let (idle, watched) = connect_watched(&proxy.conninfo()).await;
+        idle.batch_execute("BEGIN; INSERT INTO lsngate_idle_tx VALUES (1)")
+            .await
+            .unwrap();
+        let closed = closed_with(watched).await;
+        assert!(closed.starts_with("25P03 "), "{closed}");
+        assert!(closed.contains("idle_transaction_timeout_ms"), "{closed}");
+        // The only server connection serves the next client; the block's insert is gone.
+        let count: i64 = setup
+            .query_one("SELECT count(*) FROM lsngate_idle_tx", &[])
+            .await
+            .unwrap()
+            .get(0);
+        assert_eq!(count, 0, "the idle transaction was rolled back");
+        setup
+            .batch_execute("BEGIN; INSERT INTO lsngate_idle_tx VALUES (2); COMMIT")
+            .await
+            .unwrap();
+        // Outside a block that limit does not apply: a client idle there stays.
+        tokio::time::sleep(std::time::Duration::from_millis(600)).await;
+        assert!(
+            !setup.is_closed(),
+            "client_idle_timeout_ms is off by default"
+        );
+    });
+    let mut file = file_config(cluster);
+    file.client_idle_timeout_ms = Some(300);
+    let proxy = TestProxy::with(file);
+    rt().block_on(async {
+        let (_idle, watched) = connect_watched(&proxy.conninfo()).await;
+        let closed = closed_with(watched).await;
+        assert!(closed.starts_with("57P05 "), "{closed}");
+    });
+}
+
 /// A proxy with one server connection per node: clients take turns on it.
 fn one_connection_per_node(cluster: &Cluster) -> TestProxy {
     let mut file = file_config(cluster);
