@@ -149,6 +149,10 @@ pub struct FileConfig {
     #[serde(default)]
     #[arg(long = "stats-user")]
     pub stats_users: Vec<String>,
+    /// PgBouncer's userlist.txt: `"user" "password"` lines (plain, `md5…` or `SCRAM-SHA-256$…`),
+    /// users besides those under [[users]]; re-read at every reload [default: none].
+    #[arg(long)]
+    pub auth_file: Option<std::path::PathBuf>,
     /// Users clients may log in as. Without any, clients log in as the primary URL's user.
     #[serde(default)]
     #[arg(skip)]

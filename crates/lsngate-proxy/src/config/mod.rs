@@ -14,6 +14,7 @@ use std::time::Duration;
 
 use crate::auth::Credential;
 
+mod auth_file;
 mod causal;
 mod console;
 pub mod defaults;
@@ -62,6 +63,9 @@ pub enum ConfigError {
         "the primary URL has no password and --listen {0} is not loopback: clients would log in without a password; add [[users]] to a config file or listen on 127.0.0.1"
     )]
     OpenTrust(SocketAddr),
+    /// The auth file cannot be used.
+    #[error("auth_file {path}: {why}")]
+    AuthFile { path: String, why: String },
     /// A user entry is unusable.
     #[error("user {user:?}: {why}")]
     User { user: String, why: String },
@@ -162,7 +166,22 @@ impl Config {
             nodes.push(NodeUrl::parse_for(r, &format!("replica {}", i + 1))?);
         }
         let tls = tls::client_tls(&file)?;
-        let users = users::client_users(&file.users, &primary, listen)?;
+        let mut entries = file.users.clone();
+        if let Some(path) = &file.auth_file {
+            for entry in auth_file::read(path)? {
+                if file.users.iter().any(|u| u.name == entry.name) {
+                    return Err(ConfigError::User {
+                        user: entry.name,
+                        why: format!(
+                            "both under [[users]] and in auth_file {}; keep one",
+                            path.display()
+                        ),
+                    });
+                }
+                entries.push(entry);
+            }
+        }
+        let users = users::client_users(&entries, &primary, listen)?;
         console::check_console_users(&users, &file.admin_users, &file.stats_users)?;
         Ok(Config {
             listen,

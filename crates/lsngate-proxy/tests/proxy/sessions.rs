@@ -218,6 +218,69 @@ fn idle_clients_are_ended_by_the_idle_timeouts_and_an_idle_transaction_is_rolled
     });
 }
 
+#[test]
+fn users_from_a_pgbouncer_auth_file_log_in_with_plain_md5_and_scram_secrets() {
+    // A PgBouncer deployment's userlist.txt, its secrets made by PostgreSQL itself: a SCRAM
+    // secret from pg_authid, an MD5 hash computed by the server, and a plain password with a
+    // doubled quote; comments and blank lines around them.
+    let cluster = shared_cluster();
+    let primary = cluster.primary();
+    primary
+        .sql("DROP ROLE IF EXISTS lsngate_af_scram; CREATE ROLE lsngate_af_scram PASSWORD 'scram-pw'")
+        .unwrap();
+    let scram = primary
+        .sql("SELECT rolpassword FROM pg_authid WHERE rolname = 'lsngate_af_scram'")
+        .unwrap();
+    primary.sql("DROP ROLE lsngate_af_scram").unwrap();
+    assert!(scram.trim().starts_with("SCRAM-SHA-256$"), "{scram}");
+    let md5 = primary
+        .sql("SELECT 'md5' || md5('md5-pw' || 'af_md5')")
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("userlist.txt");
+    let userlist = format!(
+        "; users of the app\n\"af_scram\" \"{}\"\n\n\"af_md5\" \"{}\" \"\"\n# plain\n\"af_plain\" \"pl\"\"ain\"\n",
+        scram.trim(),
+        md5.trim()
+    );
+    std::fs::write(&path, &userlist).unwrap();
+    let mut file = file_config(cluster);
+    file.auth_file = Some(path.clone());
+    let proxy = TestProxy::with(file.clone());
+    for (user, password) in [
+        ("af_scram", "scram-pw"),
+        ("af_md5", "md5-pw"),
+        ("af_plain", "pl\"ain"),
+    ] {
+        let (ok, out) = psql_login(&proxy, user, password);
+        assert!(ok, "{user}: {out}");
+        let (ok, out) = psql_login(&proxy, user, "wrong");
+        assert!(
+            !ok && out.contains("password authentication failed"),
+            "{user} with a wrong password: {out}"
+        );
+    }
+    // Read again at a reload: a user added to the file logs in without a restart.
+    std::fs::write(&path, format!("{userlist}\"af_late\" \"late-pw\"\n")).unwrap();
+    proxy.proxy.reload(Config::build(file.clone()).unwrap());
+    let (ok, out) = psql_login(&proxy, "af_late", "late-pw");
+    assert!(ok, "{out}");
+    // A broken line is named; the same user in [[users]] and the file is refused.
+    std::fs::write(&path, "\"ok\" \"pw\"\n\"broken \"pw\"\n").unwrap();
+    let error = Config::build(file.clone()).unwrap_err().to_string();
+    assert!(
+        error.contains("userlist.txt") && error.contains("line 2"),
+        "{error}"
+    );
+    std::fs::write(&path, "\"dup\" \"pw\"\n").unwrap();
+    file.users = vec![user("dup", "pw", "scram-sha-256")];
+    let error = Config::build(file).unwrap_err().to_string();
+    assert!(
+        error.contains("both under [[users]] and in auth_file"),
+        "{error}"
+    );
+}
+
 /// A proxy with one server connection per node: clients take turns on it.
 fn one_connection_per_node(cluster: &Cluster) -> TestProxy {
     let mut file = file_config(cluster);
