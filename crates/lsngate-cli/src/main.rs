@@ -1,7 +1,7 @@
 //! `lsngate`: one binary for every lsngate command — local clusters (`cluster`), the
 //! read-your-writes benchmark (`bench`), the checker of the guarantee under faults (`verify`),
-//! replica lag diagnostics (`lag`) and the wire-protocol
-//! proxy (`proxy`).
+//! replica lag diagnostics (`lag`), the wire-protocol proxy (`proxy`) and the import of a
+//! PgBouncer config (`config import`).
 
 mod bench;
 mod cluster;
@@ -9,6 +9,7 @@ mod duration;
 mod inproc_proxy;
 mod lag;
 mod pg;
+mod pgbouncer_import;
 mod table;
 mod verify;
 
@@ -36,6 +37,19 @@ enum Command {
     Lag(lag::LagArgs),
     /// A PostgreSQL wire-protocol proxy that pools connections and splits reads from writes.
     Proxy(Box<lsngate_proxy::ProxyArgs>),
+    /// Proxy configuration tools.
+    #[command(subcommand)]
+    Config(ConfigCommand),
+}
+
+#[derive(Debug, Subcommand)]
+enum ConfigCommand {
+    /// Print a PgBouncer config (pgbouncer.ini) as the equivalent lsngate proxy TOML, every
+    /// setting that does not carry over named at the end with why.
+    Import {
+        /// The pgbouncer.ini to read.
+        file: std::path::PathBuf,
+    },
 }
 
 fn main() -> anyhow::Result<()> {
@@ -59,7 +73,28 @@ fn main() -> anyhow::Result<()> {
             Ok(())
         }
         Command::Proxy(args) => lsngate_proxy::main(*args),
+        Command::Config(ConfigCommand::Import { file }) => import_pgbouncer(&file),
     }
+}
+
+fn import_pgbouncer(path: &std::path::Path) -> anyhow::Result<()> {
+    let ini = std::fs::read_to_string(path)
+        .map_err(|e| anyhow::anyhow!("cannot read {}: {e}", path.display()))?;
+    let imported = pgbouncer_import::import(&ini)
+        .map_err(|why| anyhow::anyhow!("{}: {why}", path.display()))?;
+    println!("# lsngate proxy config imported from {}", path.display());
+    print!("{}", imported.toml);
+    if !imported.not_carried.is_empty() {
+        println!("\n# Not carried over from {}:", path.display());
+        for note in &imported.not_carried {
+            println!("# - {note}");
+        }
+        eprintln!(
+            "{} PgBouncer setting(s) not carried over; listed at the end of the output",
+            imported.not_carried.len()
+        );
+    }
+    Ok(())
 }
 
 fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {

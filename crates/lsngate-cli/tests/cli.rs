@@ -1117,3 +1117,161 @@ fn proxy_subcommand_splits_reads_passes_verify_and_stops_cleanly_on_sigterm() {
     let exit = proxy.wait().unwrap();
     assert!(exit.success(), "SIGTERM drains and exits 0: {exit}");
 }
+
+/// A free loopback port.
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// `SELECT <sql>` through psql as `user` with `password` on 127.0.0.1:`port`, retried for up to
+/// 20 s while the pooler starts: its output, or the last error.
+fn psql_as(
+    port: u16,
+    user: &str,
+    password: &str,
+    database: &str,
+    sql: &str,
+) -> Result<String, String> {
+    let psql = PgBin::find(None).unwrap().tool("psql");
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let output = Command::new(&psql)
+            .args([
+                "-X",
+                "-A",
+                "-t",
+                "-w",
+                "-h",
+                "127.0.0.1",
+                "-p",
+                &port.to_string(),
+            ])
+            .args(["-U", user, "-d", database, "-c", sql])
+            .env("PGPASSWORD", password)
+            .env("PGCONNECT_TIMEOUT", "3")
+            .output()
+            .unwrap();
+        if output.status.success() {
+            return Ok(String::from_utf8_lossy(&output.stdout).trim().to_string());
+        }
+        let error = String::from_utf8_lossy(&output.stderr).to_string();
+        if std::time::Instant::now() > deadline || !error.contains("Connection refused") {
+            return Err(error);
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+#[test]
+fn config_import_turns_a_pgbouncer_ini_pgbouncer_runs_into_a_config_the_proxy_runs() {
+    // A pgbouncer.ini with the common settings, proven by PgBouncer itself (it starts and logs
+    // a user of its auth_file in), then imported: the proxy starts from the output as it is and
+    // logs the same user in, and the settings it cannot carry are named.
+    let cluster = Cluster::start(&ClusterConfig::default().replicas(1)).unwrap();
+    let dir = open_dir();
+    let path = |name: &str| dir.path().join(name).display().to_string();
+    std::fs::write(
+        path("userlist.txt"),
+        "\"app\" \"app-pw\"\n\"ops\" \"ops-pw\"\n",
+    )
+    .unwrap();
+    let port = free_port();
+    let ini = format!(
+        "; the common settings of a transaction-pooling deployment\n\
+         [databases]\n\
+         postgres = host=127.0.0.1 port={primary} dbname=postgres user=postgres\n\
+         \n\
+         [pgbouncer]\n\
+         listen_addr = 127.0.0.1\n\
+         listen_port = {port}\n\
+         unix_socket_dir =\n\
+         auth_type = scram-sha-256\n\
+         auth_file = {userlist}\n\
+         admin_users = ops\n\
+         stats_users = app\n\
+         pool_mode = transaction\n\
+         default_pool_size = 10\n\
+         max_client_conn = 100\n\
+         max_db_connections = 20\n\
+         query_wait_timeout = 30\n\
+         client_login_timeout = 60\n\
+         idle_transaction_timeout = 0\n\
+         server_idle_timeout = 300\n\
+         server_lifetime = 3600\n\
+         server_connect_timeout = 5\n\
+         ignore_startup_parameters = extra_float_digits\n\
+         logfile = {log}\n\
+         pidfile = {pid}\n",
+        primary = cluster.primary().port(),
+        userlist = path("userlist.txt"),
+        log = path("pgbouncer.log"),
+        pid = path("pgbouncer.pid"),
+    );
+    let ini_path = path("pgbouncer.ini");
+    std::fs::write(&ini_path, &ini).unwrap();
+    let _ = Command::new("chown")
+        .args(["-R", lsngate_cluster::SERVER_USER])
+        .arg(dir.path())
+        .status();
+    let mut bouncer = Command::new("pgbouncer");
+    if is_root() {
+        bouncer.args(["-u", lsngate_cluster::SERVER_USER]);
+    }
+    let mut bouncer = bouncer.arg(&ini_path).spawn().expect("start pgbouncer");
+    let through_pgbouncer = psql_as(port, "app", "app-pw", "postgres", "SELECT 41 + 1");
+    let _ = bouncer.kill();
+    let _ = bouncer.wait();
+    assert_eq!(
+        through_pgbouncer,
+        Ok("42".into()),
+        "PgBouncer runs this ini: {}",
+        std::fs::read_to_string(path("pgbouncer.log")).unwrap_or_default()
+    );
+
+    let imported = lsngate(&["config", "import", &ini_path]);
+    let toml = String::from_utf8_lossy(&imported.stdout).to_string();
+    println!("{toml}");
+    for line in [
+        format!("listen = \"127.0.0.1:{port}\""),
+        "pool_size = 10".into(),
+        "acquire_timeout_ms = 30000".into(),
+        "admin_users = [\"ops\"]".into(),
+    ] {
+        assert!(toml.contains(&line), "{line} in:\n{toml}");
+    }
+    for named in [
+        "max_db_connections = 20",
+        "logfile",
+        "ignore_startup_parameters",
+    ] {
+        assert!(
+            toml.contains(&format!("# - {named}")),
+            "{named} named as not carried over:\n{toml}"
+        );
+    }
+    std::fs::write(path("lsngate.toml"), &toml).unwrap();
+    let mut proxy = Command::new(env!("CARGO_BIN_EXE_lsngate"))
+        .args(["proxy", "--config", &path("lsngate.toml")])
+        .spawn()
+        .expect("start lsngate proxy");
+    let through_lsngate = psql_as(port, "app", "app-pw", "postgres", "SELECT 41 + 1");
+    let wrong = psql_as(port, "app", "wrong", "postgres", "SELECT 1");
+    let console = psql_as(port, "ops", "ops-pw", "pgbouncer", "SHOW VERSION");
+    let _ = proxy.kill();
+    let _ = proxy.wait();
+    assert_eq!(through_lsngate, Ok("42".into()));
+    assert!(
+        wrong
+            .as_ref()
+            .is_err_and(|e| e.contains("password authentication failed")),
+        "{wrong:?}"
+    );
+    assert!(
+        console.is_ok(),
+        "the admin console for admin_users: {console:?}"
+    );
+}
