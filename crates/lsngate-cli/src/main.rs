@@ -3,6 +3,7 @@
 //! replica lag diagnostics (`lag`) and the wire-protocol
 //! proxy (`proxy`).
 
+mod advise;
 mod bench;
 mod cluster;
 mod duration;
@@ -32,7 +33,8 @@ enum Command {
     /// Check read-your-writes, monotonic reads and write durability through a proxy or the
     /// library, under faults, from a recorded history (exit status 1 on any violation).
     Verify(verify::VerifyArgs),
-    /// Explain where each replica's lag comes from (network/disk, replay, conflicts).
+    /// Explain where each replica's lag comes from (network/disk, replay, conflicts); with
+    /// --advise, recommend a wait budget from the lag measured.
     Lag(lag::LagArgs),
     /// A PostgreSQL wire-protocol proxy that pools connections and splits reads from writes.
     Proxy(Box<lsngate_proxy::ProxyArgs>),
