@@ -38,9 +38,55 @@ use std::time::Duration;
 pub const CANDIDATE_BUDGETS_MS: [u64; 12] =
     [1, 5, 10, 20, 50, 100, 200, 300, 500, 1000, 2000, 5000];
 
+/// What one read on the primary takes when nothing better is known (a fallback holds a guard
+/// slot that long): about a millisecond, as `crate::pace` counts on too.
+pub const TYPICAL_PRIMARY_READ: Duration = Duration::from_millis(1);
+
 /// A candidate whose replica share is within this of the best one is as good: the smallest such
 /// budget is recommended.
 pub const SHARE_TOLERANCE: f64 = 0.01;
+
+/// A window of lag samples, bounded in time and in count: what a long-running process (the
+/// proxy, the library) keeps per replica for the advice.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LagWindow {
+    samples: std::collections::VecDeque<(Duration, Duration)>,
+    span: Duration,
+    capacity: usize,
+}
+
+impl LagWindow {
+    /// Keeps samples no older than `span`, at most `capacity` of them (the oldest go first).
+    pub fn new(span: Duration, capacity: usize) -> LagWindow {
+        LagWindow {
+            samples: std::collections::VecDeque::new(),
+            span,
+            capacity: capacity.max(1),
+        }
+    }
+
+    /// A lag of `lag` was measured at `at` (times since the caller's origin, rising).
+    pub fn push(&mut self, at: Duration, lag: Duration) {
+        self.samples.push_back((at, lag));
+        while self.samples.len() > self.capacity
+            || self
+                .samples
+                .front()
+                .is_some_and(|&(t, _)| at.saturating_sub(t) > self.span)
+        {
+            self.samples.pop_front();
+        }
+    }
+
+    /// The samples within the span before `now`.
+    pub fn lags(&self, now: Duration) -> Vec<Duration> {
+        self.samples
+            .iter()
+            .filter(|&&(t, _)| now.saturating_sub(t) <= self.span)
+            .map(|&(_, lag)| lag)
+            .collect()
+    }
+}
 
 /// One replica's measured replay lag.
 #[derive(Debug, Clone, PartialEq)]
@@ -511,6 +557,20 @@ mod tests {
         assert!(err.to_string().contains("streaming"));
         let err = advise(&[replica("r", &[1])], &workload(1.0, 1), &[]).unwrap_err();
         assert_eq!(err, AdviceError::NoCandidates);
+    }
+
+    #[test]
+    fn a_lag_window_is_bounded_in_time_and_count() {
+        let mut window = LagWindow::new(Duration::from_secs(10), 3);
+        for i in 0..5u64 {
+            window.push(Duration::from_secs(i), MS(i));
+        }
+        assert_eq!(window.lags(Duration::from_secs(5)), [MS(2), MS(3), MS(4)]);
+        assert_eq!(
+            window.lags(Duration::from_secs(13)),
+            [MS(3), MS(4)],
+            "older than 10 s"
+        );
     }
 
     #[test]

@@ -54,11 +54,49 @@ impl WalClock {
         let (at, _) = self.samples.get(first_missing)?;
         Some(now.saturating_sub(*at))
     }
+
+    /// For a replica whose replay just rose from `after` to `upto`: how long each primary
+    /// position sampled in between (`after < position ≤ upto`) took to become visible there —
+    /// each is a position a token could carry (a commit's, or the primary's at a poll), so these
+    /// are the waits of token reads issued right after those commits. At most `most` of them,
+    /// evenly spread, so that a replica catching up a long way does not flood the caller.
+    pub fn ages_between(&self, after: Lsn, upto: Lsn, now: Duration, most: usize) -> Vec<Duration> {
+        let from = self.samples.partition_point(|&(_, lsn)| lsn <= after);
+        let to = self.samples.partition_point(|&(_, lsn)| lsn <= upto);
+        let count = to.saturating_sub(from);
+        let step = count.div_ceil(most.max(1)).max(1);
+        (from..to)
+            .step_by(step)
+            .map(|i| now.saturating_sub(self.samples[i].0))
+            .collect()
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_rise_of_replay_ages_the_positions_it_passed() {
+        let s = Duration::from_secs;
+        let mut clock = WalClock::new(8);
+        for i in 1..=4u64 {
+            clock.observe(s(i), Lsn::new(i * 100));
+        }
+        assert_eq!(
+            clock.ages_between(Lsn::new(100), Lsn::new(350), s(5), 8),
+            [s(3), s(2)]
+        );
+        assert_eq!(
+            clock.ages_between(Lsn::new(0), Lsn::new(400), s(5), 2),
+            [s(4), s(2)]
+        );
+        assert!(
+            clock
+                .ages_between(Lsn::new(400), Lsn::new(500), s(5), 8)
+                .is_empty()
+        );
+    }
 
     #[test]
     fn lag_is_the_age_of_the_first_missing_write() {

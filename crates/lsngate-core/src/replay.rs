@@ -17,6 +17,7 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
+use crate::budget::LagWindow;
 use crate::clock::WalClock;
 use crate::lsn::Lsn;
 use crate::server::ServerId;
@@ -38,7 +39,18 @@ pub struct ReplayBook {
     /// Per slot: the servers seen behind it, with when each last reported.
     seen: HashMap<usize, HashMap<ServerId, Duration>>,
     clock: WalClock,
+    /// Per slot: how long each newly replayed position took to become visible there.
+    visible: HashMap<usize, LagWindow>,
 }
+
+/// How far back the visibility-lag samples of a slot reach (the budget advice's window).
+pub const VISIBLE_SPAN: Duration = Duration::from_secs(15 * 60);
+
+/// Most samples one rise of replay adds (a replica catching up passes many commits at once).
+pub const VISIBLE_PER_RISE: usize = 32;
+
+/// Visibility-lag samples kept per slot: ten a second over [`VISIBLE_SPAN`] (about 140 KiB).
+pub const VISIBLE_SAMPLES: usize = 9000;
 
 impl Default for ReplayBook {
     fn default() -> Self {
@@ -46,15 +58,30 @@ impl Default for ReplayBook {
             replayed: HashMap::new(),
             seen: HashMap::new(),
             clock: WalClock::new(CLOCK_SAMPLES),
+            visible: HashMap::new(),
         }
     }
 }
 
 impl ReplayBook {
     /// `server`, reached through `slot`, reported at `now` having replayed `lsn` (never lowers).
+    /// When the position rose, how long each primary position it passed (as the WAL clock
+    /// sampled them: commits, polls) took to become visible is a sample for the budget advice:
+    /// what a token read right after that commit waited. Replay positions themselves are no
+    /// tokens: with `recovery_min_apply_delay` a transaction's records replay at once and only
+    /// its commit waits, so a position short of the commit says nothing of a token's wait.
     pub fn observe_replayed(&mut self, slot: usize, server: &ServerId, lsn: Lsn, now: Duration) {
         let known = self.replayed.entry(server.clone()).or_insert(lsn);
+        let before = *known;
         *known = (*known).max(lsn);
+        if lsn > before {
+            let ages = self.clock.ages_between(before, lsn, now, VISIBLE_PER_RISE);
+            let window = self
+                .visible
+                .entry(slot)
+                .or_insert_with(|| LagWindow::new(VISIBLE_SPAN, VISIBLE_SAMPLES));
+            ages.into_iter().for_each(|age| window.push(now, age));
+        }
         self.seen
             .entry(slot)
             .or_default()
@@ -82,6 +109,13 @@ impl ReplayBook {
     /// Distinct servers ever seen behind `slot` (more than one: a load balancer, or restarts).
     pub fn servers_seen(&self, slot: usize) -> usize {
         self.seen.get(&slot).map_or(0, HashMap::len)
+    }
+
+    /// The visibility lags sampled behind `slot` within [`VISIBLE_SPAN`] of `now`.
+    pub fn visible_lags(&self, slot: usize, now: Duration) -> Vec<Duration> {
+        self.visible
+            .get(&slot)
+            .map_or_else(Vec::new, |w| w.lags(now))
     }
 
     /// The primary was at `lsn` at `now` (a WAL clock sample).
@@ -133,6 +167,29 @@ mod tests {
         );
         assert_eq!(book.servers_seen(0), 2);
         assert_eq!(book.slot_replayed(1, S(1)), None, "nothing seen there");
+    }
+
+    #[test]
+    fn each_rise_of_replay_samples_how_long_the_write_took_to_become_visible() {
+        let mut book = ReplayBook::default();
+        let a = ServerId::from("7/1/a:1");
+        book.observe_primary(S(0), lsn(100));
+        book.observe_primary(S(1), lsn(200));
+        book.observe_replayed(0, &a, lsn(50), S(1));
+        assert!(
+            book.visible_lags(0, S(1)).is_empty(),
+            "a first position is no rise"
+        );
+        book.observe_replayed(0, &a, lsn(150), S(3));
+        book.observe_replayed(0, &a, lsn(150), S(4));
+        book.observe_replayed(0, &a, lsn(199), S(5));
+        assert_eq!(
+            book.visible_lags(0, S(5)),
+            [S(3)],
+            "100 (seen at 0 s) became visible by 3 s; 150 and 199 are no positions the primary was seen at"
+        );
+        book.observe_replayed(0, &a, lsn(300), S(6));
+        assert_eq!(book.visible_lags(0, S(6)), [S(3), S(5)]);
     }
 
     #[test]
