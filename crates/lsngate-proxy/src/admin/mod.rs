@@ -1,10 +1,13 @@
 //! The admin side: the console (`console`, the virtual database `lsngate`/`pgbouncer` served
 //! over the PostgreSQL protocol) and the HTTP port: `GET /metrics` (Prometheus text from the `metrics` facade, plus pool and
 //! node gauges refreshed at scrape time), `GET /status` (JSON: nodes, roles, health, pools,
-//! clients, causal reads) and `GET /dashboard` (a self-contained HTML page that polls /status).
+//! clients, causal reads, the budget advice), `GET /dashboard` (a self-contained HTML page that
+//! polls /status and charts /history), `GET /budget` (the what-if page, polling /budget.json)
+//! and `GET /history` (the last 15 minutes, for the charts).
 //! A deliberately tiny HTTP/1.1 responder — one request per connection, GET only — not a web
 //! framework.
 
+pub(crate) mod budget;
 pub(crate) mod console;
 
 use std::sync::Arc;
@@ -47,6 +50,7 @@ pub fn status(proxy: &Proxy) -> serde_json::Value {
         "pool_mode": config.pool_mode,
         "nodes": nodes,
         "causal": causal_status(proxy),
+        "budget": budget::status(proxy),
     })
 }
 
@@ -181,10 +185,25 @@ async fn respond(proxy: &Proxy, mut stream: TcpStream) -> std::io::Result<()> {
             serde_json::to_string_pretty(&status(proxy)).unwrap_or_default(),
         ),
         "/dashboard" => ("200 OK", "text/html; charset=utf-8", DASHBOARD.to_string()),
+        "/budget" => (
+            "200 OK",
+            "text/html; charset=utf-8",
+            budget::PAGE.to_string(),
+        ),
+        "/budget.json" => (
+            "200 OK",
+            "application/json",
+            serde_json::to_string(&budget::page_data(proxy)).unwrap_or_default(),
+        ),
+        "/history" => (
+            "200 OK",
+            "application/json",
+            serde_json::to_string(&budget::history(proxy)).unwrap_or_default(),
+        ),
         _ => (
             "404 Not Found",
             "text/plain",
-            "try /metrics, /status or /dashboard\n".to_string(),
+            "try /metrics, /status, /dashboard, /budget, /budget.json or /history\n".to_string(),
         ),
     };
     let head = format!(

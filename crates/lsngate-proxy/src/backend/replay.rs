@@ -240,6 +240,43 @@ impl Watcher {
             .collect()
     }
 
+    /// Every replica's address, replayed position and time lag, without counting as routing's
+    /// demand for positions (unlike [`Watcher::replicas`]): a sampler reading this every 100 ms
+    /// must not keep the monitors polling fast for a proxy whose reads need no positions.
+    pub fn lags(&self, nodes: &Nodes) -> Vec<(String, Option<Lsn>, Option<Duration>)> {
+        let at = self.since_origin(Instant::now());
+        let book = lock(&self.book);
+        nodes
+            .all()
+            .iter()
+            .filter(|n| n.role() == crate::backend::Role::Replica)
+            .map(|n| {
+                let replayed = book.slot_replayed(n.index, at);
+                let lag = replayed.and_then(|r| book.lag_behind(r, at));
+                (n.url.address(), replayed, lag)
+            })
+            .collect()
+    }
+
+    /// Every replica's visibility-lag samples (how long each newly replayed write took to show
+    /// there, see `ReplayBook::observe_replayed`) and how far back they reach: the budget
+    /// advice's input.
+    pub fn visible_lags(&self, nodes: &Nodes) -> (Vec<lsngate_core::budget::ReplicaLag>, Duration) {
+        let now = Instant::now();
+        let at = self.since_origin(now);
+        let book = lock(&self.book);
+        let lags = nodes
+            .all()
+            .iter()
+            .filter(|n| n.role() == crate::backend::Role::Replica)
+            .map(|n| lsngate_core::budget::ReplicaLag {
+                name: n.url.address(),
+                samples: book.visible_lags(n.index, at),
+            })
+            .collect();
+        (lags, at.min(lsngate_core::replay::VISIBLE_SPAN))
+    }
+
     /// Snapshot of every replica, for `/status`, metrics and the dashboard.
     pub fn views(&self, nodes: &Nodes) -> Vec<ReplicaView> {
         let now = Instant::now();

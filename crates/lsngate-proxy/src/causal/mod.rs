@@ -6,6 +6,7 @@
 //! (`sql`). Per-client floors and the read
 //! path live in `frontend::causal`.
 
+pub mod history;
 pub mod scopes;
 pub mod sql;
 pub mod stats;
@@ -17,6 +18,7 @@ use std::time::{Duration, SystemTime};
 use lsngate_core::{Lsn, Refusal, SharedGuard, Token};
 use tokio::time::Instant;
 
+pub use history::History;
 pub use lsngate_core::Floor;
 pub use scopes::{ScopeFloorSource, Scopes};
 pub use stats::{Outcome, Stats};
@@ -68,6 +70,8 @@ pub struct Causal {
     pub stats: Stats,
     /// Each causal scope's floor.
     pub scopes: Scopes,
+    /// The last 15 minutes, for the dashboard's charts.
+    pub history: History,
     guard: SharedGuard,
     origin: Instant,
     global: Mutex<Option<Floor>>,
@@ -83,6 +87,7 @@ impl Causal {
             watcher: Watcher::default(),
             stats: Stats::default(),
             scopes: Scopes::default(),
+            history: History::default(),
             guard: SharedGuard::new(config.guard),
             origin: Instant::now(),
             global: Mutex::new(None),
@@ -127,6 +132,61 @@ impl Causal {
     pub fn guard_state(&self) -> (bool, usize, f64) {
         let status = self.guard.status(self.now());
         (status.breaker_open, status.in_flight, status.fallback_rate)
+    }
+
+    /// One tick of the history sampler: replay lag, statistics totals and the breaker now.
+    pub fn observe_history(&self, nodes: &Nodes) {
+        let count = |name: &str| {
+            self.stats
+                .outcomes()
+                .into_iter()
+                .filter(|(o, _)| name.is_empty() || *o == name)
+                .map(|(_, n)| n)
+                .sum::<u64>()
+        };
+        let waits = self.stats.waits().0.iter().map(|(_, n)| n).sum();
+        self.history.observe(history::Observation {
+            now: Instant::now(),
+            lags: self
+                .watcher
+                .lags(nodes)
+                .into_iter()
+                .map(|(address, _, lag)| (address, lag))
+                .collect(),
+            totals: history::Totals {
+                reads: count(""),
+                waits,
+                fallbacks: count(Outcome::Fallback.as_str()),
+            },
+            breaker_open: self.guard_state().0,
+        });
+    }
+
+    /// The budget advice from what this proxy observed: how long each write its replicas
+    /// replayed took to become visible there (the last 15 minutes), its read rate over the last
+    /// minute, `pool_size` per replica pool and the guard cap
+    /// of `config`, for `budgets_ms`.
+    pub fn advice(
+        &self,
+        nodes: &Nodes,
+        config: &CausalConfig,
+        pool_size: usize,
+        budgets_ms: &[u64],
+    ) -> Result<lsngate_core::budget::AdviceReport, lsngate_core::budget::AdviceError> {
+        use lsngate_core::budget;
+        let (lags, window) = self.watcher.visible_lags(nodes);
+        let workload = budget::Workload {
+            reads_per_second: self.history.read_rate(),
+            pool_size,
+            guard_cap: config.guard.max_concurrent,
+            primary_read: budget::TYPICAL_PRIMARY_READ,
+        };
+        let advice = budget::advise(&lags, &workload, budgets_ms)?;
+        let window = budget::Window {
+            seconds: window.as_secs_f64(),
+            source: "wal_clock",
+        };
+        Ok(budget::AdviceReport::new(window, &lags, advice))
     }
 
     /// Raises the proxy-wide floor with a commit made through the proxy.
