@@ -3,7 +3,8 @@
 //! while a workload ran through it (a 20 ms budget serves ~none of the token reads from the
 //! replica, 1 s ~all), and the `/budget` what-if page in headless Chromium, driven by
 //! playwright-core like a user: dragging the TIMEOUT slider changes the numbers shown, dragging
-//! the token changes which replica qualifies. Asserts on the advice's outcome, never on timing.
+//! the token changes which replica qualifies; and the dashboard's charts of the last 15 minutes
+//! carry the workload's points. Asserts on the advice's outcome, never on timing.
 
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -274,4 +275,55 @@ fn advice_pages_and_console_come_from_the_lag_the_proxy_observed() {
         serde_json::json!(["yes"]),
         "{simulated}"
     );
+
+    // The dashboard's charts: once /history holds a point that saw the reads (bounded wait),
+    // the page draws it.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !history_saw_reads(&proxy) {
+        assert!(
+            Instant::now() < deadline,
+            "no /history point with reads after 30 s"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let dom = crate::dashboard::rendered_dom(&format!("http://{}/dashboard", proxy.admin), 5000);
+    let chart = |name: &str| -> (usize, f64) {
+        let at = dom
+            .find(&format!("data-chart=\"{name}\""))
+            .unwrap_or_else(|| panic!("no {name} chart:\n{dom}"));
+        let tag = &dom[dom[..at].rfind('<').unwrap()..at + dom[at..].find('>').unwrap()];
+        let attr = |key: &str| {
+            let from = tag
+                .find(&format!("data-{key}=\""))
+                .unwrap_or_else(|| panic!("{key} in {tag}"))
+                + key.len()
+                + 7;
+            tag[from..from + tag[from..].find('"').unwrap()].to_string()
+        };
+        (
+            attr("points").parse().unwrap(),
+            attr("max").parse().unwrap(),
+        )
+    };
+    let (lag_points, lag_max) = chart("lag");
+    let (read_points, reads_max) = chart("reads");
+    println!(
+        "charts: lag {lag_points} points, max {lag_max} ms; reads {read_points} points, max {reads_max}/s"
+    );
+    assert!(lag_points >= 1 && read_points >= 2, "{dom}");
+    assert!(reads_max > 0.0, "the workload's reads are on the chart");
+    let replica = format!("127.0.0.1:{}", cluster.replica(0).port());
+    assert!(
+        dom.contains(&format!("data-series=\"{replica}\"")),
+        "a lag line for {replica}"
+    );
+}
+
+fn history_saw_reads(proxy: &TestProxy) -> bool {
+    let response = proxy.http_get("/history");
+    let body = response.split("\r\n\r\n").nth(1).unwrap_or_default();
+    let history: serde_json::Value = serde_json::from_str(body).unwrap_or_default();
+    history["points"]
+        .as_array()
+        .is_some_and(|points| points.iter().any(|p| p["reads_per_s"].as_f64() > Some(0.0)))
 }

@@ -13,7 +13,7 @@ const CHROMIUM: &str = "/usr/bin/chromium";
 
 /// Loads `url` in headless Chromium, lets the page run for `budget_ms` of virtual time (network
 /// fetches pause that clock, so every poll completes), and returns the serialized DOM.
-fn rendered_dom(url: &str, budget_ms: u64) -> String {
+pub(crate) fn rendered_dom(url: &str, budget_ms: u64) -> String {
     let dir = tempfile::tempdir().expect("a temp dir for the Chromium profile");
     let dom_path = dir.path().join("dom.html");
     let log_path = dir.path().join("chromium.log");
