@@ -40,6 +40,14 @@ pub struct AdviseArgs {
     /// How long one read takes on the primary (a fallback holds a guard slot that long).
     #[arg(long, requires = "advise", value_parser = positive_duration, default_value = "1ms")]
     pub primary_read: Duration,
+    /// Serve the what-if page on this address (e.g. 127.0.0.1:7070) at /budget, sampling
+    /// without end, instead of printing once: for library users, what the proxy's admin port
+    /// shows at /budget.
+    #[arg(long, requires = "advise", value_name = "ADDR")]
+    pub serve: Option<std::net::SocketAddr>,
+    /// The budget the application uses now, marked on the page (--serve).
+    #[arg(long, requires = "serve", value_parser = positive_duration, default_value = "100ms")]
+    pub current_budget: Duration,
     /// Candidate budgets, comma-separated (e.g. 5ms,20ms,500ms); by default 1 ms to 5 s.
     #[arg(long, requires = "advise", value_parser = duration::parse, value_delimiter = ',')]
     pub budgets: Vec<Duration>,
@@ -87,17 +95,21 @@ pub async fn run(
         let client = pg::connect(url).await.ok();
         replicas.push((host_port(url), client));
     }
-    let started = Instant::now();
-    let lags = sample(&primary, &replicas, args.window).await?;
-    let window = Window {
-        seconds: started.elapsed().as_secs_f64(),
-        source: "heartbeat",
-    };
     let workload = Workload {
         reads_per_second,
         pool_size: pool_size as usize,
         guard_cap: args.guard_cap as usize,
         primary_read: args.primary_read,
+    };
+    if let Some(listen) = args.serve {
+        let current = args.current_budget.as_millis() as u64;
+        return crate::whatif::serve(listen, primary, replicas, workload, current).await;
+    }
+    let started = Instant::now();
+    let lags = sample(&primary, &replicas, args.window).await?;
+    let window = Window {
+        seconds: started.elapsed().as_secs_f64(),
+        source: "heartbeat",
     };
     let budgets: Vec<u64> = if args.budgets.is_empty() {
         budget::CANDIDATE_BUDGETS_MS.to_vec()

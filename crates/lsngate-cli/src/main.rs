@@ -12,6 +12,7 @@ mod lag;
 mod pg;
 mod table;
 mod verify;
+mod whatif;
 
 use clap::{Parser, Subcommand};
 

@@ -1045,6 +1045,68 @@ fn lag_advise_turns_a_replica_200ms_behind_into_a_budget_that_covers_it() {
         assert!(!output.status.success(), "{args:?} was accepted");
         assert!(stderr.contains(message), "{args:?}: {stderr}");
     }
+
+    // --serve: the proxy's what-if page for library users, from the same samples and model.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let listen = format!("127.0.0.1:{port}");
+    let mut server = Command::new(env!("CARGO_BIN_EXE_lsngate"))
+        .args(with(&[
+            "--reads-per-second",
+            "100",
+            "--pool-size",
+            "40",
+            "--serve",
+        ]))
+        .arg(&listen)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let get = |path: &str| -> Option<String> {
+        use std::io::{Read, Write};
+        let mut stream = std::net::TcpStream::connect(&listen).ok()?;
+        write!(stream, "GET {path} HTTP/1.1\r\nHost: x\r\n\r\n").ok()?;
+        let mut response = String::new();
+        stream.read_to_string(&mut response).ok()?;
+        response.split("\r\n\r\n").nth(1).map(str::to_string)
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let document = loop {
+        let document: Option<Value> =
+            get("/budget.json").and_then(|b| serde_json::from_str(&b).ok());
+        if let Some(document) = document.clone().filter(|d| d["slider"].is_array()) {
+            break document;
+        }
+        if std::time::Instant::now() > deadline {
+            let _ = server.kill();
+            panic!("--serve gave no advice within 30 s: {document:?}");
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let page = get("/budget").unwrap_or_default();
+    let _ = server.kill();
+    let _ = server.wait();
+    let stop = |ms: u64| {
+        document["slider"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["budget_ms"] == ms)
+            .unwrap_or_else(|| panic!("no {ms} ms stop: {document}"))["replica_share"]
+            .as_f64()
+            .unwrap()
+    };
+    assert!(stop(20) < 0.05 && stop(1000) > 0.95, "{document}");
+    assert_eq!(document["reads_per_second"], 100.0);
+    assert!(
+        document["replicas"][0]["replayed"].is_string(),
+        "{document}"
+    );
+    assert!(page.contains("id=\"timeout\""), "the what-if page: {page}");
 }
 
 #[test]

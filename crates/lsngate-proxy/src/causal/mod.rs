@@ -162,33 +162,6 @@ impl Causal {
         });
     }
 
-    /// The budget advice from what this proxy observed: how long each write its replicas
-    /// replayed took to become visible there (the last 15 minutes), its read rate over the last
-    /// minute, `pool_size` per replica pool and the guard cap
-    /// of `config`, for `budgets_ms`.
-    pub fn advice(
-        &self,
-        nodes: &Nodes,
-        config: &CausalConfig,
-        pool_size: usize,
-        budgets_ms: &[u64],
-    ) -> Result<lsngate_core::budget::AdviceReport, lsngate_core::budget::AdviceError> {
-        use lsngate_core::budget;
-        let (lags, window) = self.watcher.visible_lags(nodes);
-        let workload = budget::Workload {
-            reads_per_second: self.history.read_rate(),
-            pool_size,
-            guard_cap: config.guard.max_concurrent,
-            primary_read: budget::TYPICAL_PRIMARY_READ,
-        };
-        let advice = budget::advise(&lags, &workload, budgets_ms)?;
-        let window = budget::Window {
-            seconds: window.as_secs_f64(),
-            source: "wal_clock",
-        };
-        Ok(budget::AdviceReport::new(window, &lags, advice))
-    }
-
     /// Raises the proxy-wide floor with a commit made through the proxy.
     pub fn committed(&self, floor: Floor) {
         let mut global = self.global.lock().expect("global lock");
