@@ -208,13 +208,25 @@ impl Watcher {
         need: Need,
         with_lag: bool,
     ) -> Vec<(Arc<NodeState>, ReplicaState)> {
-        let all = nodes.all();
-        let now = Instant::now();
-        if !self.consulted_at(now) {
+        if !self.consulted_at(Instant::now()) {
             // The monitors are polling slowly: wake them so that the next reads find fresh
             // positions (this one waits or checks, as any read does without them).
-            all.iter().for_each(|n| n.request_check());
+            nodes.all().iter().for_each(|n| n.request_check());
         }
+        self.states(nodes, need, with_lag)
+    }
+
+    /// What [`Watcher::replicas`] returns, without counting as routing's demand for positions:
+    /// for the pages and metrics that only look (a dashboard polling `/status` must not keep
+    /// the monitors polling fast for a proxy whose reads need no positions).
+    fn states(
+        &self,
+        nodes: &Nodes,
+        need: Need,
+        with_lag: bool,
+    ) -> Vec<(Arc<NodeState>, ReplicaState)> {
+        let all = nodes.all();
+        let now = Instant::now();
         let at = self.since_origin(now);
         all.iter()
             .filter(|n| n.role() == crate::backend::Role::Replica)
@@ -280,7 +292,7 @@ impl Watcher {
     /// Snapshot of every replica, for `/status`, metrics and the dashboard.
     pub fn views(&self, nodes: &Nodes) -> Vec<ReplicaView> {
         let now = Instant::now();
-        self.replicas(nodes, Need::Any, false)
+        self.states(nodes, Need::Any, false)
             .into_iter()
             .map(|(node, state)| ReplicaView {
                 node: node.index,
