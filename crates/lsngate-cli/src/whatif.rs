@@ -135,7 +135,13 @@ fn document(seen: &Seen, workload: &Workload, configured_ms: u64) -> String {
             .collect(),
         lags: &lags,
         window: Window {
-            seconds: now.min(VISIBLE_SPAN).as_secs_f64(),
+            seconds: seen
+                .windows
+                .iter()
+                .filter_map(|w| w.reach(now))
+                .max()
+                .unwrap_or_default()
+                .as_secs_f64(),
             source: "heartbeat",
         },
         workload: *workload,

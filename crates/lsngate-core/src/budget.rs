@@ -78,6 +78,15 @@ impl LagWindow {
         }
     }
 
+    /// How far back before `now` the samples kept reach (the window they cover); `None` with
+    /// none. Shorter than the span when the count bound dropped older ones.
+    pub fn reach(&self, now: Duration) -> Option<Duration> {
+        self.samples
+            .iter()
+            .find(|&&(t, _)| now.saturating_sub(t) <= self.span)
+            .map(|&(t, _)| now.saturating_sub(t))
+    }
+
     /// The samples within the span before `now`.
     pub fn lags(&self, now: Duration) -> Vec<Duration> {
         self.samples
@@ -566,6 +575,11 @@ mod tests {
             window.push(Duration::from_secs(i), MS(i));
         }
         assert_eq!(window.lags(Duration::from_secs(5)), [MS(2), MS(3), MS(4)]);
+        assert_eq!(
+            window.reach(Duration::from_secs(5)),
+            Some(Duration::from_secs(3)),
+            "the count bound dropped the samples at 0 and 1 s"
+        );
         assert_eq!(
             window.lags(Duration::from_secs(13)),
             [MS(3), MS(4)],

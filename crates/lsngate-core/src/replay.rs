@@ -75,7 +75,10 @@ impl ReplayBook {
         let before = *known;
         *known = (*known).max(lsn);
         if lsn > before {
-            let ages = self.clock.ages_between(before, lsn, now, VISIBLE_PER_RISE);
+            let reported = self.seen.get(&slot).and_then(|s| s.get(server)).copied();
+            let ages = self
+                .clock
+                .ages_between(before, lsn, reported, now, VISIBLE_PER_RISE);
             let window = self
                 .visible
                 .entry(slot)
@@ -109,6 +112,11 @@ impl ReplayBook {
     /// Distinct servers ever seen behind `slot` (more than one: a load balancer, or restarts).
     pub fn servers_seen(&self, slot: usize) -> usize {
         self.seen.get(&slot).map_or(0, HashMap::len)
+    }
+
+    /// How far back before `now` the visibility lags of `slot` reach; `None` with none.
+    pub fn visible_reach(&self, slot: usize, now: Duration) -> Option<Duration> {
+        self.visible.get(&slot).and_then(|w| w.reach(now))
     }
 
     /// The visibility lags sampled behind `slot` within [`VISIBLE_SPAN`] of `now`.
@@ -185,11 +193,16 @@ mod tests {
         book.observe_replayed(0, &a, lsn(199), S(5));
         assert_eq!(
             book.visible_lags(0, S(5)),
-            [S(3)],
-            "100 (seen at 0 s) became visible by 3 s; 150 and 199 are no positions the primary was seen at"
+            [S(2)],
+            "100 (seen on the primary at 0 s) was not on the replica at 1 s and was at 3 s: about \
+             2 s; 150 and 199 are no positions the primary was seen at"
         );
         book.observe_replayed(0, &a, lsn(300), S(6));
-        assert_eq!(book.visible_lags(0, S(6)), [S(3), S(5)]);
+        assert_eq!(
+            book.visible_lags(0, S(6)),
+            [S(2), Duration::from_millis(4500)],
+            "200 (at 1 s): not there at 5 s, there at 6 s"
+        );
     }
 
     #[test]

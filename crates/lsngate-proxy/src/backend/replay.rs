@@ -271,22 +271,30 @@ impl Watcher {
     }
 
     /// Every replica's visibility-lag samples (how long each newly replayed write took to show
-    /// there, see `ReplayBook::observe_replayed`) and how far back they reach: the budget
-    /// advice's input.
+    /// there, see `ReplayBook::observe_replayed`) and how far back the oldest reaches (the
+    /// window they cover): the budget advice's input.
     pub fn visible_lags(&self, nodes: &Nodes) -> (Vec<lsngate_core::budget::ReplicaLag>, Duration) {
-        let now = Instant::now();
-        let at = self.since_origin(now);
+        let at = self.since_origin(Instant::now());
         let book = lock(&self.book);
-        let lags = nodes
+        let replicas: Vec<_> = nodes
             .all()
             .iter()
             .filter(|n| n.role() == crate::backend::Role::Replica)
+            .cloned()
+            .collect();
+        let lags = replicas
+            .iter()
             .map(|n| lsngate_core::budget::ReplicaLag {
                 name: n.url.address(),
                 samples: book.visible_lags(n.index, at),
             })
             .collect();
-        (lags, at.min(lsngate_core::replay::VISIBLE_SPAN))
+        let reach = replicas
+            .iter()
+            .filter_map(|n| book.visible_reach(n.index, at))
+            .max()
+            .unwrap_or_default();
+        (lags, reach)
     }
 
     /// Snapshot of every replica, for `/status`, metrics and the dashboard.
