@@ -41,6 +41,8 @@ pub struct ReplayBook {
     clock: WalClock,
     /// Per slot: how long each newly replayed position took to become visible there.
     visible: HashMap<usize, LagWindow>,
+    /// Whether visibility lags are sampled (see [`ReplayBook::sampling_visibility`]).
+    sample_visible: bool,
 }
 
 /// How far back the visibility-lag samples of a slot reach (the budget advice's window).
@@ -59,6 +61,7 @@ impl Default for ReplayBook {
             seen: HashMap::new(),
             clock: WalClock::new(CLOCK_SAMPLES),
             visible: HashMap::new(),
+            sample_visible: false,
         }
     }
 }
@@ -74,7 +77,7 @@ impl ReplayBook {
         let known = self.replayed.entry(server.clone()).or_insert(lsn);
         let before = *known;
         *known = (*known).max(lsn);
-        if lsn > before {
+        if self.sample_visible && lsn > before {
             let reported = self.seen.get(&slot).and_then(|s| s.get(server)).copied();
             let ages = self
                 .clock
@@ -112,6 +115,16 @@ impl ReplayBook {
     /// Distinct servers ever seen behind `slot` (more than one: a load balancer, or restarts).
     pub fn servers_seen(&self, slot: usize) -> usize {
         self.seen.get(&slot).map_or(0, HashMap::len)
+    }
+
+    /// A book that also samples visibility lags for the budget advice (the proxy's; at most
+    /// [`VISIBLE_SAMPLES`] per slot). Off by default: a book whose owner never asks for advice
+    /// keeps no samples.
+    pub fn sampling_visibility() -> ReplayBook {
+        ReplayBook {
+            sample_visible: true,
+            ..ReplayBook::default()
+        }
     }
 
     /// How far back before `now` the visibility lags of `slot` reach; `None` with none.
@@ -179,7 +192,7 @@ mod tests {
 
     #[test]
     fn each_rise_of_replay_samples_how_long_the_write_took_to_become_visible() {
-        let mut book = ReplayBook::default();
+        let mut book = ReplayBook::sampling_visibility();
         let a = ServerId::from("7/1/a:1");
         book.observe_primary(S(0), lsn(100));
         book.observe_primary(S(1), lsn(200));
@@ -197,6 +210,11 @@ mod tests {
             "100 (seen on the primary at 0 s) was not on the replica at 1 s and was at 3 s: about \
              2 s; 150 and 199 are no positions the primary was seen at"
         );
+        let mut quiet = ReplayBook::default();
+        quiet.observe_primary(S(0), lsn(100));
+        quiet.observe_replayed(0, &a, lsn(50), S(1));
+        quiet.observe_replayed(0, &a, lsn(150), S(3));
+        assert!(quiet.visible_lags(0, S(3)).is_empty(), "sampling is opt-in");
         book.observe_replayed(0, &a, lsn(300), S(6));
         assert_eq!(
             book.visible_lags(0, S(6)),

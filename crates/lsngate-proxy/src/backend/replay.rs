@@ -50,7 +50,9 @@ pub const DEMAND_WINDOW: Duration = Duration::from_secs(10);
 impl Default for Watcher {
     fn default() -> Self {
         Watcher {
-            book: Mutex::default(),
+            // The proxy's book samples visibility lags: /status, SHOW BUDGET and /budget advise
+            // the wait budget from them.
+            book: Mutex::new(ReplayBook::sampling_visibility()),
             nodes: Mutex::default(),
             origin: Instant::now(),
             replay_seen: tokio::sync::Notify::new(),
