@@ -34,6 +34,12 @@
 
 use std::time::Duration;
 
+mod report;
+mod window;
+
+pub use report::{AdviceReport, ReplicaSummary, Window};
+pub use window::LagWindow;
+
 /// Budgets tried when the caller names none, in milliseconds.
 pub const CANDIDATE_BUDGETS_MS: [u64; 12] =
     [1, 5, 10, 20, 50, 100, 200, 300, 500, 1000, 2000, 5000];
@@ -45,57 +51,6 @@ pub const TYPICAL_PRIMARY_READ: Duration = Duration::from_millis(1);
 /// A candidate whose replica share is within this of the best one is as good: the smallest such
 /// budget is recommended.
 pub const SHARE_TOLERANCE: f64 = 0.01;
-
-/// A window of lag samples, bounded in time and in count: what a long-running process (the
-/// proxy, the library) keeps per replica for the advice.
-#[derive(Debug, Clone, PartialEq)]
-pub struct LagWindow {
-    samples: std::collections::VecDeque<(Duration, Duration)>,
-    span: Duration,
-    capacity: usize,
-}
-
-impl LagWindow {
-    /// Keeps samples no older than `span`, at most `capacity` of them (the oldest go first).
-    pub fn new(span: Duration, capacity: usize) -> LagWindow {
-        LagWindow {
-            samples: std::collections::VecDeque::new(),
-            span,
-            capacity: capacity.max(1),
-        }
-    }
-
-    /// A lag of `lag` was measured at `at` (times since the caller's origin, rising).
-    pub fn push(&mut self, at: Duration, lag: Duration) {
-        self.samples.push_back((at, lag));
-        while self.samples.len() > self.capacity
-            || self
-                .samples
-                .front()
-                .is_some_and(|&(t, _)| at.saturating_sub(t) > self.span)
-        {
-            self.samples.pop_front();
-        }
-    }
-
-    /// How far back before `now` the samples kept reach (the window they cover); `None` with
-    /// none. Shorter than the span when the count bound dropped older ones.
-    pub fn reach(&self, now: Duration) -> Option<Duration> {
-        self.samples
-            .iter()
-            .find(|&&(t, _)| now.saturating_sub(t) <= self.span)
-            .map(|&(t, _)| now.saturating_sub(t))
-    }
-
-    /// The samples within the span before `now`.
-    pub fn lags(&self, now: Duration) -> Vec<Duration> {
-        self.samples
-            .iter()
-            .filter(|&&(t, _)| now.saturating_sub(t) <= self.span)
-            .map(|&(_, lag)| lag)
-            .collect()
-    }
-}
 
 /// One replica's measured replay lag.
 #[derive(Debug, Clone, PartialEq)]
@@ -189,72 +144,6 @@ pub enum AdviceError {
     /// No candidate budgets.
     #[error("no candidate budgets given")]
     NoCandidates,
-}
-
-/// One replica's lag distribution as the advice reports it.
-#[derive(Debug, Clone, PartialEq, serde::Serialize)]
-pub struct ReplicaSummary {
-    /// The replica's name (`host:port`).
-    pub name: String,
-    /// Samples taken over the window.
-    pub samples: usize,
-    /// Median lag, ms (`None` with no samples).
-    pub p50_ms: Option<f64>,
-    /// 99th percentile lag, ms.
-    pub p99_ms: Option<f64>,
-    /// Worst lag, ms.
-    pub max_ms: Option<f64>,
-}
-
-impl ReplicaLag {
-    /// Its distribution in a few numbers.
-    pub fn summary(&self) -> ReplicaSummary {
-        let ms = |d: Option<Duration>| d.map(|d| d.as_secs_f64() * 1000.0);
-        ReplicaSummary {
-            name: self.name.clone(),
-            samples: self.samples.len(),
-            p50_ms: ms(self.quantile(0.5)),
-            p99_ms: ms(self.quantile(0.99)),
-            max_ms: ms(self.quantile(1.0)),
-        }
-    }
-}
-
-/// The window the samples cover.
-#[derive(Debug, Clone, PartialEq, serde::Serialize)]
-pub struct Window {
-    /// Its length, in seconds.
-    pub seconds: f64,
-    /// How a sample was taken: `heartbeat` or `wal_clock`.
-    pub source: &'static str,
-}
-
-/// The advice as `lsngate lag --advise --json`, the proxy's `/status` and its console give it.
-#[derive(Debug, Clone, PartialEq, serde::Serialize)]
-pub struct AdviceReport {
-    /// What was measured, over how long.
-    pub window: Window,
-    /// Per replica lag distribution.
-    pub replicas: Vec<ReplicaSummary>,
-    /// One row per candidate budget.
-    pub candidates: Vec<Candidate>,
-    /// The pick.
-    pub recommended_budget_ms: u64,
-    /// Why, in one line.
-    pub reason: String,
-}
-
-impl AdviceReport {
-    /// The report of `advice` computed from `replicas` over `window`.
-    pub fn new(window: Window, replicas: &[ReplicaLag], advice: Advice) -> AdviceReport {
-        AdviceReport {
-            window,
-            replicas: replicas.iter().map(ReplicaLag::summary).collect(),
-            candidates: advice.candidates,
-            recommended_budget_ms: advice.recommended_budget_ms,
-            reason: advice.reason,
-        }
-    }
 }
 
 /// The candidate table for `budgets` (milliseconds, any order) and the recommended budget.
@@ -566,25 +455,6 @@ mod tests {
         assert!(err.to_string().contains("streaming"));
         let err = advise(&[replica("r", &[1])], &workload(1.0, 1), &[]).unwrap_err();
         assert_eq!(err, AdviceError::NoCandidates);
-    }
-
-    #[test]
-    fn a_lag_window_is_bounded_in_time_and_count() {
-        let mut window = LagWindow::new(Duration::from_secs(10), 3);
-        for i in 0..5u64 {
-            window.push(Duration::from_secs(i), MS(i));
-        }
-        assert_eq!(window.lags(Duration::from_secs(5)), [MS(2), MS(3), MS(4)]);
-        assert_eq!(
-            window.reach(Duration::from_secs(5)),
-            Some(Duration::from_secs(3)),
-            "the count bound dropped the samples at 0 and 1 s"
-        );
-        assert_eq!(
-            window.lags(Duration::from_secs(13)),
-            [MS(3), MS(4)],
-            "older than 10 s"
-        );
     }
 
     #[test]
