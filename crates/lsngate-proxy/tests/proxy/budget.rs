@@ -237,6 +237,12 @@ fn advice_pages_and_console_come_from_the_lag_the_proxy_observed() {
         Some(recommended.to_string().as_str())
     );
     assert!(picked[0].get("reason").is_some_and(|r| !r.is_empty()));
+    assert!(
+        rows.iter()
+            .all(|r| matches!(r.get("guard_cap_hit"), Some("yes" | "no"))),
+        "a light workload (a few reads a second) never fills the guard's 32 slots"
+    );
+    assert!(rows.iter().all(|r| r.get("guard_cap_hit") == Some("no")));
     let console_share = |ms: &str| -> f64 {
         rows.iter()
             .find(|r| r.get("budget_ms") == Some(ms))

@@ -88,7 +88,8 @@ pub fn show(proxy: &Proxy, what: Show) -> Table {
     }
 }
 
-/// One row per candidate budget; the recommended one is marked and carries the reason. Before
+/// One row per candidate budget (`guard_cap_hit`: the primary guard's cap would be hit in a lag
+/// event as bad as the worst sample); the recommended one is marked and carries the reason. Before
 /// any lag is sampled, one row whose reason says why there is no advice.
 fn budget(proxy: &Proxy) -> Table {
     let mut table = Table::new(&[
@@ -97,6 +98,7 @@ fn budget(proxy: &Proxy) -> Table {
         ("fallbacks_per_s", T),
         ("held_connections_mean", T),
         ("held_connections_p99", T),
+        ("guard_cap_hit", T),
         ("recommended", T),
         ("reason", T),
     ]);
@@ -110,12 +112,13 @@ fn budget(proxy: &Proxy) -> Table {
                     text(format!("{:.1}", c.fallbacks_per_s)),
                     text(format!("{:.2}", c.held_connections_mean)),
                     text(format!("{:.2}", c.held_connections_p99)),
+                    text(if c.guard_cap_hit { "yes" } else { "no" }),
                     text(if pick { "yes" } else { "no" }),
                     pick.then(|| report.reason.clone()),
                 ]);
             }
         }
-        Err(e) => table.row(vec![None, None, None, None, None, None, text(e)]),
+        Err(e) => table.row(vec![None, None, None, None, None, None, None, text(e)]),
     }
     table
 }
