@@ -42,6 +42,8 @@ pub struct LagArgs {
     /// Bytes received but not replayed above which replay is called the bottleneck.
     #[arg(long, default_value_t = 1024 * 1024)]
     replay_backlog_bytes: u64,
+    #[command(flatten)]
+    advise: crate::advise::AdviseArgs,
 }
 
 /// Everything known about one replica at one moment.
@@ -238,6 +240,9 @@ pub async fn run(args: LagArgs) -> anyhow::Result<()> {
         !replica_urls.is_empty(),
         "no replicas given: pass --replica URL (repeatable) or start a cluster with `lsngate cluster up`"
     );
+    if args.advise.advise {
+        return crate::advise::run(&args.advise, &primary_url, &replica_urls, args.json).await;
+    }
     let primary = pg::connect(&primary_url).await?;
     let mut last_position: Option<(Instant, u64)> = None;
     loop {
@@ -427,16 +432,16 @@ async fn replica_facts(url: &str, replica: &Client) -> anyhow::Result<ReplicaFac
 /// beat. The time between is the true lag as a reader feels it, measured with one clock (this
 /// process's), so server clock skew does not enter. `pg_last_xact_replay_timestamp()` is not
 /// used: it grows while the primary is idle.
-struct Heartbeat {
+pub(crate) struct Heartbeat {
     beat: i64,
     written_at: Instant,
 }
 
 impl Heartbeat {
     const TABLE: &'static str = "lsngate_heartbeat";
-    const GIVE_UP: Duration = Duration::from_secs(10);
+    pub(crate) const GIVE_UP: Duration = Duration::from_secs(10);
 
-    async fn beat(primary: &Client) -> anyhow::Result<Heartbeat> {
+    pub(crate) async fn beat(primary: &Client) -> anyhow::Result<Heartbeat> {
         primary
             .batch_execute(&format!(
                 "CREATE TABLE IF NOT EXISTS {} (id int PRIMARY KEY, beat bigint NOT NULL, at timestamptz NOT NULL)",
@@ -459,7 +464,7 @@ impl Heartbeat {
         })
     }
 
-    async fn lag_on(&self, replica: &Client) -> anyhow::Result<f64> {
+    pub(crate) async fn lag_on(&self, replica: &Client) -> anyhow::Result<f64> {
         let query = format!(
             "SELECT coalesce(max(beat), 0) FROM {} WHERE id = 1",
             Self::TABLE
@@ -533,7 +538,7 @@ fn print_report(report: &Report) {
 }
 
 /// `host:port` of a URL, for a narrow column; the URL itself when it has no such part.
-fn host_port(url: &str) -> String {
+pub(crate) fn host_port(url: &str) -> String {
     url.parse::<tokio_postgres::Config>()
         .ok()
         .and_then(|config| {

@@ -3,6 +3,7 @@
 //! replica lag diagnostics (`lag`), the wire-protocol proxy (`proxy`) and the import of a
 //! PgBouncer config (`config import`).
 
+mod advise;
 mod bench;
 mod cluster;
 mod duration;
@@ -12,6 +13,7 @@ mod pg;
 mod pgbouncer_import;
 mod table;
 mod verify;
+mod whatif;
 
 use clap::{Parser, Subcommand};
 
@@ -33,7 +35,8 @@ enum Command {
     /// Check read-your-writes, monotonic reads and write durability through a proxy or the
     /// library, under faults, from a recorded history (exit status 1 on any violation).
     Verify(verify::VerifyArgs),
-    /// Explain where each replica's lag comes from (network/disk, replay, conflicts).
+    /// Explain where each replica's lag comes from (network/disk, replay, conflicts); with
+    /// --advise, recommend a wait budget from the lag measured.
     Lag(lag::LagArgs),
     /// A PostgreSQL wire-protocol proxy that pools connections and splits reads from writes.
     Proxy(Box<lsngate_proxy::ProxyArgs>),

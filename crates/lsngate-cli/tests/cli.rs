@@ -1,5 +1,6 @@
 //! The `lsngate` binary end to end on real clusters: `bench` (strategies, the proxy's included,
-//! JSON schema), `lag` (verdicts for healthy, paused and stopped replicas), `verify` (seeded
+//! JSON schema), `lag` (verdicts for healthy, paused and stopped replicas; `--advise` on a
+//! replica held 200 ms behind), `verify` (seeded
 //! runs under faults with 0 violations through the proxy and through the library, read-only
 //! transactions, the eventual self-tests that must fail, `--proxy` against `lsngate proxy`,
 //! `--primary`/`--replica` against a cluster it does not own, the refused mode and faults) and
@@ -907,6 +908,205 @@ fn lag_names_the_bottleneck_for_healthy_paused_and_stopped_replicas() {
     let (bottleneck, reason) = verdict(&stopped, 0);
     assert_eq!(bottleneck, "down", "{stopped}");
     assert!(reason.contains("not streaming"), "{reason}");
+}
+
+/// The keys `lsngate lag --advise --json` promises, at the top and per candidate.
+const ADVICE_KEYS: [&str; 5] = [
+    "window",
+    "replicas",
+    "candidates",
+    "recommended_budget_ms",
+    "reason",
+];
+const CANDIDATE_KEYS: [&str; 5] = [
+    "budget_ms",
+    "replica_share",
+    "fallbacks_per_s",
+    "held_connections_mean",
+    "held_connections_p99",
+];
+
+#[test]
+fn lag_advise_turns_a_replica_200ms_behind_into_a_budget_that_covers_it() {
+    let cluster = Cluster::start(
+        &ClusterConfig::default()
+            .replicas(1)
+            .apply_delay(Duration::from_millis(200)),
+    )
+    .unwrap();
+    let primary_url = cluster.primary_url();
+    let urls = cluster.replica_urls().join(",");
+    let base = [
+        "lag",
+        "--primary",
+        &primary_url,
+        "--replica",
+        &urls,
+        "--advise",
+    ];
+    let with = |extra: &[&'static str]| -> Vec<&str> { [&base[..], extra].concat() };
+    let advice = json_lines(&lsngate(&with(&[
+        "--reads-per-second",
+        "100",
+        "--pool-size",
+        "40",
+        "--window",
+        "2s",
+        "--budgets",
+        "20ms,1s",
+        "--json",
+    ])));
+    let mut keys: Vec<_> = advice.as_object().unwrap().keys().cloned().collect();
+    keys.sort();
+    let mut expected = ADVICE_KEYS.map(String::from).to_vec();
+    expected.sort();
+    assert_eq!(keys, expected, "{advice}");
+    let replica = &advice["replicas"][0];
+    assert!(replica["samples"].as_u64().unwrap() >= 2, "{advice}");
+    // recovery_min_apply_delay holds every write back at least 200 ms: the samples say so.
+    assert!(replica["p50_ms"].as_f64().unwrap() >= 200.0, "{advice}");
+    let candidates = advice["candidates"].as_array().unwrap();
+    for c in candidates {
+        let mut keys: Vec<_> = c.as_object().unwrap().keys().cloned().collect();
+        keys.sort();
+        let mut expected = CANDIDATE_KEYS.map(String::from).to_vec();
+        expected.sort();
+        assert_eq!(keys, expected, "{c}");
+    }
+    let share = |ms: u64| {
+        candidates
+            .iter()
+            .find(|c| c["budget_ms"] == ms)
+            .unwrap_or_else(|| panic!("no {ms} ms candidate: {advice}"))["replica_share"]
+            .as_f64()
+            .unwrap()
+    };
+    assert!(
+        share(20) < 0.05,
+        "20 ms cannot cover 200 ms of lag: {advice}"
+    );
+    assert!(share(1000) > 0.95, "1 s covers it: {advice}");
+    assert_eq!(advice["recommended_budget_ms"], 1000, "{advice}");
+    assert!(
+        advice["reason"]
+            .as_str()
+            .unwrap()
+            .starts_with("smallest budget"),
+        "{advice}"
+    );
+
+    // The human table names the pick; bad values are refused with the reason, not dropped.
+    let table = lsngate(&with(&[
+        "--reads-per-second",
+        "100",
+        "--pool-size",
+        "40",
+        "--window",
+        "500ms",
+    ]));
+    let text = String::from_utf8_lossy(&table.stdout);
+    assert!(text.contains("recommended budget: "), "{text}");
+    assert!(text.contains("replica share"), "{text}");
+    for (args, message) in [
+        (
+            with(&["--reads-per-second", "0", "--pool-size", "4"]),
+            "expected a positive number of token reads per second",
+        ),
+        (
+            with(&["--reads-per-second", "10", "--pool-size", "0"]),
+            "--pool-size",
+        ),
+        (
+            with(&["--pool-size", "4"]),
+            "--advise needs --reads-per-second N",
+        ),
+        (
+            with(&["--reads-per-second", "10"]),
+            "--advise needs --pool-size N",
+        ),
+        (
+            with(&[
+                "--reads-per-second",
+                "10",
+                "--pool-size",
+                "4",
+                "--window",
+                "0s",
+            ]),
+            "must be more than zero",
+        ),
+        (
+            vec!["lag", "--primary", &primary_url, "--pool-size", "4"],
+            "--advise",
+        ),
+    ] {
+        let output = lsngate_status(&args);
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(!output.status.success(), "{args:?} was accepted");
+        assert!(stderr.contains(message), "{args:?}: {stderr}");
+    }
+
+    // --serve: the proxy's what-if page for library users, from the same samples and model.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let listen = format!("127.0.0.1:{port}");
+    let mut server = Command::new(env!("CARGO_BIN_EXE_lsngate"))
+        .args(with(&[
+            "--reads-per-second",
+            "100",
+            "--pool-size",
+            "40",
+            "--serve",
+        ]))
+        .arg(&listen)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let get = |path: &str| -> Option<String> {
+        use std::io::{Read, Write};
+        let mut stream = std::net::TcpStream::connect(&listen).ok()?;
+        write!(stream, "GET {path} HTTP/1.1\r\nHost: x\r\n\r\n").ok()?;
+        let mut response = String::new();
+        stream.read_to_string(&mut response).ok()?;
+        response.split("\r\n\r\n").nth(1).map(str::to_string)
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let document = loop {
+        let document: Option<Value> =
+            get("/budget.json").and_then(|b| serde_json::from_str(&b).ok());
+        if let Some(document) = document.clone().filter(|d| d["slider"].is_array()) {
+            break document;
+        }
+        if std::time::Instant::now() > deadline {
+            let _ = server.kill();
+            panic!("--serve gave no advice within 30 s: {document:?}");
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let page = get("/budget").unwrap_or_default();
+    let _ = server.kill();
+    let _ = server.wait();
+    let stop = |ms: u64| {
+        document["slider"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["budget_ms"] == ms)
+            .unwrap_or_else(|| panic!("no {ms} ms stop: {document}"))["replica_share"]
+            .as_f64()
+            .unwrap()
+    };
+    assert!(stop(20) < 0.05 && stop(1000) > 0.95, "{document}");
+    assert_eq!(document["reads_per_second"], 100.0);
+    assert!(
+        document["replicas"][0]["replayed"].is_string(),
+        "{document}"
+    );
+    assert!(page.contains("id=\"timeout\""), "the what-if page: {page}");
 }
 
 #[test]

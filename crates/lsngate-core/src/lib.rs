@@ -4,6 +4,7 @@
 
 #![warn(missing_docs)]
 
+pub mod budget;
 pub mod clock;
 pub mod floor;
 pub mod guard;

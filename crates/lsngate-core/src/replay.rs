@@ -17,6 +17,7 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
+use crate::budget::LagWindow;
 use crate::clock::WalClock;
 use crate::lsn::Lsn;
 use crate::server::ServerId;
@@ -38,7 +39,20 @@ pub struct ReplayBook {
     /// Per slot: the servers seen behind it, with when each last reported.
     seen: HashMap<usize, HashMap<ServerId, Duration>>,
     clock: WalClock,
+    /// Per slot: how long each newly replayed position took to become visible there.
+    visible: HashMap<usize, LagWindow>,
+    /// Whether visibility lags are sampled (see [`ReplayBook::sampling_visibility`]).
+    sample_visible: bool,
 }
+
+/// How far back the visibility-lag samples of a slot reach (the budget advice's window).
+pub const VISIBLE_SPAN: Duration = Duration::from_secs(15 * 60);
+
+/// Most samples one rise of replay adds (a replica catching up passes many commits at once).
+pub const VISIBLE_PER_RISE: usize = 32;
+
+/// Visibility-lag samples kept per slot: ten a second over [`VISIBLE_SPAN`] (about 140 KiB).
+pub const VISIBLE_SAMPLES: usize = 9000;
 
 impl Default for ReplayBook {
     fn default() -> Self {
@@ -46,15 +60,34 @@ impl Default for ReplayBook {
             replayed: HashMap::new(),
             seen: HashMap::new(),
             clock: WalClock::new(CLOCK_SAMPLES),
+            visible: HashMap::new(),
+            sample_visible: false,
         }
     }
 }
 
 impl ReplayBook {
     /// `server`, reached through `slot`, reported at `now` having replayed `lsn` (never lowers).
+    /// When the position rose, how long each primary position it passed (as the WAL clock
+    /// sampled them: commits, polls) took to become visible is a sample for the budget advice:
+    /// what a token read right after that commit waited. Replay positions themselves are no
+    /// tokens: with `recovery_min_apply_delay` a transaction's records replay at once and only
+    /// its commit waits, so a position short of the commit says nothing of a token's wait.
     pub fn observe_replayed(&mut self, slot: usize, server: &ServerId, lsn: Lsn, now: Duration) {
         let known = self.replayed.entry(server.clone()).or_insert(lsn);
+        let before = *known;
         *known = (*known).max(lsn);
+        if self.sample_visible && lsn > before {
+            let reported = self.seen.get(&slot).and_then(|s| s.get(server)).copied();
+            let ages = self
+                .clock
+                .ages_between(before, lsn, reported, now, VISIBLE_PER_RISE);
+            let window = self
+                .visible
+                .entry(slot)
+                .or_insert_with(|| LagWindow::new(VISIBLE_SPAN, VISIBLE_SAMPLES));
+            ages.into_iter().for_each(|age| window.push(now, age));
+        }
         self.seen
             .entry(slot)
             .or_default()
@@ -82,6 +115,28 @@ impl ReplayBook {
     /// Distinct servers ever seen behind `slot` (more than one: a load balancer, or restarts).
     pub fn servers_seen(&self, slot: usize) -> usize {
         self.seen.get(&slot).map_or(0, HashMap::len)
+    }
+
+    /// A book that also samples visibility lags for the budget advice (the proxy's; at most
+    /// [`VISIBLE_SAMPLES`] per slot). Off by default: a book whose owner never asks for advice
+    /// keeps no samples.
+    pub fn sampling_visibility() -> ReplayBook {
+        ReplayBook {
+            sample_visible: true,
+            ..ReplayBook::default()
+        }
+    }
+
+    /// How far back before `now` the visibility lags of `slot` reach; `None` with none.
+    pub fn visible_reach(&self, slot: usize, now: Duration) -> Option<Duration> {
+        self.visible.get(&slot).and_then(|w| w.reach(now))
+    }
+
+    /// The visibility lags sampled behind `slot` within [`VISIBLE_SPAN`] of `now`.
+    pub fn visible_lags(&self, slot: usize, now: Duration) -> Vec<Duration> {
+        self.visible
+            .get(&slot)
+            .map_or_else(Vec::new, |w| w.lags(now))
     }
 
     /// The primary was at `lsn` at `now` (a WAL clock sample).
@@ -133,6 +188,39 @@ mod tests {
         );
         assert_eq!(book.servers_seen(0), 2);
         assert_eq!(book.slot_replayed(1, S(1)), None, "nothing seen there");
+    }
+
+    #[test]
+    fn each_rise_of_replay_samples_how_long_the_write_took_to_become_visible() {
+        let mut book = ReplayBook::sampling_visibility();
+        let a = ServerId::from("7/1/a:1");
+        book.observe_primary(S(0), lsn(100));
+        book.observe_primary(S(1), lsn(200));
+        book.observe_replayed(0, &a, lsn(50), S(1));
+        assert!(
+            book.visible_lags(0, S(1)).is_empty(),
+            "a first position is no rise"
+        );
+        book.observe_replayed(0, &a, lsn(150), S(3));
+        book.observe_replayed(0, &a, lsn(150), S(4));
+        book.observe_replayed(0, &a, lsn(199), S(5));
+        assert_eq!(
+            book.visible_lags(0, S(5)),
+            [S(2)],
+            "100 (seen on the primary at 0 s) was not on the replica at 1 s and was at 3 s: about \
+             2 s; 150 and 199 are no positions the primary was seen at"
+        );
+        let mut quiet = ReplayBook::default();
+        quiet.observe_primary(S(0), lsn(100));
+        quiet.observe_replayed(0, &a, lsn(50), S(1));
+        quiet.observe_replayed(0, &a, lsn(150), S(3));
+        assert!(quiet.visible_lags(0, S(3)).is_empty(), "sampling is opt-in");
+        book.observe_replayed(0, &a, lsn(300), S(6));
+        assert_eq!(
+            book.visible_lags(0, S(6)),
+            [S(2), Duration::from_millis(4500)],
+            "200 (at 1 s): not there at 5 s, there at 6 s"
+        );
     }
 
     #[test]

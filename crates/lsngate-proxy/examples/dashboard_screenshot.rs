@@ -13,7 +13,8 @@ use lsngate_cluster::{Cluster, ClusterConfig};
 use lsngate_proxy::{Config, FileConfig, Proxy};
 
 /// Opens the page in Debian's Chromium with playwright-core (from crates/lsngate-http/e2e), waits
-/// in real time for 8 refreshes, and saves a 1200x800 screenshot. Arguments: URL, PNG path.
+/// in real time for 8 refreshes and 20 chart points (20 s of load on the charts of the last 15
+/// minutes), and saves a 1200x1150 screenshot. Arguments: URL, PNG path.
 const SHOOT: &str = r#"
 import { chromium } from 'playwright-core';
 const [url, out] = process.argv.slice(1);
@@ -22,10 +23,11 @@ const browser = await chromium.launch({
   args: ['--no-sandbox', '--disable-gpu', '--no-first-run'],
 });
 try {
-  const page = await browser.newPage({ viewport: { width: 1200, height: 800 } });
+  const page = await browser.newPage({ viewport: { width: 1200, height: 1150 } });
   await page.goto(url);
-  await page.waitForFunction(() => Number(document.getElementById('refreshes').textContent) >= 8,
-                             null, { timeout: 30000 });
+  await page.waitForFunction(() => Number(document.getElementById('refreshes').textContent) >= 8
+                             && Number(document.getElementById('history-points').textContent) >= 20,
+                             null, { timeout: 60000 });
   await page.screenshot({ path: out });
   console.log('refreshes ' + await page.textContent('#refreshes'));
 } finally {

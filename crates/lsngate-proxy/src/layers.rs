@@ -11,6 +11,7 @@ const LAYERS: &[(&str, u8)] = &[
     ("net", 0),
     ("runtime", 0),
     ("tally", 0),
+    ("whatif", 0),
     ("socket", 1),
     ("timer", 1),
     ("auth", 1),

@@ -7,7 +7,8 @@
 //! Layers, bottom to top; a module imports only from its own layer or below (`layers.rs` is
 //! the test that keeps it so):
 //! - leaves: `net/` the pure message codec (with `TxStatus` and `sqlstate`), `runtime`, `tally`
-//!   (counters for /metrics), `socket` and `timer`, `auth` (SCRAM/MD5 for both sides of a
+//!   (counters for /metrics), `whatif` (the budget what-if page, its document and the one-request
+//!   HTTP exchange, shared with `lsngate lag --advise --serve`), `socket` and `timer`, `auth` (SCRAM/MD5 for both sides of a
 //!   login), `config/` (the TOML file and the flags, every default in `config/defaults.rs`);
 //! - `statement/`: what a statement's text tells — class, proxy commands, route hints, cache;
 //! - `backend/`: server connections, pools, the health/role monitor, timelines, and what each
@@ -17,13 +18,13 @@
 //! - `proxy`: `Proxy`, the state every session shares, and `clients`, the clients connected now
 //!   (for the admin console);
 //! - `frontend/`: one client — handshake, session loop, the routing `plan`, flights, replies;
-//! - `admin/`: the HTTP port (/metrics, /status, /dashboard) and the admin console (the virtual
+//! - `admin/`: the HTTP port (/metrics, /status, /dashboard, /budget, /history) and the admin console (the virtual
 //!   database `lsngate`/`pgbouncer`);
 //! - `serve` (and this file): starting it all.
 //!
 //! The public API is what the `lsngate` CLI, the tests and the fuzz targets use: [`Proxy`],
 //! [`run`], [`run_cli`], [`main`], [`runtime`], the config (`config`, [`Config`],
-//! [`FileConfig`], [`ProxyArgs`]) and the wire codec (`net`). Every other module is
+//! [`FileConfig`], [`ProxyArgs`]), the wire codec (`net`) and the what-if page (`whatif`). Every other module is
 //! `pub(crate)`.
 
 #![warn(missing_docs)]
@@ -44,6 +45,7 @@ pub(crate) mod socket;
 pub(crate) mod statement;
 pub(crate) mod tally;
 pub(crate) mod timer;
+pub mod whatif;
 
 use std::sync::Arc;
 

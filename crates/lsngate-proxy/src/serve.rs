@@ -43,6 +43,17 @@ impl Proxy {
         tokio::spawn(async move {
             crate::backend::pool::reap(&reaped.nodes, || reaped.config().pool_limits(), stop).await
         });
+        let (sampled, mut stop) = (Arc::clone(&self), shutdown.clone());
+        tokio::spawn(async move {
+            // The history's one sampler (memory bounded by its ring, see causal::history).
+            loop {
+                sampled.causal.observe_history(&sampled.nodes);
+                tokio::select! {
+                    _ = crate::timer::sleep(crate::causal::history::POINT_EVERY) => {}
+                    _ = stop.changed() => if *stop.borrow() { return },
+                }
+            }
+        });
         if let Some(admin) = config.admin_listen {
             let admin_listener = TcpListener::bind(admin).await?;
             tokio::spawn(crate::admin::serve(

@@ -3,6 +3,8 @@
 
 #[path = "proxy/admin.rs"]
 mod admin;
+#[path = "proxy/budget.rs"]
+mod budget;
 #[path = "proxy/causal.rs"]
 mod causal;
 #[path = "proxy/clients.rs"]

@@ -1,15 +1,17 @@
 //! The admin side: the console (`console`, the virtual database `lsngate`/`pgbouncer` served
 //! over the PostgreSQL protocol) and the HTTP port: `GET /metrics` (Prometheus text from the `metrics` facade, plus pool and
 //! node gauges refreshed at scrape time), `GET /status` (JSON: nodes, roles, health, pools,
-//! clients, causal reads) and `GET /dashboard` (a self-contained HTML page that polls /status).
+//! clients, causal reads, the budget advice), `GET /dashboard` (a self-contained HTML page that
+//! polls /status and charts /history), `GET /budget` (the what-if page, polling /budget.json)
+//! and `GET /history` (the last 15 minutes, for the charts).
 //! A deliberately tiny HTTP/1.1 responder — one request per connection, GET only — not a web
 //! framework.
 
+pub(crate) mod budget;
 pub(crate) mod console;
 
 use std::sync::Arc;
 
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 
@@ -47,6 +49,7 @@ pub fn status(proxy: &Proxy) -> serde_json::Value {
         "pool_mode": config.pool_mode,
         "nodes": nodes,
         "causal": causal_status(proxy),
+        "budget": budget::status(proxy),
     })
 }
 
@@ -150,48 +153,28 @@ pub async fn serve(proxy: Arc<Proxy>, listener: TcpListener, mut shutdown: watch
     }
 }
 
-async fn respond(proxy: &Proxy, mut stream: TcpStream) -> std::io::Result<()> {
-    let mut request = Vec::new();
-    let mut chunk = [0u8; 1024];
-    while !request.windows(4).any(|w| w == b"\r\n\r\n") && request.len() < 8192 {
-        let n = stream.read(&mut chunk).await?;
-        if n == 0 {
-            break;
-        }
-        request.extend_from_slice(&chunk[..n]);
-    }
-    let line = String::from_utf8_lossy(&request)
-        .lines()
-        .next()
-        .unwrap_or_default()
-        .to_string();
-    let target = line.split_whitespace().nth(1).unwrap_or("/");
-    let path = target.split('?').next().unwrap_or(target);
-    let (code, content_type, body) = match path {
-        "/metrics" => {
-            refresh_gauges(proxy);
-            let text = prometheus()
-                .map(|h| h.render())
-                .unwrap_or_else(|| "# metrics recorder unavailable\n".into());
-            ("200 OK", "text/plain; version=0.0.4", text)
-        }
-        "/status" => (
-            "200 OK",
-            "application/json",
-            serde_json::to_string_pretty(&status(proxy)).unwrap_or_default(),
-        ),
-        "/dashboard" => ("200 OK", "text/html; charset=utf-8", DASHBOARD.to_string()),
-        _ => (
-            "404 Not Found",
-            "text/plain",
-            "try /metrics, /status or /dashboard\n".to_string(),
-        ),
-    };
-    let head = format!(
-        "HTTP/1.1 {code}\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\nCache-Control: no-store\r\nConnection: close\r\n\r\n",
-        body.len()
-    );
-    stream.write_all(head.as_bytes()).await?;
-    stream.write_all(body.as_bytes()).await?;
-    stream.shutdown().await
+async fn respond(proxy: &Proxy, stream: TcpStream) -> std::io::Result<()> {
+    const KNOWN: &str = "/metrics, /status, /dashboard, /budget, /budget.json or /history";
+    crate::whatif::answer(stream, KNOWN, |path| {
+        let json = |value: serde_json::Value| serde_json::to_string(&value).unwrap_or_default();
+        Some(match path {
+            "/metrics" => {
+                refresh_gauges(proxy);
+                let text = prometheus()
+                    .map(|h| h.render())
+                    .unwrap_or_else(|| "# metrics recorder unavailable\n".into());
+                ("text/plain; version=0.0.4", text)
+            }
+            "/status" => (
+                "application/json",
+                serde_json::to_string_pretty(&status(proxy)).unwrap_or_default(),
+            ),
+            "/dashboard" => ("text/html; charset=utf-8", DASHBOARD.to_string()),
+            "/budget" => ("text/html; charset=utf-8", crate::whatif::PAGE.to_string()),
+            "/budget.json" => ("application/json", json(budget::page_data(proxy))),
+            "/history" => ("application/json", json(budget::history(proxy))),
+            _ => return None,
+        })
+    })
+    .await
 }

@@ -50,7 +50,9 @@ pub const DEMAND_WINDOW: Duration = Duration::from_secs(10);
 impl Default for Watcher {
     fn default() -> Self {
         Watcher {
-            book: Mutex::default(),
+            // The proxy's book samples visibility lags: /status, SHOW BUDGET and /budget advise
+            // the wait budget from them.
+            book: Mutex::new(ReplayBook::sampling_visibility()),
             nodes: Mutex::default(),
             origin: Instant::now(),
             replay_seen: tokio::sync::Notify::new(),
@@ -208,13 +210,25 @@ impl Watcher {
         need: Need,
         with_lag: bool,
     ) -> Vec<(Arc<NodeState>, ReplicaState)> {
-        let all = nodes.all();
-        let now = Instant::now();
-        if !self.consulted_at(now) {
+        if !self.consulted_at(Instant::now()) {
             // The monitors are polling slowly: wake them so that the next reads find fresh
             // positions (this one waits or checks, as any read does without them).
-            all.iter().for_each(|n| n.request_check());
+            nodes.all().iter().for_each(|n| n.request_check());
         }
+        self.states(nodes, need, with_lag)
+    }
+
+    /// What [`Watcher::replicas`] returns, without counting as routing's demand for positions:
+    /// for the pages and metrics that only look (a dashboard polling `/status` must not keep
+    /// the monitors polling fast for a proxy whose reads need no positions).
+    fn states(
+        &self,
+        nodes: &Nodes,
+        need: Need,
+        with_lag: bool,
+    ) -> Vec<(Arc<NodeState>, ReplicaState)> {
+        let all = nodes.all();
+        let now = Instant::now();
         let at = self.since_origin(now);
         all.iter()
             .filter(|n| n.role() == crate::backend::Role::Replica)
@@ -240,10 +254,55 @@ impl Watcher {
             .collect()
     }
 
+    /// Every replica's address, replayed position and time lag, without counting as routing's
+    /// demand for positions (unlike [`Watcher::replicas`]): a sampler reading this every 100 ms
+    /// must not keep the monitors polling fast for a proxy whose reads need no positions.
+    pub fn lags(&self, nodes: &Nodes) -> Vec<(String, Option<Lsn>, Option<Duration>)> {
+        let at = self.since_origin(Instant::now());
+        let book = lock(&self.book);
+        nodes
+            .all()
+            .iter()
+            .filter(|n| n.role() == crate::backend::Role::Replica)
+            .map(|n| {
+                let replayed = book.slot_replayed(n.index, at);
+                let lag = replayed.and_then(|r| book.lag_behind(r, at));
+                (n.url.address(), replayed, lag)
+            })
+            .collect()
+    }
+
+    /// Every replica's visibility-lag samples (how long each newly replayed write took to show
+    /// there, see `ReplayBook::observe_replayed`) and how far back the oldest reaches (the
+    /// window they cover): the budget advice's input.
+    pub fn visible_lags(&self, nodes: &Nodes) -> (Vec<lsngate_core::budget::ReplicaLag>, Duration) {
+        let at = self.since_origin(Instant::now());
+        let book = lock(&self.book);
+        let replicas: Vec<_> = nodes
+            .all()
+            .iter()
+            .filter(|n| n.role() == crate::backend::Role::Replica)
+            .cloned()
+            .collect();
+        let lags = replicas
+            .iter()
+            .map(|n| lsngate_core::budget::ReplicaLag {
+                name: n.url.address(),
+                samples: book.visible_lags(n.index, at),
+            })
+            .collect();
+        let reach = replicas
+            .iter()
+            .filter_map(|n| book.visible_reach(n.index, at))
+            .max()
+            .unwrap_or_default();
+        (lags, reach)
+    }
+
     /// Snapshot of every replica, for `/status`, metrics and the dashboard.
     pub fn views(&self, nodes: &Nodes) -> Vec<ReplicaView> {
         let now = Instant::now();
-        self.replicas(nodes, Need::Any, false)
+        self.states(nodes, Need::Any, false)
             .into_iter()
             .map(|(node, state)| ReplicaView {
                 node: node.index,

@@ -6,6 +6,7 @@
 //! (`sql`). Per-client floors and the read
 //! path live in `frontend::causal`.
 
+pub mod history;
 pub mod scopes;
 pub mod sql;
 pub mod stats;
@@ -17,6 +18,7 @@ use std::time::{Duration, SystemTime};
 use lsngate_core::{Lsn, Refusal, SharedGuard, Token};
 use tokio::time::Instant;
 
+pub use history::History;
 pub use lsngate_core::Floor;
 pub use scopes::{ScopeFloorSource, Scopes};
 pub use stats::{Outcome, Stats};
@@ -76,6 +78,8 @@ pub struct Causal {
     pub stats: Stats,
     /// Each causal scope's floor.
     pub scopes: Scopes,
+    /// The last 15 minutes, for the dashboard's charts.
+    pub history: History,
     guard: SharedGuard,
     origin: Instant,
     global: Mutex<Option<Floor>>,
@@ -91,6 +95,7 @@ impl Causal {
             watcher: Watcher::default(),
             stats: Stats::default(),
             scopes: Scopes::default(),
+            history: History::default(),
             guard: SharedGuard::new(config.guard),
             origin: Instant::now(),
             global: Mutex::new(None),
@@ -135,6 +140,34 @@ impl Causal {
     pub fn guard_state(&self) -> (bool, usize, f64) {
         let status = self.guard.status(self.now());
         (status.breaker_open, status.in_flight, status.fallback_rate)
+    }
+
+    /// One tick of the history sampler: replay lag, statistics totals and the breaker now.
+    pub fn observe_history(&self, nodes: &Nodes) {
+        let count = |name: &str| {
+            self.stats
+                .outcomes()
+                .into_iter()
+                .filter(|(o, _)| name.is_empty() || *o == name)
+                .map(|(_, n)| n)
+                .sum::<u64>()
+        };
+        let waits = self.stats.waits().0.iter().map(|(_, n)| n).sum();
+        self.history.observe(history::Observation {
+            now: Instant::now(),
+            lags: self
+                .watcher
+                .lags(nodes)
+                .into_iter()
+                .map(|(address, _, lag)| (address, lag))
+                .collect(),
+            totals: history::Totals {
+                reads: count(""),
+                waits,
+                fallbacks: count(Outcome::Fallback.as_str()),
+            },
+            breaker_open: self.guard_state().0,
+        });
     }
 
     /// Raises the proxy-wide floor with a commit made through the proxy.

@@ -1236,6 +1236,7 @@ fn an_orphan_ahead_of_the_fork_point_serves_no_read_with_a_bare_floor_or_without
         .fail_over_leaving_orphan(0, 1, &format!("UPDATE {t} SET v = 1 WHERE id = 1"))
         .unwrap();
     let orphan_port = orphan.port() as i32;
+    wait_primary_known(&watching, promoted.port());
 
     let writer = format!(
         "{} options='-c lsngate.consistency=token'",

@@ -13,7 +13,7 @@ const CHROMIUM: &str = "/usr/bin/chromium";
 
 /// Loads `url` in headless Chromium, lets the page run for `budget_ms` of virtual time (network
 /// fetches pause that clock, so every poll completes), and returns the serialized DOM.
-fn rendered_dom(url: &str, budget_ms: u64) -> String {
+pub(crate) fn rendered_dom(url: &str, budget_ms: u64) -> String {
     let dir = tempfile::tempdir().expect("a temp dir for the Chromium profile");
     let dom_path = dir.path().join("dom.html");
     let log_path = dir.path().join("chromium.log");
@@ -292,4 +292,31 @@ fn chromium_renders_the_live_dashboard_from_status() {
         lsn(second).is_some_and(|p| p > first),
         "second load: primary {second:?} should be past {first:#x}"
     );
+}
+
+/// Watching the proxy must not change it: `/status` (which the dashboard polls every 500 ms),
+/// `/metrics` and `/budget.json` read the replicas' positions without counting as routing's
+/// demand for them, so with no client reading the monitors stay at the health interval instead
+/// of polling every node every `replay_poll_ms` (before the fix, the first /status switched
+/// them to 20 ms and the dashboard kept them there).
+#[test]
+fn watching_the_admin_port_does_not_make_the_monitors_poll_fast() {
+    let cluster = shared_cluster();
+    let proxy = TestProxy::start(cluster);
+    let health_interval = 200; // file_config's health_interval_ms
+    // A bounded look: 30 rounds of the pages a dashboard and a scraper fetch.
+    for _ in 0..30 {
+        let status = proxy.status();
+        proxy.http_get("/metrics");
+        proxy.http_get("/budget.json");
+        for node in status["nodes"].as_array().unwrap() {
+            let period = node["poll_period_ms"].as_u64().unwrap();
+            assert!(
+                period == 0 || period == health_interval,
+                "node {} polls every {period} ms with no client reading: {status:#}",
+                node["address"]
+            );
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
 }

@@ -246,3 +246,27 @@ pub async fn execute_once_a_primary_takes_it(client: &tokio_postgres::Client, sq
         }
     }
 }
+
+/// Waits (at most 30 s) until `proxy`'s monitors have seen the node on `port` as a healthy
+/// primary: a client logging in before that is sent to the configured one. Looking at /status
+/// does not speed the monitors up; they find a promotion at their next poll.
+pub fn wait_primary_known(proxy: &TestProxy, port: u16) {
+    let address = format!("127.0.0.1:{port}");
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let status = proxy.status();
+        let known = status["nodes"].as_array().is_some_and(|nodes| {
+            nodes.iter().any(|n| {
+                n["address"] == address.as_str() && n["role"] == "primary" && n["healthy"] == true
+            })
+        });
+        if known {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the proxy never saw {address} as its primary: {status:#}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}

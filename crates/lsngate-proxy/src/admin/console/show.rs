@@ -84,7 +84,43 @@ pub fn show(proxy: &Proxy, what: Show) -> Table {
         Show::State => state(proxy),
         Show::Replicas => replicas(proxy),
         Show::Causal => causal(proxy),
+        Show::Budget => budget(proxy),
     }
+}
+
+/// One row per candidate budget (`guard_cap_hit`: the primary guard's cap would be hit in a lag
+/// event as bad as the worst sample); the recommended one is marked and carries the reason. Before
+/// any lag is sampled, one row whose reason says why there is no advice.
+fn budget(proxy: &Proxy) -> Table {
+    let mut table = Table::new(&[
+        ("budget_ms", N),
+        ("replica_share", T),
+        ("fallbacks_per_s", T),
+        ("held_connections_mean", T),
+        ("held_connections_p99", T),
+        ("guard_cap_hit", T),
+        ("recommended", T),
+        ("reason", T),
+    ]);
+    match super::super::budget::current(proxy) {
+        Ok(report) => {
+            for c in &report.candidates {
+                let pick = c.budget_ms == report.recommended_budget_ms;
+                table.row(vec![
+                    text(c.budget_ms),
+                    text(format!("{:.3}", c.replica_share)),
+                    text(format!("{:.1}", c.fallbacks_per_s)),
+                    text(format!("{:.2}", c.held_connections_mean)),
+                    text(format!("{:.2}", c.held_connections_p99)),
+                    text(if c.guard_cap_hit { "yes" } else { "no" }),
+                    text(if pick { "yes" } else { "no" }),
+                    pick.then(|| report.reason.clone()),
+                ]);
+            }
+        }
+        Err(e) => table.row(vec![None, None, None, None, None, None, None, text(e)]),
+    }
+    table
 }
 
 fn help() -> Table {
