@@ -1047,11 +1047,7 @@ fn lag_advise_turns_a_replica_200ms_behind_into_a_budget_that_covers_it() {
     }
 
     // --serve: the proxy's what-if page for library users, from the same samples and model.
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let port = free_port();
     let listen = format!("127.0.0.1:{port}");
     let mut server = Command::new(env!("CARGO_BIN_EXE_lsngate"))
         .args(with(&[
@@ -1247,11 +1243,7 @@ fn cluster_up_with_a_dir_the_server_user_cannot_enter_names_the_parent_and_the_f
 #[test]
 fn proxy_subcommand_splits_reads_passes_verify_and_stops_cleanly_on_sigterm() {
     let cluster = Cluster::start(&ClusterConfig::default().replicas(1)).unwrap();
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let port = free_port();
     let listen = format!("127.0.0.1:{port}");
     let mut proxy = Command::new(env!("CARGO_BIN_EXE_lsngate"))
         .args([
