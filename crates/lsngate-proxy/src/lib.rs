@@ -44,6 +44,7 @@ pub(crate) mod socket;
 pub(crate) mod statement;
 pub(crate) mod tally;
 pub(crate) mod timer;
+pub(crate) mod topology;
 
 use std::sync::Arc;
 

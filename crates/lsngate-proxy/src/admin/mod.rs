@@ -47,6 +47,7 @@ pub fn status(proxy: &Proxy) -> serde_json::Value {
         "pool_mode": config.pool_mode,
         "nodes": nodes,
         "causal": causal_status(proxy),
+        "topology": proxy.topology.status(proxy),
     })
 }
 

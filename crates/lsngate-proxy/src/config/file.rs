@@ -74,6 +74,24 @@ pub struct FileConfig {
     #[serde(default)]
     #[arg(long = "replica")]
     pub replicas: Vec<String>,
+    /// Where the node set comes from: static (primary and replicas as configured), patroni
+    /// (the members Patroni's REST API lists, followed live); discover and dns are not built yet
+    /// [default: static].
+    #[arg(long)]
+    pub topology: Option<String>,
+    /// A Patroni REST API URL, http://host:port (repeat for each member; tried in order until
+    /// one answers). With topology = patroni the primary URL gives only the login, database and
+    /// TLS settings; hosts and ports come from Patroni.
+    #[serde(default)]
+    #[arg(long = "patroni-url")]
+    pub patroni_urls: Vec<String>,
+    /// Milliseconds between two polls of Patroni's /cluster [default: 500].
+    #[arg(long)]
+    pub topology_poll_ms: Option<u64>,
+    /// Consecutive polls a member must show a changed state (joined, left, tags) in before the
+    /// proxy's node set follows; damps a flapping member [default: 3].
+    #[arg(long)]
+    pub topology_settle_polls: Option<u32>,
     /// Admin HTTP address serving /metrics (Prometheus) and /status (JSON) [default: off].
     #[arg(long)]
     pub admin_listen: Option<SocketAddr>,

@@ -34,11 +34,13 @@ pub enum Show {
     Replicas,
     /// lsngate's own: causal-read mode, budget, outcomes and breaker.
     Causal,
+    /// lsngate's own: the topology source's members, roles, states, lag, tags, node set.
+    Topology,
 }
 
 impl Show {
     /// Every SHOW, by its word.
-    pub const ALL: [(&'static str, Show); 14] = [
+    pub const ALL: [(&'static str, Show); 15] = [
         ("HELP", Show::Help),
         ("POOLS", Show::Pools),
         ("CLIENTS", Show::Clients),
@@ -53,6 +55,7 @@ impl Show {
         ("STATE", Show::State),
         ("REPLICAS", Show::Replicas),
         ("CAUSAL", Show::Causal),
+        ("TOPOLOGY", Show::Topology),
     ];
 }
 
@@ -115,7 +118,7 @@ impl Command {
 /// The commands, one a line: `SHOW HELP`'s text and the tail of every parse error.
 pub const HELP: &[&str] = &[
     "SHOW HELP|POOLS|CLIENTS|SERVERS|STATS|STATS_TOTALS|DATABASES|USERS|CONFIG|LISTS|VERSION|STATE",
-    "SHOW REPLICAS|CAUSAL",
+    "SHOW REPLICAS|CAUSAL|TOPOLOGY",
     "SET key = value",
     "RELOAD",
     "PAUSE [<db>]",
