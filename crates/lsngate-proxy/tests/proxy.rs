@@ -15,6 +15,8 @@ mod differential;
 mod drivers;
 #[path = "proxy/faults.rs"]
 mod faults;
+#[path = "proxy/patroni.rs"]
+mod patroni;
 #[path = "proxy/pooling.rs"]
 mod pooling;
 #[path = "proxy/psql.rs"]

@@ -235,7 +235,8 @@ impl PatroniCluster {
     }
 
     /// Waits until `/cluster` lists a running leader and `members - 1` running replicas, each of
-    /// them streaming from it (in `pg_stat_replication` of the leader).
+    /// them streaming from it (in `pg_stat_replication` of the leader), one of them the
+    /// synchronous standby in `synchronous_mode`.
     pub fn wait_healthy(&self, members: usize, timeout: Duration) -> Result<(), Error> {
         let deadline = Instant::now() + timeout;
         let mut last;
@@ -284,6 +285,12 @@ impl PatroniCluster {
         // lags a timeline switch by up to checkpoint_timeout. Streaming from the leader (below)
         // is what proves a replica follows the new timeline.
         if listed.len() != members || replicas != members - 1 {
+            return Ok(false);
+        }
+        // In synchronous_mode Patroni promotes only the synchronous standby: until it named one,
+        // a killed leader is never replaced.
+        if self.synchronous_mode && members > 1 && !listed.iter().any(|m| m.role == "sync_standby")
+        {
             return Ok(false);
         }
         let streaming = self
