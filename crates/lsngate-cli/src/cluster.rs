@@ -35,6 +35,11 @@ pub enum ClusterCommand {
     Status(DirArgs),
     /// Stop every node and remove the cluster directory.
     Down(DirArgs),
+    /// Fault a Patroni cluster (`up --patroni`) as `lsngate verify --fault-hook` asks:
+    /// `inject failover` runs patronictl switchover, `inject kill-primary` kills -9 the leader's
+    /// Patroni and PostgreSQL; `heal KIND` restarts killed members and waits (at most 55 s) until
+    /// there is a leader with every member streaming from it.
+    PatroniFault(PatroniFaultArgs),
 }
 
 #[derive(Debug, Args)]
@@ -66,6 +71,16 @@ pub struct UpArgs {
 }
 
 #[derive(Debug, Args)]
+pub struct PatroniFaultArgs {
+    /// inject or heal.
+    action: String,
+    /// failover or kill-primary.
+    kind: String,
+    #[command(flatten)]
+    dir: DirArgs,
+}
+
+#[derive(Debug, Args)]
 pub struct DirArgs {
     /// Cluster directory (data dirs, logs, cluster.json): $TMPDIR/lsngate-cluster-<user> unless
     /// given. As root, PostgreSQL runs as user `lsngate`, which must be able to enter every
@@ -86,6 +101,7 @@ pub fn run(command: ClusterCommand) -> anyhow::Result<()> {
             patroni_status(&args)
         }
         ClusterCommand::Status(args) => status(args),
+        ClusterCommand::PatroniFault(args) => patroni_fault(args),
         ClusterCommand::Down(args) => {
             let cluster = Cluster::open(&args.dir)?;
             cluster.destroy()?;
@@ -215,5 +231,32 @@ fn patroni_status(args: &DirArgs) -> anyhow::Result<()> {
     }
     println!("{table}");
     eprintln!("patronictl: {}", cluster.patronictl());
+    Ok(())
+}
+
+fn patroni_fault(args: PatroniFaultArgs) -> anyhow::Result<()> {
+    let cluster = PatroniCluster::open(&args.dir.dir)?;
+    let members = cluster.members().len();
+    match (args.action.as_str(), args.kind.as_str()) {
+        ("inject", "failover") => {
+            let old = cluster.leader()?.unwrap_or_default();
+            let new = cluster.switchover(None)?;
+            println!("patronictl switchover {old} -> {new}");
+        }
+        ("inject", "kill-primary") => println!("kill -9 of leader {}", cluster.kill_leader()?),
+        ("heal", "failover" | "kill-primary") => {
+            let restarted = cluster.restart_stopped()?;
+            cluster.wait_healthy(members, Duration::from_secs(55))?;
+            println!(
+                "leader {} with {} replica(s); restarted {restarted:?}",
+                cluster.leader()?.unwrap_or_default(),
+                members - 1
+            );
+        }
+        (action, kind) => anyhow::bail!(
+            "lsngate cluster patroni-fault {action} {kind}: expected inject or heal, and failover \
+             or kill-primary (run lsngate verify with --faults failover,kill-primary)"
+        ),
+    }
     Ok(())
 }

@@ -412,6 +412,20 @@ impl PatroniCluster {
         self.write_manifest()
     }
 
+    /// Starts the Patroni of every member whose Patroni is not running (killed by
+    /// [`PatroniCluster::kill_member`] here or by an earlier command); returns their names.
+    pub fn restart_stopped(&self) -> Result<Vec<String>, Error> {
+        let stopped: Vec<String> = self
+            .lock()
+            .iter_mut()
+            .filter_map(|m| (!alive(m)).then(|| m.spec.name.clone()))
+            .collect();
+        for name in &stopped {
+            self.restart_member(name)?;
+        }
+        Ok(stopped)
+    }
+
     /// Stops member `name` the way an operator removes one: SIGTERM to its Patroni, which stops
     /// PostgreSQL and deletes its member key, so `/cluster` no longer lists it (at most 30 s).
     pub fn stop_member(&self, name: &str) -> Result<(), Error> {
