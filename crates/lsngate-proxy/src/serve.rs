@@ -25,9 +25,9 @@ impl Proxy {
         let config = self.config();
         let check_timeout = config.connect_timeout;
         // Patroni's members, not the template URL, are checked first (one bounded poll).
-        let mut damper = crate::topology::Damper::new(config.topology.settle_polls);
+        let mut follower = crate::topology::Follower::new(config.topology.settle_polls);
         if config.topology.source == crate::config::TopologySource::Patroni {
-            crate::topology::poll_once(&self, &mut damper, &mut None).await;
+            crate::topology::poll_once(&self, &mut follower).await;
         }
         let mut first_checks = JoinSet::new();
         for node in self.nodes.all().iter() {
@@ -46,7 +46,7 @@ impl Proxy {
         }
         tokio::spawn(crate::topology::follow(
             Arc::clone(&self),
-            damper,
+            follower,
             shutdown.clone(),
         ));
         let (reaped, stop) = (Arc::clone(&self), shutdown.clone());

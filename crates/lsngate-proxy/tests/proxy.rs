@@ -11,6 +11,8 @@ mod clients;
 mod dashboard;
 #[path = "proxy/differential.rs"]
 mod differential;
+#[path = "proxy/discover.rs"]
+mod discover;
 #[path = "proxy/drivers.rs"]
 mod drivers;
 #[path = "proxy/faults.rs"]

@@ -1,7 +1,9 @@
 //! Where the proxy learns its node set: `static` (the configured primary and replicas, changed
-//! by a reload) or `patroni` (the members Patroni's REST API lists, followed live). `discover`
-//! and `dns` are named by the interface but not built: choosing them is refused at startup with
-//! an error that says so, rather than silently running static.
+//! by a reload), `patroni` (the members Patroni's REST API lists, followed live) or `discover`
+//! (the replicas streaming from the primary, in its `pg_stat_replication`, placed by a mapping
+//! or template of their `application_name`). `dns` is named by the interface but not built:
+//! choosing it is refused at startup with an error that says so, rather than silently running
+//! static.
 
 use std::time::Duration;
 
@@ -16,6 +18,8 @@ pub enum TopologySource {
     Static,
     /// Patroni's `/cluster` on the `patroni_urls`.
     Patroni,
+    /// The primary's `pg_stat_replication`.
+    Discover,
 }
 
 impl TopologySource {
@@ -24,6 +28,7 @@ impl TopologySource {
         match self {
             TopologySource::Static => "static",
             TopologySource::Patroni => "patroni",
+            TopologySource::Discover => "discover",
         }
     }
 }
@@ -41,6 +46,10 @@ pub struct TopologyConfig {
     pub request_timeout: Duration,
     /// Consecutive polls a member must show a changed state in before the change applies.
     pub settle_polls: u32,
+    /// `discover`: where a replica with this `application_name` listens.
+    pub discover_map: Vec<(String, (String, u16))>,
+    /// `discover`: `host[:port]` with `{application_name}` in it, for names not in the map.
+    pub discover_template: Option<String>,
 }
 
 impl Default for TopologyConfig {
@@ -51,7 +60,28 @@ impl Default for TopologyConfig {
             poll: Duration::from_millis(defaults::TOPOLOGY_POLL_MS),
             request_timeout: Duration::from_millis(defaults::PATRONI_TIMEOUT_MS),
             settle_polls: defaults::TOPOLOGY_SETTLE_POLLS,
+            discover_map: Vec::new(),
+            discover_template: None,
         }
+    }
+}
+
+impl TopologyConfig {
+    /// Where the replica streaming as `application_name` listens (`default_port` when the
+    /// template names none), or None when neither the map nor the template places it.
+    pub fn place(&self, application_name: &str, default_port: u16) -> Option<(String, u16)> {
+        if let Some((_, address)) = self
+            .discover_map
+            .iter()
+            .find(|(n, _)| n == application_name)
+        {
+            return Some(address.clone());
+        }
+        let filled = self
+            .discover_template
+            .as_ref()?
+            .replace("{application_name}", application_name);
+        parse_address(&filled, default_port).ok()
     }
 }
 
@@ -61,11 +91,13 @@ pub(super) fn topology_config(file: &FileConfig) -> Result<TopologyConfig, Confi
     let source = match file.topology.as_deref().unwrap_or("static") {
         "static" => TopologySource::Static,
         "patroni" => TopologySource::Patroni,
-        unbuilt @ ("discover" | "dns") => {
-            return Err(bad(format!(
-                "topology = \"{unbuilt}\" is not built yet (issue #26); use \"patroni\" with \
-                 --patroni-url, or \"static\" with --replica"
-            )));
+        "discover" => TopologySource::Discover,
+        "dns" => {
+            return Err(bad(
+                "topology = \"dns\" is not built yet (issue #26); use \"patroni\" with \
+                 --patroni-url, \"discover\" with --discover-replica, or \"static\" with --replica"
+                    .into(),
+            ));
         }
         other => {
             return Err(bad(format!(
@@ -82,6 +114,40 @@ pub(super) fn topology_config(file: &FileConfig) -> Result<TopologyConfig, Confi
         return Err(bad(
             "topology = \"patroni\" needs at least one Patroni REST API URL: pass \
              --patroni-url http://host:8008 (repeat for each member) or set patroni_urls"
+                .into(),
+        ));
+    }
+    let discover_map = file
+        .discover_replicas
+        .iter()
+        .map(|entry| {
+            let (name, address) = entry.split_once('=').ok_or_else(|| {
+                bad(format!(
+                    "discover_replicas entry {entry:?}: expected application_name=host:port, \
+                     e.g. replica1=10.0.0.2:5432"
+                ))
+            })?;
+            let address = parse_address(address, 5432)
+                .map_err(|why| bad(format!("discover_replicas entry {entry:?}: {why}")))?;
+            Ok((name.to_string(), address))
+        })
+        .collect::<Result<Vec<_>, ConfigError>>()?;
+    if let Some(template) = &file.discover_template
+        && !template.contains("{application_name}")
+    {
+        return Err(bad(format!(
+            "discover_template {template:?} has no {{application_name}}: every replica would get \
+             one address; e.g. \"{{application_name}}.db.internal:5432\""
+        )));
+    }
+    if source == TopologySource::Discover
+        && discover_map.is_empty()
+        && file.discover_template.is_none()
+    {
+        return Err(bad(
+            "topology = \"discover\" needs to know where each replica listens: pass \
+             --discover-replica application_name=host:port (repeat) or --discover-template \
+             '{application_name}.db.internal:5432'"
                 .into(),
         ));
     }
@@ -103,7 +169,26 @@ pub(super) fn topology_config(file: &FileConfig) -> Result<TopologyConfig, Confi
             .topology_settle_polls
             .unwrap_or(defaults::TOPOLOGY_SETTLE_POLLS)
             .max(1),
+        discover_map,
+        discover_template: file.discover_template.clone(),
     })
+}
+
+/// `host[:port]` (`[v6]:port` too), with `default_port` when none is given.
+fn parse_address(text: &str, default_port: u16) -> Result<(String, u16), String> {
+    let (host, port) = match text.rsplit_once(':') {
+        Some((host, port)) if !host.contains(':') || host.ends_with(']') => (
+            host,
+            port.parse()
+                .map_err(|_| format!("port {port:?} in {text:?} is not a number"))?,
+        ),
+        _ => (text, default_port),
+    };
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    if host.is_empty() {
+        return Err(format!("{text:?} has no host"));
+    }
+    Ok((host.to_string(), port))
 }
 
 /// `http://host[:port][/]` into host and port (8008, Patroni's default, when left out).
@@ -166,6 +251,31 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(error.contains("must start with http://"), "{error}");
+    }
+
+    #[test]
+    fn discover_places_replicas_by_map_then_template() {
+        let mut f = file("discover", &[]);
+        let error = topology_config(&f).unwrap_err().to_string();
+        assert!(error.contains("--discover-replica"), "{error}");
+        f.discover_replicas = vec!["replica1=127.0.0.1:5433".into()];
+        f.discover_template = Some("{application_name}.db:6543".into());
+        let config = topology_config(&f).unwrap();
+        assert_eq!(
+            config.place("replica1", 5432),
+            Some(("127.0.0.1".into(), 5433))
+        );
+        assert_eq!(config.place("r9", 5432), Some(("r9.db".into(), 6543)));
+        f.discover_template = Some("db.internal".into());
+        let error = topology_config(&f).unwrap_err().to_string();
+        assert!(error.contains("has no {application_name}"), "{error}");
+        f.discover_template = None;
+        f.discover_replicas = vec!["replica1".into()];
+        let error = topology_config(&f).unwrap_err().to_string();
+        assert!(
+            error.contains("expected application_name=host:port"),
+            "{error}"
+        );
     }
 
     #[test]

@@ -1,5 +1,6 @@
 //! Following the cluster's membership: with `topology = "patroni"` the node set is the members
-//! Patroni's `/cluster` lists, polled every `topology_poll_ms`, damped (`damp`), and applied to
+//! Patroni's `/cluster` lists, with `topology = "discover"` the primary and the replicas its
+//! `pg_stat_replication` lists (`discover`), polled every `topology_poll_ms`, damped (`damp`), and applied to
 //! the running proxy — new members get a node (pools, a monitor), members that left are retired
 //! (their connections in use finish, nothing new goes there), `noloadbalance` members get no
 //! reads. Not a second replica brain: roles, health, positions and timelines still come from
@@ -10,6 +11,7 @@
 //! and port of each member.
 
 mod damp;
+mod discover;
 mod patroni;
 
 use std::collections::BTreeMap;
@@ -59,7 +61,7 @@ impl Topology {
                     "lag_bytes": m.lag,
                     "nofailover": m.nofailover,
                     "noloadbalance": m.noloadbalance,
-                    "in_node_set": seen.applied.contains_key(&m.name),
+                    "in_node_set": seen.applied.contains_key(&key(m)),
                 })
             })
             .collect();
@@ -95,7 +97,7 @@ impl Topology {
         let seen = self.state.lock().expect("topology lock");
         seen.members
             .iter()
-            .map(|m| (m.clone(), seen.applied.contains_key(&m.name)))
+            .map(|m| (m.clone(), seen.applied.contains_key(&key(m))))
             .collect()
     }
 
@@ -106,15 +108,43 @@ impl Topology {
     }
 }
 
+/// A member's key in the damped node set: its address (a member that moves is one leaving and
+/// one joining).
+fn key(member: &Member) -> String {
+    crate::config::host_port(&member.host, member.port)
+}
+
+/// What the follow loop keeps between polls.
+#[derive(Debug)]
+pub struct Follower {
+    damper: Damper,
+    leader: Option<String>,
+    primary_conn: discover::PrimaryConn,
+}
+
+impl Follower {
+    /// A follower that applies a change seen in `settle` consecutive polls.
+    pub fn new(settle: u32) -> Follower {
+        Follower {
+            damper: Damper::new(settle),
+            leader: None,
+            primary_conn: None,
+        }
+    }
+}
+
 /// Polls the topology source until `shutdown` and applies what it says. Returns at once for a
 /// static topology.
-pub async fn follow(proxy: Arc<Proxy>, mut damper: Damper, mut shutdown: watch::Receiver<bool>) {
-    if proxy.config().topology.source != TopologySource::Patroni {
+pub async fn follow(
+    proxy: Arc<Proxy>,
+    mut follower: Follower,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    if proxy.config().topology.source == TopologySource::Static {
         return;
     }
-    let mut leader: Option<String> = None;
     loop {
-        poll_once(&proxy, &mut damper, &mut leader).await;
+        poll_once(&proxy, &mut follower).await;
         let period = proxy.config().topology.poll;
         tokio::select! {
             _ = crate::timer::sleep(period) => {}
@@ -123,19 +153,32 @@ pub async fn follow(proxy: Arc<Proxy>, mut damper: Damper, mut shutdown: watch::
     }
 }
 
-/// One poll: ask Patroni, damp, apply. Public for `serve`, which polls once before the first
+/// One poll: ask the source (Patroni or the primary), damp, apply. Public for `serve`, which polls once before the first
 /// health checks so the proxy starts with Patroni's members rather than the template URL.
-pub async fn poll_once(proxy: &Arc<Proxy>, damper: &mut Damper, leader: &mut Option<String>) {
+pub async fn poll_once(proxy: &Arc<Proxy>, follower: &mut Follower) {
     let config = proxy.config();
     let topology = &config.topology;
-    let fetched = patroni::fetch(&topology.patroni_urls, topology.request_timeout).await;
+    let fetched = match topology.source {
+        TopologySource::Static => return,
+        TopologySource::Patroni => patroni::fetch(&topology.patroni_urls, topology.request_timeout)
+            .await
+            .map(|(members, by)| (members, by, None)),
+        TopologySource::Discover => {
+            let timeout = config.connect_timeout.min(topology.request_timeout * 5);
+            discover::fetch(proxy, &mut follower.primary_conn, topology, timeout).await
+        }
+    };
+    let (damper, leader) = (&mut follower.damper, &mut follower.leader);
     let mut seen = proxy.topology.state.lock().expect("topology lock");
     seen.polls += 1;
     seen.last_poll = Some(Instant::now());
     let members = match fetched {
-        Ok((members, answered_by)) => {
+        Ok((members, answered_by, warning)) => {
             seen.answered_by = Some(answered_by);
-            seen.last_error = None;
+            if warning.is_some() && seen.last_error != warning {
+                tracing::warn!("topology: {}", warning.as_deref().unwrap_or_default());
+            }
+            seen.last_error = warning;
             members
         }
         Err(e) => {
@@ -185,12 +228,12 @@ pub async fn poll_once(proxy: &Arc<Proxy>, damper: &mut Damper, leader: &mut Opt
     }
 }
 
-/// Makes the proxy's node set `applied`: the leader first, then the others by name; the login,
-/// database and TLS settings of the configured primary URL.
+/// Makes the proxy's node set `applied`: the leader first, then the others by address; the
+/// login, database and TLS settings of the configured primary URL.
 fn apply(proxy: &Arc<Proxy>, applied: &BTreeMap<String, Placement>, leader: Option<&str>) {
     let template = proxy.config().nodes[0].clone();
     let mut order: Vec<(&String, &Placement)> = applied.iter().collect();
-    order.sort_by_key(|(name, _)| (Some(name.as_str()) != leader, name.as_str()));
+    order.sort_by_key(|(address, _)| (Some(address.as_str()) != leader, address.as_str()));
     let urls: Vec<NodeUrl> = order
         .iter()
         .map(|(_, placement)| NodeUrl {

@@ -30,7 +30,7 @@ fn proxy_for(cluster: &PatroniCluster) -> TestProxy {
 }
 
 /// Waits (at most `limit`) until the proxy's node set holds 127.0.0.1:`port`, or does not.
-fn wait_in_node_set(proxy: &TestProxy, port: u16, wanted: bool, limit: Duration) {
+pub fn wait_in_node_set(proxy: &TestProxy, port: u16, wanted: bool, limit: Duration) {
     let deadline = Instant::now() + limit;
     let address = format!("127.0.0.1:{port}");
     loop {
