@@ -101,7 +101,7 @@ impl Topology {
             .collect()
     }
 
-    /// Seconds since the last poll, and its error, if any.
+    /// When the last poll ran, and its error, if any.
     pub fn last_poll(&self) -> (Option<Instant>, Option<String>) {
         let seen = self.state.lock().expect("topology lock");
         (seen.last_poll, seen.last_error.clone())
