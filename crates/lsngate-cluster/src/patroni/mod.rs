@@ -365,6 +365,12 @@ impl PatroniCluster {
     /// Starts a new member; Patroni clones it from the leader (`pg_basebackup`). Returns its
     /// name; [`PatroniCluster::wait_healthy`] waits until it streams.
     pub fn add_member(&self) -> Result<String, Error> {
+        self.add_member_tagged(&[])
+    }
+
+    /// [`PatroniCluster::add_member`] with Patroni tags, e.g. `("noloadbalance", true)` or
+    /// `("nofailover", true)`.
+    pub fn add_member_tagged(&self, tags: &[(&str, bool)]) -> Result<String, Error> {
         let number = self.lock().len() + 1;
         let name = format!("member{number}");
         let spec = MemberSpec {
@@ -375,12 +381,18 @@ impl PatroniCluster {
         };
         std::fs::create_dir_all(&spec.dir).map_err(|e| Error::io("create member dir", e))?;
         self.tools.run_as.own(&spec.dir)?;
-        let text = yaml::member_yaml(
+        let mut text = yaml::member_yaml(
             &spec,
             self.etcd_port,
             &self.tools.bin.dir,
             self.synchronous_mode,
         );
+        if !tags.is_empty() {
+            text.push_str("tags:\n");
+            for (tag, on) in tags {
+                text.push_str(&format!("  {tag}: {on}\n"));
+            }
+        }
         std::fs::write(spec.yaml_path(), text).map_err(|e| Error::io("write patroni.yml", e))?;
         self.tools.run_as.own(&spec.yaml_path())?;
         let mut command = self.tools.run_as.command(Path::new(PATRONI));

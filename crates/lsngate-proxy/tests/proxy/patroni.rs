@@ -3,7 +3,8 @@
 //! members, keeps read-your-writes exact and every write's fate named through a `patronictl
 //! switchover` and a failover by kill -9 of the leader (0 stale, 0 non-monotonic reads, 0 lost
 //! acknowledged writes; how long writes stopped is printed, not asserted), and a member that
-//! joins gets reads while one that leaves is taken out of the node set.
+//! joins gets reads while one that leaves is taken out of the node set, and one tagged
+//! `noloadbalance` gets none.
 
 #[path = "patroni/workload.rs"]
 mod workload;
@@ -152,6 +153,37 @@ fn patroni_switchover_failover_and_membership_through_the_proxy() {
     });
     cluster.stop_member(&added).unwrap();
     wait_in_node_set(&proxy, port as u16, false, Duration::from_secs(60));
+    // A member tagged noloadbalance joins the node set but gets no reads.
+    let tagged = cluster
+        .add_member_tagged(&[("noloadbalance", true)])
+        .unwrap();
+    cluster.wait_healthy(4, Duration::from_secs(120)).unwrap();
+    let tagged_port = cluster.node(&tagged).port();
+    wait_in_node_set(&proxy, tagged_port, true, Duration::from_secs(60));
+    let status = proxy.status();
+    let listed = status["topology"]["members"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["name"] == tagged.as_str())
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(listed["noloadbalance"], true, "{:#}", status["topology"]);
+    rt().block_on(async {
+        for _ in 0..40 {
+            let client = connect(&proxy.conninfo()).await;
+            let served: i32 = client
+                .query_one("SELECT inet_server_port()", &[])
+                .await
+                .unwrap()
+                .get(0);
+            assert_ne!(
+                served,
+                i32::from(tagged_port),
+                "a read went to the noloadbalance member"
+            );
+        }
+    });
     rt().block_on(async {
         let client = connect(&proxy.conninfo()).await;
         for _ in 0..30 {
