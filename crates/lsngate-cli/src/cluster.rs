@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::{Args, Subcommand};
-use lsngate_cluster::{Cluster, ClusterConfig, SyncMode};
+use lsngate_cluster::{Cluster, ClusterConfig, PATRONI_MANIFEST, PatroniCluster, SyncMode};
 
 /// The throwaway cluster of `bench` and `verify`: `replicas` streaming replicas (from
 /// `--local-replicas`) held back by `apply_delay`, from `pg_bin` (auto-detected when None).
@@ -35,6 +35,11 @@ pub enum ClusterCommand {
     Status(DirArgs),
     /// Stop every node and remove the cluster directory.
     Down(DirArgs),
+    /// Fault a Patroni cluster (`up --patroni`) as `lsngate verify --fault-hook` asks:
+    /// `inject failover` runs patronictl switchover, `inject kill-primary` kills -9 the leader's
+    /// Patroni and PostgreSQL; `heal KIND` restarts killed members and waits (at most 55 s) until
+    /// there is a leader with every member streaming from it.
+    PatroniFault(PatroniFaultArgs),
 }
 
 #[derive(Debug, Args)]
@@ -51,10 +56,26 @@ pub struct UpArgs {
     /// Turn hot_standby_feedback on for the replicas.
     #[arg(long)]
     hot_standby_feedback: bool,
+    /// A Patroni cluster instead (Debian's patroni and etcd-server, scripts/install/patroni.sh):
+    /// etcd and 1 + --replicas Patroni members on loopback ports; prints LSNGATE_PATRONI_URLS
+    /// (their REST APIs) and the patronictl command line too. Patroni 3.0 manages both the 19
+    /// bundle and Debian's 15. With --sync on or remote_apply: Patroni's synchronous_mode.
+    #[arg(long)]
+    patroni: bool,
     /// PostgreSQL bin dir [default: the 19 bundle, then pg_config --bindir, then
     /// /usr/lib/postgresql/*/bin, highest version first].
     #[arg(long, env = "LSNGATE_PG_BIN")]
     pg_bin: Option<PathBuf>,
+    #[command(flatten)]
+    dir: DirArgs,
+}
+
+#[derive(Debug, Args)]
+pub struct PatroniFaultArgs {
+    /// inject or heal.
+    action: String,
+    /// failover or kill-primary.
+    kind: String,
     #[command(flatten)]
     dir: DirArgs,
 }
@@ -71,7 +92,16 @@ pub struct DirArgs {
 pub fn run(command: ClusterCommand) -> anyhow::Result<()> {
     match command {
         ClusterCommand::Up(args) => up(args),
+        ClusterCommand::Down(args) if args.dir.join(PATRONI_MANIFEST).exists() => {
+            PatroniCluster::open(&args.dir)?.destroy()?;
+            eprintln!("stopped and removed {}", args.dir.display());
+            Ok(())
+        }
+        ClusterCommand::Status(args) if args.dir.join(PATRONI_MANIFEST).exists() => {
+            patroni_status(&args)
+        }
         ClusterCommand::Status(args) => status(args),
+        ClusterCommand::PatroniFault(args) => patroni_fault(args),
         ClusterCommand::Down(args) => {
             let cluster = Cluster::open(&args.dir)?;
             cluster.destroy()?;
@@ -82,6 +112,9 @@ pub fn run(command: ClusterCommand) -> anyhow::Result<()> {
 }
 
 fn up(args: UpArgs) -> anyhow::Result<()> {
+    if args.patroni {
+        return up_patroni(args);
+    }
     let mut config = ClusterConfig::default()
         .replicas(args.replicas)
         .sync(args.sync)
@@ -138,5 +171,92 @@ fn status(args: DirArgs) -> anyhow::Result<()> {
         ]);
     }
     println!("{table}");
+    Ok(())
+}
+
+fn up_patroni(args: UpArgs) -> anyhow::Result<()> {
+    anyhow::ensure!(
+        args.apply_delay.is_none() && !args.hot_standby_feedback,
+        "--apply-delay and --hot-standby-feedback are not offered with --patroni (Patroni owns \
+         the replicas' settings); leave them out, or set them with patronictl edit-config"
+    );
+    let config = lsngate_cluster::PatroniConfig {
+        members: args.replicas + 1,
+        pg_bin: args.pg_bin,
+        dir: Some(args.dir.dir.clone()),
+        synchronous_mode: args.sync != SyncMode::Off,
+    };
+    let started = std::time::Instant::now();
+    let cluster = PatroniCluster::start(&config)?;
+    eprintln!(
+        "Patroni cluster (PostgreSQL {}, {} member(s), etcd) up in {:.1}s at {}",
+        cluster.pg_bin().version,
+        cluster.members().len(),
+        started.elapsed().as_secs_f64(),
+        cluster.dir().display()
+    );
+    println!("LSNGATE_PRIMARY_URL={}", cluster.primary_url()?);
+    println!("LSNGATE_REPLICA_URLS={}", cluster.replica_urls()?.join(","));
+    println!("LSNGATE_PATRONI_URLS={}", cluster.api_urls().join(","));
+    eprintln!("patronictl: {}", cluster.patronictl());
+    eprintln!(
+        "stop it with: lsngate cluster down --dir {}",
+        args.dir.dir.display()
+    );
+    cluster.detach();
+    Ok(())
+}
+
+fn patroni_status(args: &DirArgs) -> anyhow::Result<()> {
+    let cluster = PatroniCluster::open(&args.dir)?;
+    let mut table = crate::table::new(["member", "role", "state", "timeline", "port", "api"]);
+    let listed = cluster.cluster_members()?;
+    for member in cluster.members() {
+        let (role, state, timeline) = match listed.iter().find(|m| m.name == member.name) {
+            Some(m) => (
+                m.role.clone(),
+                m.state.clone(),
+                m.timeline.map_or("-".into(), |t| t.to_string()),
+            ),
+            None => ("-".into(), "not listed".into(), "-".into()),
+        };
+        table.add_row([
+            member.name.clone(),
+            role,
+            state,
+            timeline,
+            member.pg_port.to_string(),
+            member.api_url(),
+        ]);
+    }
+    println!("{table}");
+    eprintln!("patronictl: {}", cluster.patronictl());
+    Ok(())
+}
+
+fn patroni_fault(args: PatroniFaultArgs) -> anyhow::Result<()> {
+    let cluster = PatroniCluster::open(&args.dir.dir)?;
+    let members = cluster.members().len();
+    match (args.action.as_str(), args.kind.as_str()) {
+        ("inject", "failover") => {
+            let old = cluster.leader()?.unwrap_or_default();
+            let new = cluster.switchover(None)?;
+            println!("patronictl switchover {old} -> {new}");
+        }
+        ("inject", "kill-primary") => println!("kill -9 of leader {}", cluster.kill_leader()?),
+        ("heal", "failover" | "kill-primary") => {
+            let restarted = cluster.restart_stopped()?;
+            cluster.wait_healthy(members, Duration::from_secs(55))?;
+            println!(
+                "leader {} with {} replica(s); restarted {restarted:?}",
+                cluster.leader()?.unwrap_or_default(),
+                members - 1
+            );
+        }
+        (action, kind) => anyhow::bail!(
+            "lsngate cluster patroni-fault {action} {kind}: expected inject or heal, and failover \
+             or kill-primary (run lsngate verify with --faults failover,kill-primary)"
+        ),
+    }
     Ok(())
 }

@@ -1467,3 +1467,82 @@ fn config_import_turns_a_pgbouncer_ini_pgbouncer_runs_into_a_config_the_proxy_ru
         "the admin console for admin_users: {console:?}"
     );
 }
+
+/// Runs `lsngate cluster down --dir` on drop, so a failed assertion leaves no servers behind.
+struct DownOnDrop(String);
+
+impl Drop for DownOnDrop {
+    fn drop(&mut self) {
+        let _ = lsngate_status(&["cluster", "down", "--dir", &self.0]);
+    }
+}
+
+/// `cluster up --patroni` leaves etcd and Patroni running after the command, prints the URLs,
+/// and a later command finds them by the directory: `status` lists the members, `patroni-fault`
+/// switches over and heals (what `lsngate verify --fault-hook scripts/patroni-fault-hook.sh`
+/// runs), and `down` stops it all.
+#[test]
+fn cluster_up_patroni_status_fault_and_down() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("p");
+    let path = path.to_str().unwrap().to_string();
+    let up = lsngate(&[
+        "cluster",
+        "up",
+        "--patroni",
+        "--replicas",
+        "1",
+        "--dir",
+        &path,
+    ]);
+    let _down = DownOnDrop(path.clone());
+    let env = String::from_utf8_lossy(&up.stdout);
+    let line = |key: &str| {
+        env.lines()
+            .find_map(|l| l.strip_prefix(key))
+            .unwrap_or_else(|| panic!("no {key} in {env}"))
+            .to_string()
+    };
+    assert!(line("LSNGATE_PRIMARY_URL=").starts_with("postgres://postgres@127.0.0.1:"));
+    assert_eq!(line("LSNGATE_REPLICA_URLS=").split(',').count(), 1);
+    assert_eq!(line("LSNGATE_PATRONI_URLS=").split(',').count(), 2);
+    assert!(
+        String::from_utf8_lossy(&up.stderr).contains("patronictl: /usr/bin/patronictl -c "),
+        "{}",
+        String::from_utf8_lossy(&up.stderr)
+    );
+    let status = lsngate(&["cluster", "status", "--dir", &path]);
+    let status = String::from_utf8_lossy(&status.stdout).to_string();
+    assert!(
+        status.contains("member1") && status.contains("leader") && status.contains("member2"),
+        "{status}"
+    );
+    let fault = lsngate(&[
+        "cluster",
+        "patroni-fault",
+        "inject",
+        "failover",
+        "--dir",
+        &path,
+    ]);
+    let said = String::from_utf8_lossy(&fault.stdout).to_string();
+    assert!(
+        said.starts_with("patronictl switchover member1 -> member2"),
+        "{said}"
+    );
+    let healed = lsngate(&[
+        "cluster",
+        "patroni-fault",
+        "heal",
+        "failover",
+        "--dir",
+        &path,
+    ]);
+    let said = String::from_utf8_lossy(&healed.stdout).to_string();
+    assert!(
+        said.starts_with("leader member2 with 1 replica(s)"),
+        "{said}"
+    );
+    lsngate(&["cluster", "down", "--dir", &path]);
+    assert!(!std::path::Path::new(&path).exists());
+}

@@ -543,7 +543,7 @@ fn on_off(on: bool) -> &'static str {
 }
 
 /// A port free on 127.0.0.1 right now, never handed out twice by this process.
-fn free_port() -> Result<u16, Error> {
+pub(crate) fn free_port() -> Result<u16, Error> {
     static GIVEN: Mutex<Vec<u16>> = Mutex::new(Vec::new());
     let mut given = GIVEN.lock().unwrap_or_else(|e| e.into_inner());
     for _ in 0..50 {

@@ -19,6 +19,7 @@ mod cluster;
 mod dir;
 mod forwarder;
 mod node;
+mod patroni;
 mod pgbin;
 mod process;
 mod redis;
@@ -32,6 +33,9 @@ pub use cluster::{Cluster, ClusterConfig, MANIFEST, Manifest, SyncMode};
 pub use dir::default_cluster_dir;
 pub use forwarder::{Fault, Forwarder};
 pub use node::{Node, NodeSpec};
+pub use patroni::{
+    ClusterMember, MemberSpec, PATRONI_MANIFEST, PatroniCluster, PatroniConfig, TTL_S,
+};
 pub use pgbin::{BUNDLE_BIN, PG_BIN_ENV, PgBin};
 pub use process::SERVER_USER;
 pub use redis::RedisServer;

@@ -8,6 +8,9 @@ use std::time::Duration;
 
 use lsngate_cluster::{Cluster, ClusterConfig, Error, SyncMode, shared_cluster};
 
+#[path = "cluster/patroni.rs"]
+mod patroni;
+
 const SETTLE: Duration = Duration::from_secs(30);
 
 #[test]

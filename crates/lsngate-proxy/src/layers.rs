@@ -2,7 +2,8 @@
 //! (`crate::…`) only modules of its own rank or below. From the bottom: the wire codec and the
 //! leaves every layer uses (`net`, `runtime`, `tally`; `socket`, `timer`, `auth`; `config`),
 //! statement classification, the server side (`backend`: connections, pools, monitor, replay
-//! knowledge), causal state, the shared proxy state, client sessions (`frontend`), the admin
+//! knowledge), causal state, the shared proxy state (with `topology`, which follows Patroni or
+//! the primary into its node set), client sessions (`frontend`), the admin
 //! port, and `serve`, which starts them all. Read top-down, a read is routed in
 //! `frontend::session` (→ `flight`), which asks `causal` and `backend`.
 
@@ -21,6 +22,8 @@ const LAYERS: &[(&str, u8)] = &[
     ("causal", 5),
     ("proxy", 6),
     ("clients", 6),
+    // Beside the shared state it feeds: follows the topology source into `Proxy`'s node set.
+    ("topology", 6),
     ("frontend", 7),
     ("admin", 8),
     ("serve", 9),

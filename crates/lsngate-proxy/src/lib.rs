@@ -16,7 +16,8 @@
 //! - `causal/`: what sessions share for causal reads — guard, statistics, commit floors, the
 //!   probe statements as frames;
 //! - `proxy`: `Proxy`, the state every session shares, and `clients`, the clients connected now
-//!   (for the admin console);
+//!   (for the admin console), and `topology/`, which follows Patroni (or the primary's
+//!   `pg_stat_replication`) into its node set;
 //! - `frontend/`: one client — handshake, session loop, the routing `plan`, flights, replies;
 //! - `admin/`: the HTTP port (/metrics, /status, /dashboard, /budget, /history) and the admin console (the virtual
 //!   database `lsngate`/`pgbouncer`);
@@ -45,6 +46,7 @@ pub(crate) mod socket;
 pub(crate) mod statement;
 pub(crate) mod tally;
 pub(crate) mod timer;
+pub(crate) mod topology;
 pub mod whatif;
 
 use std::sync::Arc;

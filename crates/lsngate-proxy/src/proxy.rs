@@ -46,6 +46,8 @@ pub struct Proxy {
     pub(crate) passed_through: crate::tally::Tally,
     /// Causal-read state shared by the sessions (watcher, guard, statistics, floors).
     pub causal: crate::causal::Causal,
+    /// What the topology source (Patroni) last said, for /status and the console.
+    pub topology: crate::topology::Topology,
     /// Shutdown signal for node monitors, once serving (monitors of nodes a reload adds use it).
     pub(crate) monitors:
         Mutex<Option<(tokio::sync::watch::Receiver<bool>, tokio::runtime::Handle)>>,
@@ -86,6 +88,7 @@ impl Proxy {
             )),
             nodes: Nodes::new(&config.nodes),
             causal: crate::causal::Causal::new(&config.causal),
+            topology: crate::topology::Topology::default(),
             monitors: Mutex::new(None),
             config: RwLock::new(Arc::new(config)),
             config_version: AtomicU64::new(0),
@@ -141,16 +144,11 @@ impl Proxy {
     /// take effect at once: added nodes are checked and monitored, removed ones retired (their
     /// connections in use finish their work). Causal modes and budgets apply to new clients; the
     /// fallback guard's limits stay as started.
+    /// With a `patroni` topology the node set is Patroni's, and a reload leaves it alone.
     pub fn reload(self: &Arc<Self>, config: Config) {
-        if config.nodes != self.config().nodes {
-            let (added, retired) = self.nodes.replace(&config.nodes);
-            for node in &retired {
-                tracing::warn!(node = %node.url.address(), "SIGHUP: node removed from the config");
-            }
-            for node in added {
-                tracing::warn!(node = %node.url.address(), "SIGHUP: node added to the config");
-                self.watch(node);
-            }
+        let static_nodes = config.topology.source == crate::config::TopologySource::Static;
+        if static_nodes && config.nodes != self.config().nodes {
+            self.set_node_set(&config.nodes, "SIGHUP");
         }
         let limits = config.pool_limits();
         *self.config.write().expect("config lock") = Arc::new(config);
@@ -161,6 +159,20 @@ impl Proxy {
         self.config_version.fetch_add(1, Ordering::Release);
         self.classes.clear();
         tracing::info!("configuration reloaded");
+    }
+
+    /// Makes `urls` the node set: nodes whose URL stays keep their state and pools, new ones are
+    /// checked and monitored, the others retired (connections in use finish their work).
+    /// `why` names the cause in the log: a reload or the topology source.
+    pub fn set_node_set(self: &Arc<Self>, urls: &[crate::config::NodeUrl], why: &str) {
+        let (added, retired) = self.nodes.replace(urls);
+        for node in &retired {
+            tracing::warn!(node = %node.url.address(), "{why}: node removed; draining it");
+        }
+        for node in added {
+            tracing::warn!(node = %node.url.address(), "{why}: node added");
+            self.watch(node);
+        }
     }
 
     /// Starts the monitor of `node` (once serving; before that `serve` starts them all).

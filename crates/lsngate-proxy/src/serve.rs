@@ -24,6 +24,11 @@ impl Proxy {
         let mut shutdown = self.shutdown_signal(outer);
         let config = self.config();
         let check_timeout = config.connect_timeout;
+        // Patroni's members, not the template URL, are checked first (one bounded poll).
+        let mut follower = crate::topology::Follower::new(config.topology.settle_polls);
+        if config.topology.source == crate::config::TopologySource::Patroni {
+            crate::topology::poll_once(&self, &mut follower).await;
+        }
         let mut first_checks = JoinSet::new();
         for node in self.nodes.all().iter() {
             let (node, proxy) = (Arc::clone(node), Arc::clone(&self));
@@ -39,6 +44,11 @@ impl Proxy {
         for node in self.nodes.all().iter() {
             self.watch(Arc::clone(node));
         }
+        tokio::spawn(crate::topology::follow(
+            Arc::clone(&self),
+            follower,
+            shutdown.clone(),
+        ));
         let (reaped, stop) = (Arc::clone(&self), shutdown.clone());
         tokio::spawn(async move {
             crate::backend::pool::reap(&reaped.nodes, || reaped.config().pool_limits(), stop).await

@@ -13,10 +13,14 @@ mod clients;
 mod dashboard;
 #[path = "proxy/differential.rs"]
 mod differential;
+#[path = "proxy/discover.rs"]
+mod discover;
 #[path = "proxy/drivers.rs"]
 mod drivers;
 #[path = "proxy/faults.rs"]
 mod faults;
+#[path = "proxy/patroni.rs"]
+mod patroni;
 #[path = "proxy/pooling.rs"]
 mod pooling;
 #[path = "proxy/psql.rs"]

@@ -50,6 +50,7 @@ pub fn status(proxy: &Proxy) -> serde_json::Value {
         "nodes": nodes,
         "causal": causal_status(proxy),
         "budget": budget::status(proxy),
+        "topology": proxy.topology.status(proxy),
     })
 }
 

@@ -63,6 +63,8 @@ pub struct NodeState {
     pub connections: Arc<sever::Severables>,
     /// PAUSE and DISABLE of the admin console, shared by every node.
     gates: Arc<gates::Gates>,
+    /// False for a member the topology source tags `noloadbalance`: it gets no reads.
+    reads: AtomicBool,
 }
 
 impl NodeState {
@@ -85,6 +87,18 @@ impl NodeState {
             .values()
             .for_each(|p| p.clear_idle());
         self.recheck.notify_one();
+    }
+
+    /// Whether reads may go to this node (false: tagged `noloadbalance` by Patroni).
+    pub fn takes_reads(&self) -> bool {
+        self.reads.load(Ordering::Relaxed)
+    }
+
+    /// Lets reads go to this node, or not.
+    pub fn set_reads(&self, reads: bool) {
+        if self.reads.swap(reads, Ordering::Relaxed) != reads {
+            tracing::warn!(node = %self.url.address(), reads, "node's reads changed by its tags");
+        }
     }
 
     /// Whether a reload removed this node.
@@ -269,6 +283,7 @@ fn node_state(index: usize, url: &NodeUrl, gates: &Arc<gates::Gates>) -> Arc<Nod
         timeline: timeline::TimelineCell::default(),
         connections: Arc::default(),
         gates: Arc::clone(gates),
+        reads: AtomicBool::new(true),
     })
 }
 
@@ -361,6 +376,7 @@ impl Nodes {
     pub fn serves(&self, node: &NodeState, need: timeline::Need) -> bool {
         node.healthy()
             && node.role() == Role::Replica
+            && node.takes_reads()
             && timeline::admits(node.timeline.get(), self.newest_timeline.get(), need)
     }
 

@@ -44,6 +44,14 @@ pub const RETRY_BUFFER_SIZE: usize = 1 << 20;
 pub const WAIT_TIMEOUT_MS: u64 = 500;
 /// `replay_poll_ms`.
 pub const REPLAY_POLL_MS: u64 = 20;
+/// `topology_poll_ms`: how often the proxy asks Patroni's `/cluster`.
+pub const TOPOLOGY_POLL_MS: u64 = 500;
+/// `topology_settle_polls`: a member's changed state applies once seen in this many consecutive
+/// polls (3 polls of 500 ms: a change applies 1–1.5 s after Patroni shows it; a member flapping
+/// faster than that never moves the node set).
+pub const TOPOLOGY_SETTLE_POLLS: u32 = 3;
+/// Bound of one request to a Patroni REST API (connect, send, read the answer), per URL.
+pub const PATRONI_TIMEOUT_MS: u64 = 1000;
 /// `require_signed_tokens`.
 pub const REQUIRE_SIGNED_TOKENS: bool = false;
 /// `require_signed_scopes`.
@@ -111,6 +119,9 @@ mod tests {
             ("require_signed_scopes", REQUIRE_SIGNED_SCOPES.to_string()),
             ("scope_capacity", SCOPE_CAPACITY.to_string()),
             ("scope_ttl_ms", SCOPE_TTL_MS.to_string()),
+            ("topology", "static".to_string()),
+            ("topology_poll_ms", TOPOLOGY_POLL_MS.to_string()),
+            ("topology_settle_polls", TOPOLOGY_SETTLE_POLLS.to_string()),
         ])
     }
 
@@ -142,7 +153,7 @@ mod tests {
                 checked += 1;
             }
         }
-        assert_eq!(checked, 19, "every flag with a value default is checked");
+        assert_eq!(checked, 22, "every flag with a value default is checked");
     }
 
     /// The README's `### Config file` example, as TOML.
@@ -223,7 +234,7 @@ mod tests {
             }
         }
         assert_eq!(
-            checked, 19,
+            checked, 22,
             "every flag with a value default is in the README's table"
         );
     }

@@ -74,6 +74,35 @@ pub struct FileConfig {
     #[serde(default)]
     #[arg(long = "replica")]
     pub replicas: Vec<String>,
+    /// Where the node set comes from: static (primary and replicas as configured), patroni
+    /// (the members Patroni's REST API lists, followed live), discover (the replicas streaming
+    /// from the primary, placed by discover_replicas / discover_template); dns is not built yet
+    /// [default: static].
+    #[arg(long)]
+    pub topology: Option<String>,
+    /// A Patroni REST API URL, http://host:port (repeat for each member; tried in order until
+    /// one answers). With topology = patroni the primary URL gives only the login, database and
+    /// TLS settings; hosts and ports come from Patroni.
+    #[serde(default)]
+    #[arg(long = "patroni-url")]
+    pub patroni_urls: Vec<String>,
+    /// With topology = discover: where the replica streaming as APPLICATION_NAME listens,
+    /// APPLICATION_NAME=HOST:PORT (repeat for each replica).
+    #[serde(default)]
+    #[arg(long = "discover-replica")]
+    pub discover_replicas: Vec<String>,
+    /// With topology = discover: HOST[:PORT] of a replica not in discover_replicas, with
+    /// {application_name} replaced by its application_name, e.g. {application_name}.db:5432.
+    #[arg(long)]
+    pub discover_template: Option<String>,
+    /// Milliseconds between two polls of Patroni's /cluster (or the primary's
+    /// pg_stat_replication) [default: 500].
+    #[arg(long)]
+    pub topology_poll_ms: Option<u64>,
+    /// Consecutive polls a member must show a changed state (joined, left, tags) in before the
+    /// proxy's node set follows; damps a flapping member [default: 3].
+    #[arg(long)]
+    pub topology_settle_polls: Option<u32>,
     /// Admin HTTP address serving /metrics (Prometheus) and /status (JSON) [default: off].
     #[arg(long)]
     pub admin_listen: Option<SocketAddr>,

@@ -22,6 +22,7 @@ mod file;
 mod node_url;
 mod pool;
 mod tls;
+mod topology;
 mod users;
 
 pub use causal::{CausalConfig, Consistency, Level};
@@ -31,6 +32,7 @@ pub(crate) use node_url::percent_decode;
 pub use node_url::{NODE_URL_PARAMETERS, NodeUrl, host_port};
 pub use pool::{PoolLimits, PoolMode};
 pub use tls::{TlsMode, TlsSettings};
+pub use topology::{TopologyConfig, TopologySource};
 pub use users::{ClientUser, ServerLogin, UserEntry};
 
 /// Why a configuration cannot be used.
@@ -72,6 +74,9 @@ pub enum ConfigError {
     /// A causal-read setting is invalid.
     #[error("invalid {key}: {why}")]
     Causal { key: &'static str, why: String },
+    /// The topology keys are unusable.
+    #[error("invalid topology settings: {0}")]
+    Topology(String),
     /// The TLS certificate or key cannot be used.
     #[error(
         "TLS setup failed: {0}; tls_cert must be a PEM certificate chain and tls_key a PEM private key"
@@ -110,7 +115,10 @@ pub struct Config {
     /// Admin HTTP address.
     pub admin_listen: Option<SocketAddr>,
     /// Every node: index 0 is the configured primary, then replicas. Roles are re-detected.
+    /// With a `patroni` topology, the node set follows Patroni and index 0 is the login template.
     pub nodes: Vec<NodeUrl>,
+    /// Where the node set comes from.
+    pub topology: TopologyConfig,
     /// Pooling mode.
     pub pool_mode: PoolMode,
     /// Max backend connections per (node, database, role).
@@ -186,6 +194,7 @@ impl Config {
         Ok(Config {
             listen,
             admin_listen: file.admin_listen,
+            topology: topology::topology_config(&file)?,
             nodes,
             pool_mode: file.pool_mode.unwrap_or_default(),
             pool_size: file.pool_size.unwrap_or(defaults::POOL_SIZE).max(1),

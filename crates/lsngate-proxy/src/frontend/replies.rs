@@ -394,6 +394,29 @@ impl Session {
                 let attached = self.backend.as_mut().expect("attached");
                 if matches!(e.get(b'S'), Some("FATAL" | "PANIC")) {
                     attached.doomed = true;
+                    if attached.may_commit && attached.target == crate::backend::Target::Primary {
+                        // A statement that may commit, ended by the server (a switchover's fast
+                        // shutdown, 57P01): it may have committed first — PostgreSQL ends a
+                        // commit waiting for its synchronous standby this way, after committing
+                        // locally. Its outcome is unknown, and the client is told so (08006),
+                        // not "terminating connection", which reads as "it did not happen".
+                        let said = format!(
+                            "{} {}",
+                            e.sqlstate().unwrap_or("?"),
+                            e.get(b'M').unwrap_or("")
+                        );
+                        let message = format!(
+                            "lsngate: the server ended the connection while it ran your statement \
+                             ({said}); its outcome is unknown: it may or may not have been \
+                             committed, so it was not retried; check before running it again"
+                        );
+                        return self
+                            .relay(
+                                ErrorFields::new("ERROR", sqlstate::CONNECTION_FAILURE, message)
+                                    .to_frame(b'E'),
+                            )
+                            .await;
+                    }
                     // The server connection ends, the client's does not: to the client this is
                     // an ERROR, followed by ReadyForQuery when the loss is noticed.
                     for (code, value) in e.fields.iter_mut() {
@@ -1311,6 +1334,34 @@ mod tests {
         assert_eq!(fields.sqlstate(), Some("57P01"));
         assert!(h.attached().doomed);
         assert!(h.attached().error_relayed);
+    }
+
+    /// Found by the Patroni switchover test: a write outside a transaction block whose server
+    /// was shut down under it (57P01: in synchronous mode a commit waiting for its standby is
+    /// ended so, after committing locally) reached the client as "terminating connection", which
+    /// reads as "not done". It may have committed: the client hears 08006, outcome unknown.
+    #[tokio::test]
+    async fn a_fatal_under_a_statement_that_may_commit_is_an_unknown_outcome() {
+        let mut h = harness();
+        h.sent(&[Owner::Client]);
+        h.attached().may_commit = true;
+        h.server_says(&[error("FATAL", "57P01", "terminating connection")])
+            .await;
+        let b = h.attached();
+        b.conn.fill().await.expect("filled");
+        let frame = b.conn.next_frame().expect("a frame");
+        h.session.on_backend(frame).await.expect("handled");
+        let heard = h.client_heard();
+        let fields = ErrorFields::parse(b'E', &heard[0].body).expect("error");
+        assert_eq!(fields.get(b'S'), Some("ERROR"));
+        assert_eq!(fields.sqlstate(), Some("08006"));
+        let message = fields.get(b'M').unwrap_or_default();
+        assert!(
+            message.contains("57P01 terminating connection")
+                && message.contains("outcome is unknown"),
+            "{message}"
+        );
+        assert!(h.attached().doomed && h.attached().error_relayed);
     }
 
     /// The server connection closing while the client's statement is due: the client hears an

@@ -36,11 +36,13 @@ pub enum Show {
     Causal,
     /// lsngate's own: the budget advice from the replay lag observed.
     Budget,
+    /// lsngate's own: the topology source's members, roles, states, lag, tags, node set.
+    Topology,
 }
 
 impl Show {
     /// Every SHOW, by its word.
-    pub const ALL: [(&'static str, Show); 15] = [
+    pub const ALL: [(&'static str, Show); 16] = [
         ("HELP", Show::Help),
         ("POOLS", Show::Pools),
         ("CLIENTS", Show::Clients),
@@ -56,6 +58,7 @@ impl Show {
         ("REPLICAS", Show::Replicas),
         ("CAUSAL", Show::Causal),
         ("BUDGET", Show::Budget),
+        ("TOPOLOGY", Show::Topology),
     ];
 }
 
@@ -118,7 +121,7 @@ impl Command {
 /// The commands, one a line: `SHOW HELP`'s text and the tail of every parse error.
 pub const HELP: &[&str] = &[
     "SHOW HELP|POOLS|CLIENTS|SERVERS|STATS|STATS_TOTALS|DATABASES|USERS|CONFIG|LISTS|VERSION|STATE",
-    "SHOW REPLICAS|CAUSAL|BUDGET",
+    "SHOW REPLICAS|CAUSAL|BUDGET|TOPOLOGY",
     "SET key = value",
     "RELOAD",
     "PAUSE [<db>]",

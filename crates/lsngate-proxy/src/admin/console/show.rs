@@ -85,6 +85,7 @@ pub fn show(proxy: &Proxy, what: Show) -> Table {
         Show::Replicas => replicas(proxy),
         Show::Causal => causal(proxy),
         Show::Budget => budget(proxy),
+        Show::Topology => topology(proxy),
     }
 }
 
@@ -456,6 +457,45 @@ fn replicas(proxy: &Proxy) -> Table {
             view.and_then(|v| v.timeline).map(|t| t.to_string()),
             view.map(|v| v.receiver.to_string()),
             node.last_error.lock().expect("error lock").clone(),
+        ]);
+    }
+    table
+}
+
+/// One row per member the topology source lists (none for a static topology).
+fn topology(proxy: &Proxy) -> Table {
+    let mut table = Table::new(&[
+        ("source", T),
+        ("member", T),
+        ("address", T),
+        ("role", T),
+        ("state", T),
+        ("timeline", N),
+        ("lag_bytes", N),
+        ("nofailover", T),
+        ("noloadbalance", T),
+        ("in_node_set", T),
+        ("last_poll_ms_ago", N),
+        ("last_error", T),
+    ]);
+    let source = proxy.config().topology.source.as_str();
+    let (last_poll, last_error) = proxy.topology.last_poll();
+    let ago = last_poll.map(|t| t.elapsed().as_millis().to_string());
+    let yes_no = |b: bool| text(if b { "yes" } else { "no" });
+    for (member, in_set) in proxy.topology.members() {
+        table.row(vec![
+            text(source),
+            text(&member.name),
+            text(crate::config::host_port(&member.host, member.port)),
+            text(&member.role),
+            text(&member.state),
+            member.timeline.map(|t| t.to_string()),
+            member.lag.map(|l| l.to_string()),
+            yes_no(member.nofailover),
+            yes_no(member.noloadbalance),
+            yes_no(in_set),
+            ago.clone(),
+            last_error.clone(),
         ]);
     }
     table
