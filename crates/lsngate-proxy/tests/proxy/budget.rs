@@ -18,8 +18,8 @@ const PLAYWRIGHT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../lsngate-http/e
 
 /// Opens /budget, waits until it shows advice, then drags the TIMEOUT slider to the stop nearest
 /// the low budget and prints what the page shows, then to the high one; then drags the token past
-/// the primary (no replica qualifies), before the replicas (every one does), past the primary
-/// again, and with "simulate" on drags the replica up to it. One JSON line per state.
+/// the primary (no replica qualifies), before the replicas (every one does), then with
+/// "simulate" on past the primary again and the replica up to it. One JSON line per state.
 const DRIVE: &str = r#"
 import { chromium } from 'playwright-core';
 const [url, low, high, shot] = process.argv.slice(2);
@@ -61,20 +61,29 @@ try {
   }
   await page.mouse.up();
   const axis = await (await page.$('#axis')).boundingBox();
+  // The page redraws the axis at every refresh, and new positions can move the handle between
+  // finding it and pressing on it: a token drag that did not take is tried again.
   const dragTo = async (selector, atRight) => {
-    const b = await (await page.$(selector)).boundingBox();
-    await page.mouse.move(b.x + b.width / 2, b.y + b.height / 2);
-    await page.mouse.down();
-    await page.mouse.move(atRight ? axis.x + axis.width - 2 : axis.x + 2, b.y + b.height / 2,
-                          { steps: 12 });
-    await page.mouse.up();
+    for (let attempt = 0; attempt < 5; attempt++) {
+      const before = await page.textContent('#token-position');
+      const b = await (await page.$(selector)).boundingBox();
+      await page.mouse.move(b.x + b.width / 2, b.y + b.height / 2);
+      await page.mouse.down();
+      await page.mouse.move(atRight ? axis.x + axis.width - 2 : axis.x + 2, b.y + b.height / 2,
+                            { steps: 12 });
+      await page.mouse.up();
+      if (selector !== '#token rect' || await page.textContent('#token-position') !== before) return;
+    }
+    throw new Error('dragging ' + selector + ' never moved the token');
   };
   await dragTo('#token rect', true);
   await shown(page, 'token dragged past the primary');
   await dragTo('#token rect', false);
   await shown(page, 'token dragged before the replicas');
-  await dragTo('#token rect', true);
+  // Simulate first: the replicas' positions stop following the live ones (which replay on past
+  // a token placed just ahead of the primary as soon as the server writes any WAL).
   await page.check('#simulate');
+  await dragTo('#token rect', true);
   await shown(page, 'simulating, token past the primary');
   await dragTo('g[data-replica] circle', true);
   await shown(page, 'replica dragged up to the token');
