@@ -151,6 +151,9 @@ pub fn import(ini: &str) -> Result<Imported, String> {
             "pool_mode",
             "auth_type",
             "auth_file",
+            "auth_user",
+            "auth_query",
+            "auth_dbname",
             "admin_users",
             "stats_users",
             "client_tls_sslmode",
@@ -260,6 +263,13 @@ fn auth(settings: &BTreeMap<String, String>, out: &mut Toml, not_carried: &mut V
     }
     if let Some(file) = settings.get("auth_file") {
         out.string("auth_file", file, "auth_file");
+    }
+    // The same keys and meaning: logins not in the file checked against the server's secrets,
+    // the proxy logging in to the servers as the client's role (lsngate's default too).
+    for key in ["auth_user", "auth_query", "auth_dbname"] {
+        if let Some(value) = settings.get(key) {
+            out.string(key, value, key);
+        }
     }
     for (bouncer, key) in [
         ("admin_users", "admin_users"),
@@ -468,6 +478,8 @@ query_wait_timeout = 2.5
 server_idle_timeout = 600
 auth_type = scram-sha-256
 auth_file = /etc/pgbouncer/userlist.txt
+auth_user = pgbouncer
+auth_query = SELECT usename, passwd FROM public.user_lookup($1)
 admin_users = ops, root
 logfile = /var/log/pgbouncer.log
 max_db_connections = 50
@@ -487,6 +499,8 @@ app_rw = pool_mode=session
             "acquire_timeout_ms = 2500",
             "server_idle_timeout_ms = 600000",
             "auth_file = \"/etc/pgbouncer/userlist.txt\"",
+            "auth_user = \"pgbouncer\"",
+            "auth_query = \"SELECT usename, passwd FROM public.user_lookup($1)\"",
             "admin_users = [\"ops\", \"root\"]",
             "tls_mode = \"require\"",
         ] {

@@ -39,6 +39,7 @@ pub mod config;
 pub(crate) mod frontend;
 #[cfg(test)]
 mod layers;
+pub(crate) mod logins;
 pub mod net;
 pub(crate) mod proxy;
 mod serve;

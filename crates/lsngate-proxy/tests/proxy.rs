@@ -3,6 +3,8 @@
 
 #[path = "proxy/admin.rs"]
 mod admin;
+#[path = "proxy/auth_query.rs"]
+mod auth_query;
 #[path = "proxy/budget.rs"]
 mod budget;
 #[path = "proxy/causal.rs"]

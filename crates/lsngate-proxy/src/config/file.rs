@@ -182,6 +182,26 @@ pub struct FileConfig {
     /// users besides those under [[users]]; re-read at every reload [default: none].
     #[arg(long)]
     pub auth_file: Option<std::path::PathBuf>,
+    /// The role that runs auth_query: a client not under [[users]] nor in auth_file logs in
+    /// against the secret the server stores for its role [default: none, auth_query off].
+    #[arg(long)]
+    pub auth_user: Option<String>,
+    /// The query auth_user runs to fetch a login's secret; `$1` is the login name, it returns
+    /// the name and the secret (or a SECURITY DEFINER function's row)
+    /// [default: SELECT usename, passwd FROM pg_shadow WHERE usename=$1].
+    #[arg(long)]
+    pub auth_query: Option<String>,
+    /// The database auth_query runs in [default: the client's database].
+    #[arg(long)]
+    pub auth_dbname: Option<String>,
+    /// Milliseconds a secret auth_query fetched is reused [default: 60000].
+    #[arg(long)]
+    pub auth_cache_ttl_ms: Option<u64>,
+    /// As whom clients logged in through auth_query reach the servers: client_role (their own
+    /// role, with the keys they proved) or node_user (the node URL's user)
+    /// [default: client_role].
+    #[arg(long)]
+    pub auth_server_login: Option<String>,
     /// Users clients may log in as. Without any, clients log in as the primary URL's user.
     #[serde(default)]
     #[arg(skip)]

@@ -15,6 +15,7 @@ use std::time::Duration;
 use crate::auth::Credential;
 
 mod auth_file;
+mod auth_query;
 mod causal;
 mod console;
 pub mod defaults;
@@ -25,6 +26,7 @@ mod tls;
 mod topology;
 mod users;
 
+pub use auth_query::{AuthQuery, AuthServerLogin};
 pub use causal::{CausalConfig, Consistency, Level};
 pub use console::{CONSOLE_DATABASES, ConsoleAccess, is_console_database};
 pub use file::FileConfig;
@@ -65,6 +67,9 @@ pub enum ConfigError {
         "the primary URL has no password and --listen {0} is not loopback: clients would log in without a password; add [[users]] to a config file or listen on 127.0.0.1"
     )]
     OpenTrust(SocketAddr),
+    /// The auth_query settings cannot work.
+    #[error("auth_query: {0}")]
+    AuthQuery(String),
     /// The auth file cannot be used.
     #[error("auth_file {path}: {why}")]
     AuthFile { path: String, why: String },
@@ -159,6 +164,8 @@ pub struct Config {
     pub admin_users: Vec<String>,
     /// Users who may run the admin console's SHOW commands.
     pub stats_users: Vec<String>,
+    /// Logins checked against the servers' own secrets, when `auth_user` is set.
+    pub auth_query: Option<AuthQuery>,
 }
 
 impl Config {
@@ -189,6 +196,7 @@ impl Config {
                 entries.push(entry);
             }
         }
+        let auth_query = auth_query::auth_query(&file, &entries, &primary)?;
         let users = users::client_users(&entries, &primary, listen)?;
         console::check_console_users(&users, &file.admin_users, &file.stats_users)?;
         Ok(Config {
@@ -253,6 +261,7 @@ impl Config {
             causal: causal::causal_config(&file)?,
             admin_users: file.admin_users,
             stats_users: file.stats_users,
+            auth_query,
         })
     }
 

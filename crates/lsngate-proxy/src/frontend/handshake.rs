@@ -13,9 +13,10 @@ use tokio::sync::watch;
 use super::client_io::{ClientIo, ClientSocket};
 use super::error::ClientError;
 use super::session::Session;
-use crate::auth::{AuthError, Credential, ScramExchange, md5_response};
+use crate::auth::{AuthError, Credential, ScramExchange, ServerSecret, md5_response};
 use crate::clients::{ClientEntry, NewClient};
-use crate::config::ConsoleAccess;
+use crate::config::{AuthServerLogin, Config, ConsoleAccess, ServerLogin};
+use crate::logins::{Login, Queried};
 use crate::net::backend::build::{self, fatal};
 use crate::net::sqlstate;
 use crate::net::{FrontendMessage, StartupFrame, startup::decode_startup};
@@ -186,15 +187,41 @@ async fn login_and_run(
             .collect();
         io.queue(&build::negotiate_protocol_version(&unsupported));
     }
-    let Some(credential) = config.credential(&user).cloned() else {
-        let message =
-            format!("no such user \"{user}\" in the lsngate config; add it under [[users]]");
-        io.queue(&fatal(
-            sqlstate::INVALID_AUTHORIZATION_SPECIFICATION,
-            &message,
-        ));
-        io.flush().await?;
-        return Err(ClientError::Refused(message));
+    let found = proxy
+        .logins
+        .find(&config, &proxy.nodes, &user, &database)
+        .await;
+    let (credential, queried) = match found {
+        Ok(Login::Listed(credential)) => (credential, None),
+        Ok(Login::Queried(queried)) => (queried.credential.clone(), Some(queried)),
+        Ok(Login::NoSecret) => {
+            // As PostgreSQL does for a role it lacks: a full exchange against a secret nobody
+            // knows, so the client learns only "password authentication failed".
+            let nobody: [u8; 16] = rand::random();
+            let unknown = Credential::Scram(crate::auth::ScramVerifier::from_password(
+                &format!("{nobody:?}"),
+                4096,
+            ));
+            (unknown, None)
+        }
+        Ok(Login::Unlisted) => {
+            let message =
+                format!("no such user \"{user}\" in the lsngate config; add it under [[users]]");
+            login_failed(&user, &database, origin, "unknown user");
+            return refuse(
+                &mut io,
+                sqlstate::INVALID_AUTHORIZATION_SPECIFICATION,
+                message,
+            )
+            .await;
+        }
+        Err(e) => {
+            login_failed(&user, &database, origin, &format!("auth_query failed: {e}"));
+            let message = format!(
+                "could not check the password of user \"{user}\": the server did not answer auth_query ({e})"
+            );
+            return refuse(&mut io, sqlstate::CONNECTION_FAILURE, message).await;
+        }
     };
     let authenticated =
         crate::timer::timeout_at(login_deadline, authenticate(&mut io, &user, &credential))
@@ -205,16 +232,35 @@ async fn login_and_run(
                     config.client_login_timeout.as_millis()
                 )))
             });
-    if let Err(e) = authenticated {
-        let code = match e {
-            ClientError::Protocol(_) => sqlstate::PROTOCOL_VIOLATION,
-            ClientError::LoginTimeout(_) => sqlstate::QUERY_CANCELED,
-            _ => sqlstate::INVALID_PASSWORD,
-        };
-        io.queue(&fatal(code, &e.to_string()));
-        let _ = io.flush().await;
-        return Err(e);
-    }
+    let client_key = match authenticated {
+        Ok(client_key) => client_key,
+        Err(e) => {
+            let code = match e {
+                ClientError::Protocol(_) => sqlstate::PROTOCOL_VIOLATION,
+                ClientError::LoginTimeout(_) => sqlstate::QUERY_CANCELED,
+                _ => sqlstate::INVALID_PASSWORD,
+            };
+            let reason = match (&e, &queried) {
+                (ClientError::Auth(_), None) if config.user(&user).is_none() => {
+                    "auth_query found no password for this role".to_string()
+                }
+                (ClientError::Auth(_), Some(_)) => {
+                    // The server's secret may have changed since it was cached.
+                    proxy.logins.forget(&config, &user, &database);
+                    "wrong password (auth_query's secret)".to_string()
+                }
+                _ => e.to_string(),
+            };
+            login_failed(&user, &database, origin, &reason);
+            io.queue(&fatal(code, &e.to_string()));
+            let _ = io.flush().await;
+            return Err(e);
+        }
+    };
+    let server_login = match &queried {
+        None => config.user(&user).and_then(|u| u.server_login.clone()),
+        Some(queried) => auth_server_login(&config, &user, queried, client_key),
+    };
     let console_access = if crate::config::is_console_database(&database) {
         // PgBouncer's answer to a user in neither list, with the fix.
         let Some(access) = config.console_access(&user) else {
@@ -273,6 +319,7 @@ async fn login_and_run(
         slot,
         shutdown,
         Arc::clone(&registered.entry),
+        server_login,
     )
     .await;
     let result = match session {
@@ -340,11 +387,14 @@ fn cstring(body: &[u8]) -> String {
     String::from_utf8_lossy(body.strip_suffix(&[0]).unwrap_or(body)).into_owned()
 }
 
+/// Runs the password exchange `credential` asks for; returns the ClientKey a SCRAM client
+/// proved (for `auth_server_login = "client_role"`).
 async fn authenticate(
     io: &mut ClientIo,
     user: &str,
     credential: &Credential,
-) -> Result<(), ClientError> {
+) -> Result<Option<Vec<u8>>, ClientError> {
+    let mut client_key = None;
     match credential {
         Credential::Trust => {}
         Credential::Md5 { hash } => {
@@ -367,12 +417,47 @@ async fn authenticate(
             ));
             io.flush().await?;
             let client_final = String::from_utf8_lossy(&read_auth_response(io).await?).into_owned();
-            let server_final = exchange.finish(user, verifier, &client_final)?;
-            io.queue(&build::auth_sasl_final(server_final.as_bytes()));
+            let proved = exchange.finish(user, verifier, &client_final)?;
+            io.queue(&build::auth_sasl_final(proved.server_final.as_bytes()));
+            client_key = Some(proved.client_key);
         }
     }
     io.queue(&build::auth_ok());
-    Ok(())
+    Ok(client_key)
+}
+
+/// As whom a client auth_query let in reaches the servers: its own role, proved with what its
+/// login proved, or the node URL's user.
+fn auth_server_login(
+    config: &Config,
+    user: &str,
+    queried: &Queried,
+    client_key: Option<Vec<u8>>,
+) -> Option<ServerLogin> {
+    let auth = config.auth_query.as_ref()?;
+    if auth.server_login == AuthServerLogin::NodeUser {
+        return None;
+    }
+    let secret = match (&queried.plain, &queried.credential, client_key) {
+        (Some(plain), _, _) => ServerSecret::Password(plain.clone()),
+        (None, Credential::Scram(verifier), Some(client_key)) => ServerSecret::ScramKeys {
+            client_key,
+            server_key: verifier.server_key.clone(),
+        },
+        (None, Credential::Md5 { hash }, _) => ServerSecret::Md5Hash(hash.clone()),
+        _ => ServerSecret::None,
+    };
+    Some(ServerLogin {
+        user: user.to_string(),
+        secret,
+    })
+}
+
+/// Counts and logs a refused login with its reason; the client hears only what PostgreSQL
+/// would say.
+fn login_failed(user: &str, database: &str, origin: Origin, reason: &str) {
+    metrics::counter!("lsngate_proxy_login_failures_total").increment(1);
+    tracing::warn!(%user, %database, peer = ?origin.peer, %reason, "login refused");
 }
 
 fn sasl_initial_data(body: &[u8]) -> Result<String, ClientError> {
