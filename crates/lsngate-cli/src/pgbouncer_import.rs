@@ -154,6 +154,7 @@ pub fn import(ini: &str) -> Result<Imported, String> {
             "auth_user",
             "auth_query",
             "auth_dbname",
+            "auth_hba_file",
             "admin_users",
             "stats_users",
             "client_tls_sslmode",
@@ -257,9 +258,23 @@ fn databases(
 fn auth(settings: &BTreeMap<String, String>, out: &mut Toml, not_carried: &mut Vec<String>) {
     match settings.get("auth_type").map(String::as_str) {
         None | Some("scram-sha-256" | "md5" | "plain") => {}
+        Some("hba") => match settings.get("auth_hba_file") {
+            Some(file) => out.string("auth_hba_file", file, "auth_type = hba, auth_hba_file"),
+            None => not_carried.push(
+                "auth_type = hba without auth_hba_file: name the file (auth_hba_file) for lsngate to apply it".into(),
+            ),
+        },
         Some(other) => not_carried.push(format!(
             "auth_type = {other}: lsngate authenticates with the auth_file's secrets (SCRAM, or MD5 for md5 hashes) or [[users]]"
         )),
+    }
+    if let (Some(file), false) = (
+        settings.get("auth_hba_file"),
+        settings.get("auth_type").is_some_and(|t| t == "hba"),
+    ) {
+        not_carried.push(format!(
+            "auth_hba_file = {file}: PgBouncer applies it only with auth_type = hba; set auth_hba_file in lsngate to apply it"
+        ));
     }
     if let Some(file) = settings.get("auth_file") {
         out.string("auth_file", file, "auth_file");
@@ -476,7 +491,8 @@ default_pool_size = 25
 max_client_conn = 500
 query_wait_timeout = 2.5
 server_idle_timeout = 600
-auth_type = scram-sha-256
+auth_type = hba
+auth_hba_file = /etc/pgbouncer/hba.conf
 auth_file = /etc/pgbouncer/userlist.txt
 auth_user = pgbouncer
 auth_query = SELECT usename, passwd FROM public.user_lookup($1)
@@ -500,6 +516,7 @@ app_rw = pool_mode=session
             "server_idle_timeout_ms = 600000",
             "auth_file = \"/etc/pgbouncer/userlist.txt\"",
             "auth_user = \"pgbouncer\"",
+            "auth_hba_file = \"/etc/pgbouncer/hba.conf\"",
             "auth_query = \"SELECT usename, passwd FROM public.user_lookup($1)\"",
             "admin_users = [\"ops\", \"root\"]",
             "tls_mode = \"require\"",

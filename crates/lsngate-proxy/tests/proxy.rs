@@ -21,6 +21,8 @@ mod discover;
 mod drivers;
 #[path = "proxy/faults.rs"]
 mod faults;
+#[path = "proxy/hba.rs"]
+mod hba;
 #[path = "proxy/patroni.rs"]
 mod patroni;
 #[path = "proxy/pooling.rs"]

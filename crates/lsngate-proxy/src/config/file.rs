@@ -182,6 +182,11 @@ pub struct FileConfig {
     /// users besides those under [[users]]; re-read at every reload [default: none].
     #[arg(long)]
     pub auth_file: Option<std::path::PathBuf>,
+    /// A file in pg_hba.conf format: the first rule matching a login's connection type,
+    /// database, user and address decides its method (trust, reject, md5, scram-sha-256,
+    /// password); no matching rule refuses it; re-read at every reload [default: none].
+    #[arg(long)]
+    pub auth_hba_file: Option<std::path::PathBuf>,
     /// The role that runs auth_query: a client not under [[users]] nor in auth_file logs in
     /// against the secret the server stores for its role [default: none, auth_query off].
     #[arg(long)]

@@ -20,6 +20,7 @@ mod causal;
 mod console;
 pub mod defaults;
 mod file;
+mod hba;
 mod node_url;
 mod pool;
 mod tls;
@@ -30,6 +31,7 @@ pub use auth_query::{AuthQuery, AuthServerLogin};
 pub use causal::{CausalConfig, Consistency, Level};
 pub use console::{CONSOLE_DATABASES, ConsoleAccess, is_console_database};
 pub use file::FileConfig;
+pub use hba::{Hba, HbaLogin, HbaMethod};
 pub(crate) use node_url::percent_decode;
 pub use node_url::{NODE_URL_PARAMETERS, NodeUrl, host_port};
 pub use pool::{PoolLimits, PoolMode};
@@ -70,6 +72,9 @@ pub enum ConfigError {
     /// The auth_query settings cannot work.
     #[error("auth_query: {0}")]
     AuthQuery(String),
+    /// The auth_hba_file cannot be used.
+    #[error("auth_hba_file {path}: {why}")]
+    HbaFile { path: String, why: String },
     /// The auth file cannot be used.
     #[error("auth_file {path}: {why}")]
     AuthFile { path: String, why: String },
@@ -166,6 +171,8 @@ pub struct Config {
     pub stats_users: Vec<String>,
     /// Logins checked against the servers' own secrets, when `auth_user` is set.
     pub auth_query: Option<AuthQuery>,
+    /// Which clients may log in and how, when `auth_hba_file` is set.
+    pub hba: Option<Hba>,
 }
 
 impl Config {
@@ -197,6 +204,7 @@ impl Config {
             }
         }
         let auth_query = auth_query::auth_query(&file, &entries, &primary)?;
+        let hba = file.auth_hba_file.as_deref().map(Hba::read).transpose()?;
         let users = users::client_users(&entries, &primary, listen)?;
         console::check_console_users(&users, &file.admin_users, &file.stats_users)?;
         Ok(Config {
@@ -262,6 +270,7 @@ impl Config {
             admin_users: file.admin_users,
             stats_users: file.stats_users,
             auth_query,
+            hba,
         })
     }
 

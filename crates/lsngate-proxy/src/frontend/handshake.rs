@@ -15,7 +15,7 @@ use super::error::ClientError;
 use super::session::Session;
 use crate::auth::{AuthError, Credential, ScramExchange, ServerSecret, md5_response};
 use crate::clients::{ClientEntry, NewClient};
-use crate::config::{AuthServerLogin, Config, ConsoleAccess, ServerLogin};
+use crate::config::{AuthServerLogin, Config, ConsoleAccess, HbaLogin, HbaMethod, ServerLogin};
 use crate::logins::{Login, Queried};
 use crate::net::backend::build::{self, fatal};
 use crate::net::sqlstate;
@@ -187,6 +187,18 @@ async fn login_and_run(
             .collect();
         io.queue(&build::negotiate_protocol_version(&unsupported));
     }
+    let hba = match hba_method(&config, origin, &user, &database) {
+        Ok(method) => method,
+        Err(message) => {
+            login_failed(&user, &database, origin, &message);
+            return refuse(
+                &mut io,
+                sqlstate::INVALID_AUTHORIZATION_SPECIFICATION,
+                message,
+            )
+            .await;
+        }
+    };
     let found = proxy
         .logins
         .find(&config, &proxy.nodes, &user, &database)
@@ -194,16 +206,9 @@ async fn login_and_run(
     let (credential, queried) = match found {
         Ok(Login::Listed(credential)) => (credential, None),
         Ok(Login::Queried(queried)) => (queried.credential.clone(), Some(queried)),
-        Ok(Login::NoSecret) => {
-            // As PostgreSQL does for a role it lacks: a full exchange against a secret nobody
-            // knows, so the client learns only "password authentication failed".
-            let nobody: [u8; 16] = rand::random();
-            let unknown = Credential::Scram(crate::auth::ScramVerifier::from_password(
-                &format!("{nobody:?}"),
-                4096,
-            ));
-            (unknown, None)
-        }
+        // As PostgreSQL does for a role it lacks: a full exchange against a secret nobody
+        // knows, so the client learns only "password authentication failed".
+        Ok(Login::NoSecret) => (nobodys_secret(), None),
         Ok(Login::Unlisted) => {
             let message =
                 format!("no such user \"{user}\" in the lsngate config; add it under [[users]]");
@@ -223,6 +228,16 @@ async fn login_and_run(
             return refuse(&mut io, sqlstate::CONNECTION_FAILURE, message).await;
         }
     };
+    let (credential, hba_refusal) = match hba {
+        None => (credential, None),
+        Some((method, line)) => match hba_credential(method, credential) {
+            Ok(credential) => (credential, None),
+            Err(why) => (
+                nobodys_secret(),
+                Some(format!("auth_hba_file line {line} ({method:?}): {why}")),
+            ),
+        },
+    };
     let authenticated =
         crate::timer::timeout_at(login_deadline, authenticate(&mut io, &user, &credential))
             .await
@@ -241,6 +256,9 @@ async fn login_and_run(
                 _ => sqlstate::INVALID_PASSWORD,
             };
             let reason = match (&e, &queried) {
+                (ClientError::Auth(_), _) if hba_refusal.is_some() => {
+                    hba_refusal.unwrap_or_default()
+                }
                 (ClientError::Auth(_), None) if config.user(&user).is_none() => {
                     "auth_query found no password for this role".to_string()
                 }
@@ -451,6 +469,69 @@ fn auth_server_login(
         user: user.to_string(),
         secret,
     })
+}
+
+/// A secret no password matches: a login against it runs the whole SCRAM exchange and fails.
+fn nobodys_secret() -> Credential {
+    let nobody: [u8; 16] = rand::random();
+    Credential::Scram(crate::auth::ScramVerifier::from_password(
+        &format!("{nobody:?}"),
+        4096,
+    ))
+}
+
+/// The `auth_hba_file` method for this login: None without the file; an error (PostgreSQL's
+/// words) when no rule matches or the rule rejects.
+fn hba_method(
+    config: &Config,
+    origin: Origin,
+    user: &str,
+    database: &str,
+) -> Result<Option<(HbaMethod, usize)>, String> {
+    let Some(hba) = &config.hba else {
+        return Ok(None);
+    };
+    let encryption = if origin.tls {
+        "SSL encryption"
+    } else {
+        "no encryption"
+    };
+    let Some(peer) = origin.peer else {
+        return Err(format!(
+            "no pg_hba.conf entry for an unknown host, user \"{user}\", database \"{database}\", {encryption}"
+        ));
+    };
+    let login = HbaLogin {
+        peer: peer.ip(),
+        tls: origin.tls,
+        user,
+        database,
+    };
+    let host = peer.ip();
+    match hba.method(login) {
+        None => Err(format!(
+            "no pg_hba.conf entry for host \"{host}\", user \"{user}\", database \"{database}\", {encryption}"
+        )),
+        Some((HbaMethod::Reject, _)) => Err(format!(
+            "pg_hba.conf rejects connection for host \"{host}\", user \"{user}\", database \"{database}\", {encryption}"
+        )),
+        Some(rule) => Ok(Some(rule)),
+    }
+}
+
+/// What a login must prove under the rule's method: `trust` asks nothing; `scram-sha-256`
+/// takes only a SCRAM secret; `md5` and `password` take the user's secret as it is. A user
+/// without a password cannot pass a method that asks for one: the error says why (for the log;
+/// the client is told only that the password failed).
+fn hba_credential(method: HbaMethod, credential: Credential) -> Result<Credential, &'static str> {
+    match (method, credential) {
+        (HbaMethod::Trust, _) => Ok(Credential::Trust),
+        (HbaMethod::ScramSha256, Credential::Md5 { .. }) => {
+            Err("the user's secret is an MD5 hash, the rule demands SCRAM")
+        }
+        (_, Credential::Trust) => Err("the user has no password, the rule demands one"),
+        (_, credential) => Ok(credential),
+    }
 }
 
 /// Counts and logs a refused login with its reason; the client hears only what PostgreSQL
