@@ -17,6 +17,8 @@ mod dashboard;
 mod differential;
 #[path = "proxy/discover.rs"]
 mod discover;
+#[path = "proxy/dns.rs"]
+mod dns;
 #[path = "proxy/drivers.rs"]
 mod drivers;
 #[path = "proxy/faults.rs"]

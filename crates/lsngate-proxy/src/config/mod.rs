@@ -36,7 +36,7 @@ pub(crate) use node_url::percent_decode;
 pub use node_url::{NODE_URL_PARAMETERS, NodeUrl, host_port};
 pub use pool::{PoolLimits, PoolMode};
 pub use tls::{TlsMode, TlsSettings};
-pub use topology::{TopologyConfig, TopologySource};
+pub use topology::{DnsConfig, TopologyConfig, TopologySource};
 pub use users::{ClientUser, ServerLogin, UserEntry};
 
 /// Why a configuration cannot be used.
@@ -210,7 +210,7 @@ impl Config {
         Ok(Config {
             listen,
             admin_listen: file.admin_listen,
-            topology: topology::topology_config(&file)?,
+            topology: topology::topology_config(&file, primary.hosts[0].1)?,
             nodes,
             pool_mode: file.pool_mode.unwrap_or_default(),
             pool_size: file.pool_size.unwrap_or(defaults::POOL_SIZE).max(1),
