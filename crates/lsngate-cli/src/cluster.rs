@@ -62,6 +62,10 @@ pub struct UpArgs {
     /// bundle and Debian's 15. With --sync on or remote_apply: Patroni's synchronous_mode.
     #[arg(long)]
     patroni: bool,
+    /// With --patroni: HTTPS on the members' REST APIs, with a certificate for localhost from a
+    /// CA made for the cluster; prints LSNGATE_PATRONI_CA (the proxy's --patroni-ca-file).
+    #[arg(long, requires = "patroni")]
+    patroni_https: bool,
     /// PostgreSQL bin dir [default: the 19 bundle, then pg_config --bindir, then
     /// /usr/lib/postgresql/*/bin, highest version first].
     #[arg(long, env = "LSNGATE_PG_BIN")]
@@ -185,6 +189,7 @@ fn up_patroni(args: UpArgs) -> anyhow::Result<()> {
         pg_bin: args.pg_bin,
         dir: Some(args.dir.dir.clone()),
         synchronous_mode: args.sync != SyncMode::Off,
+        rest_tls: args.patroni_https,
     };
     let started = std::time::Instant::now();
     let cluster = PatroniCluster::start(&config)?;
@@ -198,6 +203,9 @@ fn up_patroni(args: UpArgs) -> anyhow::Result<()> {
     println!("LSNGATE_PRIMARY_URL={}", cluster.primary_url()?);
     println!("LSNGATE_REPLICA_URLS={}", cluster.replica_urls()?.join(","));
     println!("LSNGATE_PATRONI_URLS={}", cluster.api_urls().join(","));
+    if let Some(ca) = cluster.rest_ca() {
+        println!("LSNGATE_PATRONI_CA={}", ca.display());
+    }
     eprintln!("patronictl: {}", cluster.patronictl());
     eprintln!(
         "stop it with: lsngate cluster down --dir {}",

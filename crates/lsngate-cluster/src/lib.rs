@@ -34,7 +34,7 @@ pub use dir::default_cluster_dir;
 pub use forwarder::{Fault, Forwarder};
 pub use node::{Node, NodeSpec};
 pub use patroni::{
-    ClusterMember, MemberSpec, PATRONI_MANIFEST, PatroniCluster, PatroniConfig, TTL_S,
+    ClusterMember, MemberSpec, PATRONI_MANIFEST, PatroniCluster, PatroniConfig, RestTls, TTL_S,
 };
 pub use pgbin::{BUNDLE_BIN, PG_BIN_ENV, PgBin};
 pub use process::SERVER_USER;

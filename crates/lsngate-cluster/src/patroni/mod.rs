@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 use serde::{Deserialize, Serialize};
 
 pub use rest::ClusterMember;
-pub use yaml::{MemberSpec, TTL_S};
+pub use yaml::{MemberSpec, RestTls, TTL_S};
 
 use crate::Error;
 use crate::node::{Node, NodeSpec, Tools};
@@ -48,6 +48,9 @@ pub struct PatroniConfig {
     pub dir: Option<PathBuf>,
     /// Patroni's `synchronous_mode`: one synchronous standby, failover only to it.
     pub synchronous_mode: bool,
+    /// HTTPS on every member's REST API, with a certificate for `localhost` from a CA the kit
+    /// makes ([`PatroniCluster::rest_ca`]); `api_urls` are then `https://localhost:<port>`.
+    pub rest_tls: bool,
 }
 
 /// What `patroni.json` holds.
@@ -78,6 +81,7 @@ pub struct PatroniCluster {
     etcd: (i32, Option<Child>),
     members: Mutex<Vec<Member>>,
     synchronous_mode: bool,
+    rest_tls: Option<RestTls>,
     detached: bool,
 }
 
@@ -105,8 +109,18 @@ impl PatroniCluster {
             etcd: (0, None),
             members: Mutex::new(Vec::new()),
             synchronous_mode: config.synchronous_mode,
+            rest_tls: None,
             detached: false,
         };
+        if config.rest_tls {
+            let ca = crate::TestCa::create(&cluster.dir.join("rest-tls"), "patroni-ca")?;
+            let issued = ca.issue("patroni-rest", "localhost", &["localhost"])?;
+            cluster.rest_tls = Some(RestTls {
+                ca: ca.cert.clone(),
+                cert: issued.cert,
+                key: issued.key,
+            });
+        }
         cluster.start_etcd()?;
         // The first member bootstraps alone, so it is the leader; the others clone it.
         cluster.add_member()?;
@@ -131,7 +145,7 @@ impl PatroniCluster {
             bin: PgBin::at(&manifest.pg_bin)?,
             run_as: RunAs::detect()?,
         });
-        let members = manifest
+        let members: Vec<Member> = manifest
             .members
             .into_iter()
             .map(|(spec, pid)| Member {
@@ -140,6 +154,9 @@ impl PatroniCluster {
                 child: None,
             })
             .collect();
+        let rest_tls = members
+            .iter()
+            .find_map(|m: &Member| m.spec.rest_tls.clone());
         Ok(PatroniCluster {
             dir: dir.to_path_buf(),
             tools,
@@ -147,6 +164,7 @@ impl PatroniCluster {
             etcd: (manifest.etcd_pid, None),
             members: Mutex::new(members),
             synchronous_mode: manifest.synchronous_mode,
+            rest_tls,
             detached: true,
         })
     }
@@ -183,7 +201,14 @@ impl PatroniCluster {
         )
     }
 
-    /// Every member's REST API URL (`http://127.0.0.1:<port>`), for the proxy's `--patroni-url`.
+    /// The CA that signed the REST API's certificate, with `rest_tls`: for the proxy's
+    /// `--patroni-ca-file`.
+    pub fn rest_ca(&self) -> Option<&Path> {
+        self.rest_tls.as_ref().map(|tls| tls.ca.as_path())
+    }
+
+    /// Every member's REST API URL (`http://127.0.0.1:<port>`, or `https://localhost:<port>`
+    /// with `rest_tls`), for the proxy's `--patroni-url`.
     pub fn api_urls(&self) -> Vec<String> {
         self.members().iter().map(MemberSpec::api_url).collect()
     }
@@ -198,7 +223,8 @@ impl PatroniCluster {
     pub fn cluster_members(&self) -> Result<Vec<ClusterMember>, Error> {
         let mut last = None;
         for member in self.members() {
-            match rest::cluster_members(member.api_port) {
+            let ca = member.rest_tls.as_ref().map(|tls| tls.ca.as_path());
+            match rest::cluster_members(member.api_port, ca) {
                 Ok(members) => return Ok(members),
                 Err(e) => last = Some(e),
             }
@@ -378,6 +404,7 @@ impl PatroniCluster {
             pg_port: crate::cluster::free_port()?,
             api_port: crate::cluster::free_port()?,
             dir: self.dir.join(&name),
+            rest_tls: self.rest_tls.clone(),
         };
         std::fs::create_dir_all(&spec.dir).map_err(|e| Error::io("create member dir", e))?;
         self.tools.run_as.own(&spec.dir)?;
@@ -503,7 +530,8 @@ impl PatroniCluster {
         self.etcd = (child.id() as i32, Some(child));
         let deadline = Instant::now() + Duration::from_secs(20);
         loop {
-            if let Ok((200, _)) = rest::get(self.etcd_port, "/health", Duration::from_secs(1)) {
+            if let Ok((200, _)) = rest::get(self.etcd_port, "/health", Duration::from_secs(1), None)
+            {
                 return Ok(());
             }
             if Instant::now() >= deadline {

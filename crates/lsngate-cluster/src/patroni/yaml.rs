@@ -23,6 +23,21 @@ pub struct MemberSpec {
     pub api_port: u16,
     /// Its directory: `data/` (PGDATA), the Unix socket, `patroni.yml`, `patroni.log`.
     pub dir: std::path::PathBuf,
+    /// HTTPS on the REST API, when the cluster was started with `rest_tls`.
+    #[serde(default)]
+    pub rest_tls: Option<RestTls>,
+}
+
+/// The REST API's TLS files: its certificate (for `localhost`) and key, and the CA that signed
+/// it, which clients trust.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct RestTls {
+    /// The CA certificate (PEM): what `--patroni-ca-file` names.
+    pub ca: std::path::PathBuf,
+    /// The API's certificate (PEM), for `localhost`.
+    pub cert: std::path::PathBuf,
+    /// Its private key (PEM), readable by the server user only.
+    pub key: std::path::PathBuf,
 }
 
 impl MemberSpec {
@@ -30,9 +45,13 @@ impl MemberSpec {
     pub fn yaml_path(&self) -> std::path::PathBuf {
         self.dir.join("patroni.yml")
     }
-    /// `http://127.0.0.1:<api_port>`.
+    /// `http://127.0.0.1:<api_port>`, or `https://localhost:<api_port>` (the name its
+    /// certificate is for) with `rest_tls`.
     pub fn api_url(&self) -> String {
-        format!("http://127.0.0.1:{}", self.api_port)
+        match self.rest_tls {
+            None => format!("http://127.0.0.1:{}", self.api_port),
+            Some(_) => format!("https://localhost:{}", self.api_port),
+        }
     }
 }
 
@@ -53,9 +72,20 @@ pub fn member_yaml(
         pg_port,
         api_port,
         dir,
+        rest_tls,
     } = member;
     let dir = dir.display();
     let bin = pg_bin.display();
+    // HTTPS on the API, and patronictl (which calls it) trusting its CA.
+    let tls = match rest_tls {
+        None => String::new(),
+        Some(RestTls { ca, cert, key }) => format!(
+            "  certfile: {}\n  keyfile: {}\nctl:\n  cacert: {}\n",
+            cert.display(),
+            key.display(),
+            ca.display()
+        ),
+    };
     format!(
         "scope: lsngate
 name: {name}
@@ -65,7 +95,7 @@ log:
 restapi:
   listen: 127.0.0.1:{api_port}
   connect_address: 127.0.0.1:{api_port}
-etcd3:
+{tls}etcd3:
   hosts: 127.0.0.1:{etcd_port}
 bootstrap:
   dcs:

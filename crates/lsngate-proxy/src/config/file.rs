@@ -86,6 +86,17 @@ pub struct FileConfig {
     #[serde(default)]
     #[arg(long = "patroni-url")]
     pub patroni_urls: Vec<String>,
+    /// With https:// Patroni URLs: the PEM file of the CA that signed the REST API's
+    /// certificate, checked for the URL's host name [default: the system's CA bundle].
+    #[arg(long)]
+    pub patroni_ca_file: Option<std::path::PathBuf>,
+    /// With https:// Patroni URLs: a client certificate (PEM) for a REST API that verifies
+    /// clients (Patroni's restapi.verify_client) [default: none].
+    #[arg(long)]
+    pub patroni_cert_file: Option<std::path::PathBuf>,
+    /// patroni_cert_file's private key (PEM) [default: none].
+    #[arg(long)]
+    pub patroni_key_file: Option<std::path::PathBuf>,
     /// With topology = discover: where the replica streaming as APPLICATION_NAME listens,
     /// APPLICATION_NAME=HOST:PORT (repeat for each replica).
     #[serde(default)]

@@ -36,7 +36,7 @@ pub(crate) use node_url::percent_decode;
 pub use node_url::{NODE_URL_PARAMETERS, NodeUrl, host_port};
 pub use pool::{PoolLimits, PoolMode};
 pub use tls::{TlsMode, TlsSettings};
-pub use topology::{DnsConfig, TopologyConfig, TopologySource};
+pub use topology::{DnsConfig, PatroniUrl, TopologyConfig, TopologySource};
 pub use users::{ClientUser, ServerLogin, UserEntry};
 
 /// Why a configuration cannot be used.

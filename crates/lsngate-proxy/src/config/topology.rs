@@ -40,8 +40,12 @@ impl TopologySource {
 pub struct TopologyConfig {
     /// Where the node set comes from.
     pub source: TopologySource,
-    /// Patroni REST API bases (`http://host:port`), tried in order until one answers.
-    pub patroni_urls: Vec<(String, u16)>,
+    /// Patroni REST API bases (`http://host:port` or `https://…`), tried in order until one
+    /// answers.
+    pub patroni_urls: Vec<PatroniUrl>,
+    /// TLS towards `https://` Patroni URLs: the CA (`patroni_ca_file`, else the system's
+    /// bundle), the host name checked, and a client certificate when Patroni asks for one.
+    pub patroni_tls: Option<lsngate_pgconn::ServerTls>,
     /// Time between two polls of `/cluster`.
     pub poll: Duration,
     /// Bound of one `/cluster` request (connect, send, read), per URL.
@@ -54,6 +58,24 @@ pub struct TopologyConfig {
     pub discover_template: Option<String>,
     /// `dns`: the name, its port for A/AAAA records and the server asked.
     pub dns: Option<DnsConfig>,
+}
+
+/// One Patroni REST API base.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PatroniUrl {
+    /// Host name or address (a name is what an `https` certificate is checked for).
+    pub host: String,
+    /// Port.
+    pub port: u16,
+    /// `https://`.
+    pub https: bool,
+}
+
+impl std::fmt::Display for PatroniUrl {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let scheme = if self.https { "https" } else { "http" };
+        write!(f, "{scheme}://{}", super::host_port(&self.host, self.port))
+    }
 }
 
 /// Where `topology = "dns"` finds the members.
@@ -79,6 +101,7 @@ impl Default for TopologyConfig {
         TopologyConfig {
             source: TopologySource::Static,
             patroni_urls: Vec::new(),
+            patroni_tls: None,
             poll: Duration::from_millis(defaults::TOPOLOGY_POLL_MS),
             request_timeout: Duration::from_millis(defaults::PATRONI_TIMEOUT_MS),
             settle_polls: defaults::TOPOLOGY_SETTLE_POLLS,
@@ -172,6 +195,7 @@ pub(super) fn topology_config(
         ));
     }
     let dns = dns_config(file, source, primary_port).map_err(bad)?;
+    let patroni_tls = patroni_tls(file, &patroni_urls).map_err(bad)?;
     if source == TopologySource::Static && !patroni_urls.is_empty() {
         return Err(bad(
             "patroni_urls are given but topology is static: add --topology patroni".into(),
@@ -180,6 +204,7 @@ pub(super) fn topology_config(
     Ok(TopologyConfig {
         source,
         patroni_urls,
+        patroni_tls,
         poll: Duration::from_millis(
             file.topology_poll_ms
                 .unwrap_or(defaults::TOPOLOGY_POLL_MS)
@@ -262,14 +287,64 @@ fn parse_address(text: &str, default_port: u16) -> Result<(String, u16), String>
     Ok((host.to_string(), port))
 }
 
-/// `http://host[:port][/]` into host and port (8008, Patroni's default, when left out).
-fn parse_http_url(url: &str) -> Result<(String, u16), String> {
-    let rest = url.strip_prefix("http://").ok_or_else(|| {
-        format!(
-            "Patroni URL {url:?} must start with http:// (the proxy does not speak HTTPS to \
-             Patroni); e.g. http://10.0.0.1:8008"
-        )
-    })?;
+/// The TLS settings of `https://` Patroni URLs: the certificate is always checked against the
+/// host name (against `patroni_ca_file`, else the system's CA bundle); a client certificate is
+/// sent when `patroni_cert_file` and `patroni_key_file` name one (Patroni's
+/// `restapi.verify_client`).
+fn patroni_tls(
+    file: &FileConfig,
+    urls: &[PatroniUrl],
+) -> Result<Option<lsngate_pgconn::ServerTls>, String> {
+    let any_https = urls.iter().any(|u| u.https);
+    let tls_keys = [
+        ("patroni_ca_file", file.patroni_ca_file.is_some()),
+        ("patroni_cert_file", file.patroni_cert_file.is_some()),
+        ("patroni_key_file", file.patroni_key_file.is_some()),
+    ];
+    if !any_https {
+        return match tls_keys.iter().find(|(_, set)| *set) {
+            Some((key, _)) => Err(format!(
+                "{key} is set but no Patroni URL is https://; write the URLs as https://host:8008"
+            )),
+            None => Ok(None),
+        };
+    }
+    let options = lsngate_pgconn::TlsOptions {
+        mode: lsngate_pgconn::SslMode::VerifyFull,
+        root_cert: Some(
+            file.patroni_ca_file
+                .as_ref()
+                .map_or_else(|| "system".to_string(), |p| p.display().to_string()),
+        ),
+        cert: file.patroni_cert_file.clone(),
+        key: file.patroni_key_file.clone(),
+    };
+    lsngate_pgconn::ServerTls::new(options)
+        .map(Some)
+        .map_err(|e| {
+            // The file errors speak libpq's words; name the proxy's keys.
+            let text = e
+                .to_string()
+                .replace("sslrootcert", "patroni_ca_file")
+                .replace("sslcert", "patroni_cert_file")
+                .replace("sslkey", "patroni_key_file");
+            format!("Patroni TLS: {text}")
+        })
+}
+
+/// `http[s]://host[:port][/]` into host, port (8008, Patroni's default, when left out) and
+/// scheme.
+fn parse_http_url(url: &str) -> Result<PatroniUrl, String> {
+    let (rest, https) = match (url.strip_prefix("http://"), url.strip_prefix("https://")) {
+        (Some(rest), _) => (rest, false),
+        (_, Some(rest)) => (rest, true),
+        _ => {
+            return Err(format!(
+                "Patroni URL {url:?} must start with http:// or https://; e.g. \
+                 http://10.0.0.1:8008"
+            ));
+        }
+    };
     let authority = rest.trim_end_matches('/');
     if authority.contains('/') {
         return Err(format!(
@@ -290,7 +365,11 @@ fn parse_http_url(url: &str) -> Result<(String, u16), String> {
     if host.is_empty() {
         return Err(format!("Patroni URL {url:?} has no host"));
     }
-    Ok((host.to_string(), port))
+    Ok(PatroniUrl {
+        host: host.to_string(),
+        port,
+        https,
+    })
 }
 
 #[cfg(test)]
@@ -313,18 +392,30 @@ mod tests {
         )
         .unwrap();
         assert_eq!(config.source, TopologySource::Patroni);
-        assert_eq!(
-            config.patroni_urls,
-            vec![("127.0.0.1".into(), 8008), ("db2".into(), 8008)]
-        );
+        let urls: Vec<String> = config.patroni_urls.iter().map(|u| u.to_string()).collect();
+        assert_eq!(urls, ["http://127.0.0.1:8008", "http://db2:8008"]);
+        assert_eq!(config.patroni_tls, None);
         let error = topology_config(&file("patroni", &[]), 5432)
             .unwrap_err()
             .to_string();
         assert!(error.contains("--patroni-url"), "{error}");
-        let error = topology_config(&file("patroni", &["https://db:8008"]), 5432)
+        let error = topology_config(&file("patroni", &["ftp://db:8008"]), 5432)
             .unwrap_err()
             .to_string();
-        assert!(error.contains("must start with http://"), "{error}");
+        assert!(
+            error.contains("must start with http:// or https://"),
+            "{error}"
+        );
+        let https = topology_config(&file("patroni", &["https://db"]), 5432).unwrap();
+        assert!(https.patroni_urls[0].https && https.patroni_tls.is_some());
+        let mut f = file("patroni", &["http://db"]);
+        f.patroni_ca_file = Some("/etc/ca.pem".into());
+        let error = topology_config(&f, 5432).unwrap_err().to_string();
+        assert!(error.contains("no Patroni URL is https://"), "{error}");
+        f.patroni_urls = vec!["https://db".into()];
+        f.patroni_ca_file = Some("/nonexistent/ca.pem".into());
+        let error = topology_config(&f, 5432).unwrap_err().to_string();
+        assert!(error.contains("patroni_ca_file"), "{error}");
     }
 
     #[test]

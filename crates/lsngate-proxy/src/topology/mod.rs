@@ -81,7 +81,7 @@ impl Topology {
         serde_json::json!({
             "source": config.topology.source.as_str(),
             "patroni_urls": config.topology.patroni_urls.iter()
-                .map(|(h, p)| format!("http://{}", crate::config::host_port(h, *p)))
+                .map(|url| url.to_string())
                 .collect::<Vec<_>>(),
             "poll_ms": config.topology.poll.as_millis() as u64,
             "settle_polls": config.topology.settle_polls,
@@ -162,9 +162,13 @@ pub async fn poll_once(proxy: &Arc<Proxy>, follower: &mut Follower) {
     let topology = &config.topology;
     let fetched = match topology.source {
         TopologySource::Static => return,
-        TopologySource::Patroni => patroni::fetch(&topology.patroni_urls, topology.request_timeout)
-            .await
-            .map(|(members, by)| (members, by, None)),
+        TopologySource::Patroni => patroni::fetch(
+            &topology.patroni_urls,
+            topology.patroni_tls.as_ref(),
+            topology.request_timeout,
+        )
+        .await
+        .map(|(members, by)| (members, by, None)),
         TopologySource::Discover => {
             let timeout = config.connect_timeout.min(topology.request_timeout * 5);
             discover::fetch(proxy, &mut follower.primary_conn, topology, timeout).await

@@ -1,12 +1,15 @@
 //! Asking Patroni who is in the cluster: `GET /cluster` on one member's REST API after another
 //! until one answers, each request bounded by a timeout, and the members read from its JSON.
 //! A plain HTTP/1.0 request over a TCP socket (Patroni's API is Python's http.server; one
-//! request shape does not need an HTTP client crate). No HTTPS: the config refuses https URLs.
+//! request shape does not need an HTTP client crate), over TLS for an `https://` URL, the
+//! certificate checked for the URL's host name.
 
 use std::time::Duration;
 
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
+
+use crate::config::PatroniUrl;
 
 /// Largest `/cluster` answer read (a few hundred bytes per member).
 const MAX_ANSWER: usize = 1 << 20;
@@ -44,13 +47,15 @@ impl Member {
 /// The members `/cluster` lists, from the first of `urls` that answers, and which one it was.
 /// The error names every URL tried and why each failed.
 pub async fn fetch(
-    urls: &[(String, u16)],
+    urls: &[PatroniUrl],
+    tls: Option<&lsngate_pgconn::ServerTls>,
     timeout: Duration,
 ) -> Result<(Vec<Member>, String), String> {
     let mut failures = Vec::new();
-    for (host, port) in urls {
-        let address = crate::config::host_port(host, *port);
-        match crate::timer::timeout(timeout, get_cluster(host, *port)).await {
+    for url in urls {
+        let address = url.to_string();
+        let tls = tls.filter(|_| url.https);
+        match crate::timer::timeout(timeout, get_cluster(&url.host, url.port, tls)).await {
             Ok(Ok(members)) => return Ok((members, address)),
             Ok(Err(e)) => failures.push(format!("{address}: {e}")),
             Err(_) => failures.push(format!("{address}: no answer in {timeout:?}")),
@@ -63,24 +68,33 @@ pub async fn fetch(
     ))
 }
 
-async fn get_cluster(host: &str, port: u16) -> Result<Vec<Member>, String> {
-    let mut stream = TcpStream::connect((host, port))
+async fn get_cluster(
+    host: &str,
+    port: u16,
+    tls: Option<&lsngate_pgconn::ServerTls>,
+) -> Result<Vec<Member>, String> {
+    let stream = TcpStream::connect((host, port))
         .await
         .map_err(|e| format!("connect: {e}"))?;
     let request = format!(
         "GET /cluster HTTP/1.0\r\nHost: {}\r\nAccept: application/json\r\nConnection: close\r\n\r\n",
         crate::config::host_port(host, port)
     );
-    stream
-        .write_all(request.as_bytes())
-        .await
-        .map_err(|e| format!("send: {e}"))?;
-    let mut answer = Vec::new();
-    (&mut stream)
-        .take(MAX_ANSWER as u64)
-        .read_to_end(&mut answer)
-        .await
-        .map_err(|e| format!("read: {e}"))?;
+    let answer = match tls {
+        None => exchange(stream, &request).await?,
+        Some(tls) => {
+            // The server TLS settings' checks, with HTTP's protocol name instead of PostgreSQL's.
+            let mut config = (*tls.client_config()).clone();
+            config.alpn_protocols = vec![b"http/1.1".to_vec()];
+            let name = tokio_rustls::rustls::pki_types::ServerName::try_from(host.to_string())
+                .map_err(|e| format!("TLS: {host:?} is not a host name: {e}"))?;
+            let stream = tokio_rustls::TlsConnector::from(std::sync::Arc::new(config))
+                .connect(name, stream)
+                .await
+                .map_err(|e| format!("TLS handshake: {e}"))?;
+            exchange(stream, &request).await?
+        }
+    };
     let text = String::from_utf8_lossy(&answer);
     let (head, body) = text
         .split_once("\r\n\r\n")
@@ -90,6 +104,28 @@ async fn get_cluster(host: &str, port: u16) -> Result<Vec<Member>, String> {
         return Err(format!("answered HTTP {status}"));
     }
     parse_cluster(body)
+}
+
+/// Sends `request` and reads the answer to its end (at most MAX_ANSWER bytes). A TLS server
+/// that closes without close_notify (Python's often does) has still answered.
+async fn exchange<S: AsyncRead + AsyncWrite + Unpin>(
+    mut stream: S,
+    request: &str,
+) -> Result<Vec<u8>, String> {
+    stream
+        .write_all(request.as_bytes())
+        .await
+        .map_err(|e| format!("send: {e}"))?;
+    let mut answer = Vec::new();
+    match (&mut stream)
+        .take(MAX_ANSWER as u64)
+        .read_to_end(&mut answer)
+        .await
+    {
+        Ok(_) => Ok(answer),
+        Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof && !answer.is_empty() => Ok(answer),
+        Err(e) => Err(format!("read: {e}")),
+    }
 }
 
 /// The members of a `/cluster` JSON document.

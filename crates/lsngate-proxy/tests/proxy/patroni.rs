@@ -196,3 +196,66 @@ fn patroni_switchover_failover_and_membership_through_the_proxy() {
         }
     });
 }
+
+/// Patroni's REST API over HTTPS (`restapi.certfile`/`keyfile`, a certificate for localhost):
+/// the proxy follows it with `patroni_ca_file`, and a proxy trusting another CA refuses the
+/// certificate, says so in /status and keeps its node set.
+#[test]
+fn patroni_over_https_is_followed_with_its_ca_and_refused_with_another() {
+    let cluster = PatroniCluster::start(&PatroniConfig {
+        members: 2,
+        rest_tls: true,
+        ..Default::default()
+    })
+    .unwrap();
+    let urls = cluster.api_urls();
+    assert!(
+        urls.iter().all(|u| u.starts_with("https://localhost:")),
+        "{urls:?}"
+    );
+    let with_ca = |ca: &std::path::Path| {
+        TestProxy::with(FileConfig {
+            listen: Some("127.0.0.1:0".parse().unwrap()),
+            admin_listen: Some("127.0.0.1:0".parse().unwrap()),
+            primary: Some(cluster.primary_url().unwrap()),
+            topology: Some("patroni".into()),
+            patroni_urls: urls.clone(),
+            patroni_ca_file: Some(ca.to_path_buf()),
+            health_interval_ms: Some(200),
+            ..Default::default()
+        })
+    };
+    let members = cluster.members();
+    let proxy = with_ca(cluster.rest_ca().expect("the kit's CA"));
+    for member in &members {
+        wait_in_node_set(&proxy, member.pg_port, true, Duration::from_secs(30));
+    }
+    let leader = cluster.leader().unwrap().unwrap();
+    let replica = members.iter().find(|m| m.name != leader).unwrap().pg_port;
+    crate::discover::wait_read_served_by(&proxy, replica);
+    let topology = proxy.status()["topology"].clone();
+    assert!(
+        topology["answered_by"]
+            .as_str()
+            .is_some_and(|a| a.starts_with("https://localhost:")),
+        "{topology:#}"
+    );
+    proxy.shutdown();
+
+    let other = tempfile::tempdir().unwrap();
+    let stranger = lsngate_cluster::TestCa::create(other.path(), "stranger").unwrap();
+    let refused = with_ca(&stranger.cert);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let error = loop {
+        let topology = refused.status()["topology"].clone();
+        if let Some(error) = topology["last_error"].as_str() {
+            break error.to_string();
+        }
+        assert!(Instant::now() < deadline, "no error reported: {topology:#}");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert!(error.contains("certificate"), "{error}");
+    let nodes = refused.status()["nodes"].as_array().unwrap().len();
+    assert_eq!(nodes, 1, "the node set stays the configured primary");
+    refused.shutdown();
+}
