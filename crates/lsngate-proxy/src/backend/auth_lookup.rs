@@ -8,7 +8,7 @@ use bytes::{BufMut, BytesMut};
 
 use super::conn::{BackendConn, BackendError};
 use crate::config::{AuthQuery, NodeUrl, ServerLogin};
-use crate::net::{BackendMessage, FrontendMessage};
+use crate::net::FrontendMessage;
 
 /// What the server says about a login name.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -72,27 +72,10 @@ async fn run(conn: &mut BackendConn, query: &str, login: &str) -> Result<Looked,
         FrontendMessage::Sync.to_frame(),
     ])
     .await?;
-    let mut row = None;
-    let mut error = None;
-    loop {
-        let frame = conn.recv().await?;
-        match conn.parse(&frame)? {
-            BackendMessage::Other(b'D') if row.is_none() => {
-                row = crate::net::backend::data_row(&frame.body);
-            }
-            BackendMessage::ErrorResponse(e) => {
-                error = Some(e.get(b'M').unwrap_or("error").to_string())
-            }
-            BackendMessage::ReadyForQuery(_) => break,
-            _ => {}
-        }
-    }
-    if let Some(why) = error {
-        return Err(BackendError::Lost {
-            node: conn.address.clone(),
-            why: format!("auth_query failed: {why}; check auth_query and auth_user's rights"),
-        });
-    }
+    let row = conn.answer_row().await?.map_err(|why| BackendError::Lost {
+        node: conn.address.clone(),
+        why: format!("auth_query failed: {why}; check auth_query and auth_user's rights"),
+    })?;
     Ok(match row.and_then(|r| r.into_iter().nth(1)).flatten() {
         Some(secret) if !secret.is_empty() => Looked::Secret(secret),
         _ => Looked::NoSecret,

@@ -673,6 +673,20 @@ impl BackendConn {
             .await?;
         // A simple Query drops the unnamed statement.
         self.unnamed = None;
+        match self.answer_row().await? {
+            Err(why) => Err(BackendError::Lost {
+                node: self.address.clone(),
+                why: format!("the proxy's query {sql:?} failed: {why}"),
+            }),
+            Ok(row) => Ok(row.unwrap_or_default()),
+        }
+    }
+
+    /// Reads the answer to the proxy's own statement up to ReadyForQuery: its first row (None
+    /// when it has none), or the server's error message.
+    pub async fn answer_row(
+        &mut self,
+    ) -> Result<Result<Option<Vec<Option<String>>>, String>, BackendError> {
         let mut row = None;
         let mut error = None;
         loop {
@@ -688,13 +702,10 @@ impl BackendConn {
                 _ => {}
             }
         }
-        match error {
-            Some(why) => Err(BackendError::Lost {
-                node: self.address.clone(),
-                why: format!("the proxy's query {sql:?} failed: {why}"),
-            }),
-            None => Ok(row.unwrap_or_default()),
-        }
+        Ok(match error {
+            Some(why) => Err(why),
+            None => Ok(row),
+        })
     }
 
     /// Runs `sql` as a simple query and discards the result; used for resets. Returns the error

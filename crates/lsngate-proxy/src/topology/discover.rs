@@ -56,17 +56,13 @@ pub async fn fetch(
     };
     let text = row.first().cloned().flatten().unwrap_or_default();
     let (host, port) = node.url.hosts[0].clone();
-    let mut members = vec![Member {
-        name: "primary".into(),
-        role: "leader".into(),
-        state: "running".into(),
+    let mut members = vec![Member::untagged(
+        "primary".into(),
+        "leader",
+        "running",
         host,
         port,
-        timeline: None,
-        lag: None,
-        nofailover: false,
-        noloadbalance: false,
-    }];
+    )];
     let mut unplaced = Vec::new();
     for entry in text.split(',').filter(|e| !e.is_empty()) {
         let (name, lag) = entry.split_once('|').unwrap_or((entry, ""));
@@ -75,15 +71,8 @@ pub async fn fetch(
             continue;
         };
         members.push(Member {
-            name: name.to_string(),
-            role: "replica".into(),
-            state: "streaming".into(),
-            host,
-            port,
-            timeline: None,
             lag: lag.parse().ok(),
-            nofailover: false,
-            noloadbalance: false,
+            ..Member::untagged(name.to_string(), "replica", "streaming", host, port)
         });
     }
     let warning = (!unplaced.is_empty()).then(|| {

@@ -59,16 +59,9 @@ pub async fn fetch(
     }
     let members = addresses
         .into_iter()
-        .map(|(host, port)| Member {
-            name: crate::config::host_port(&host, port),
-            role: "member".into(),
-            state: "resolved".into(),
-            host,
-            port,
-            timeline: None,
-            lag: None,
-            nofailover: false,
-            noloadbalance: false,
+        .map(|(host, port)| {
+            let name = crate::config::host_port(&host, port);
+            Member::untagged(name, "member", "resolved", host, port)
         })
         .collect();
     Ok((members, answered_by, None))

@@ -38,6 +38,21 @@ pub struct Member {
 }
 
 impl Member {
+    /// A member as a source other than Patroni knows it: no timeline, lag or tags.
+    pub fn untagged(name: String, role: &str, state: &str, host: String, port: u16) -> Member {
+        Member {
+            name,
+            role: role.into(),
+            state: state.into(),
+            host,
+            port,
+            timeline: None,
+            lag: None,
+            nofailover: false,
+            noloadbalance: false,
+        }
+    }
+
     /// Whether Patroni calls it the leader.
     pub fn is_leader(&self) -> bool {
         self.role == "leader" || self.role == "standby_leader"

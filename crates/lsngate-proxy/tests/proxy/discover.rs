@@ -9,19 +9,14 @@ use lsngate_cluster::{Cluster, ClusterConfig};
 use lsngate_proxy::FileConfig;
 
 use crate::patroni::wait_in_node_set;
-use crate::support::{TestProxy, connect, execute_once_a_primary_takes_it, rt};
+use crate::support::{TestProxy, connect, execute_once_a_primary_takes_it, rt, server_port};
 
 /// Reads on fresh connections until one is served by `port` (at most 30 s).
 pub(crate) fn wait_read_served_by(proxy: &TestProxy, port: u16) {
     rt().block_on(async {
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
-            let client = connect(&proxy.conninfo()).await;
-            let served: i32 = client
-                .query_one("SELECT inet_server_port()", &[])
-                .await
-                .unwrap()
-                .get(0);
+            let served = server_port(&connect(&proxy.conninfo()).await).await;
             if served == i32::from(port) {
                 return;
             }

@@ -13,7 +13,7 @@ use lsngate_proxy::FileConfig;
 
 use crate::discover::wait_read_served_by;
 use crate::patroni::wait_in_node_set;
-use crate::support::{TestProxy, connect, file_config, rt, unique};
+use crate::support::{TestProxy, connect, file_config, rt, server_port, unique};
 
 const SERVICE: &str = "_postgresql._tcp.lsngate.test";
 
@@ -116,12 +116,7 @@ fn served_ports(proxy: &TestProxy, reads: usize) -> Vec<u16> {
     rt().block_on(async {
         let mut ports = Vec::new();
         for _ in 0..reads {
-            let client = connect(&proxy.conninfo()).await;
-            let port: i32 = client
-                .query_one("SELECT inet_server_port()", &[])
-                .await
-                .unwrap()
-                .get(0);
+            let port = server_port(&connect(&proxy.conninfo()).await).await;
             ports.push(port as u16);
         }
         ports

@@ -4,7 +4,7 @@
 //! observation, not the proxy's claim; an address rule checked from a second loopback address
 //! (a socket bound to 127.0.0.2, then tokio-postgres over it).
 
-use std::process::Command;
+use std::path::Path;
 
 use crate::support::*;
 use lsngate_cluster::shared_cluster;
@@ -30,25 +30,8 @@ fn login(
     database: &str,
     require: &str,
 ) -> (bool, String) {
-    let conninfo = format!(
-        "host=127.0.0.1 port={} user={user} dbname={database} require_auth={require}",
-        proxy.addr.port()
-    );
-    let mut psql = Command::new(PSQL_WITH_REQUIRE_AUTH);
-    psql.args([
-        "-X",
-        "-A",
-        "-t",
-        "-w",
-        "-d",
-        &conninfo,
-        "-c",
-        "SELECT current_user",
-    ])
-    .env("PGPASSWORD", password);
-    let output = run(&mut psql);
-    let (stdout, stderr) = texts(&output);
-    (output.status.success(), format!("{stdout}{stderr}"))
+    let params = format!("user={user} dbname={database} require_auth={require}");
+    psql_current_user(Path::new(PSQL_WITH_REQUIRE_AUTH), proxy, &params, password)
 }
 
 #[test]

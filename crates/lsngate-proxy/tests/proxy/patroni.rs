@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use lsngate_cluster::{PatroniCluster, PatroniConfig};
 use lsngate_proxy::FileConfig;
 
-use crate::support::{TestProxy, connect, rt};
+use crate::support::{TestProxy, connect, rt, server_port};
 
 fn proxy_for(cluster: &PatroniCluster) -> TestProxy {
     TestProxy::with(FileConfig {
@@ -135,12 +135,7 @@ fn patroni_switchover_failover_and_membership_through_the_proxy() {
     rt().block_on(async {
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
-            let client = connect(&proxy.conninfo()).await;
-            let served: i32 = client
-                .query_one("SELECT inet_server_port()", &[])
-                .await
-                .unwrap()
-                .get(0);
+            let served = server_port(&connect(&proxy.conninfo()).await).await;
             if served == port {
                 break;
             }
@@ -171,12 +166,7 @@ fn patroni_switchover_failover_and_membership_through_the_proxy() {
     assert_eq!(listed["noloadbalance"], true, "{:#}", status["topology"]);
     rt().block_on(async {
         for _ in 0..40 {
-            let client = connect(&proxy.conninfo()).await;
-            let served: i32 = client
-                .query_one("SELECT inet_server_port()", &[])
-                .await
-                .unwrap()
-                .get(0);
+            let served = server_port(&connect(&proxy.conninfo()).await).await;
             assert_ne!(
                 served,
                 i32::from(tagged_port),

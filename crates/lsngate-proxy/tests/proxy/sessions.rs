@@ -13,27 +13,13 @@ fn user(name: &str, password: &str, auth: &str) -> UserEntry {
 }
 
 fn psql_login(proxy: &TestProxy, user: &str, password: &str) -> (bool, String) {
-    let cluster = shared_cluster();
-    let conninfo = format!(
-        "host=127.0.0.1 port={} user={user} dbname=postgres",
-        proxy.addr.port()
-    );
-    let mut command = Command::new(cluster.pg_bin().tool("psql"));
-    command
-        .args([
-            "-X",
-            "-A",
-            "-t",
-            "-w",
-            "-d",
-            &conninfo,
-            "-c",
-            "SELECT current_user",
-        ])
-        .env("PGPASSWORD", password);
-    let output = run(&mut command);
-    let (stdout, stderr) = texts(&output);
-    (output.status.success(), format!("{stdout}{stderr}"))
+    let psql = shared_cluster().pg_bin().tool("psql");
+    psql_current_user(
+        &psql,
+        proxy,
+        &format!("user={user} dbname=postgres"),
+        password,
+    )
 }
 
 #[test]

@@ -154,6 +154,33 @@ pub fn texts(output: &Output) -> (String, String) {
     )
 }
 
+/// `psql` (the binary at `psql`) running `SELECT current_user` through `proxy`, logged in with
+/// the conninfo words `params` (user, dbname, ...) and `password`: (succeeded, what it printed).
+pub fn psql_current_user(
+    psql: &std::path::Path,
+    proxy: &TestProxy,
+    params: &str,
+    password: &str,
+) -> (bool, String) {
+    let conninfo = format!("host=127.0.0.1 port={} {params}", proxy.addr.port());
+    let mut command = Command::new(psql);
+    command
+        .args([
+            "-X",
+            "-A",
+            "-t",
+            "-w",
+            "-d",
+            &conninfo,
+            "-c",
+            "SELECT current_user",
+        ])
+        .env("PGPASSWORD", password);
+    let output = run(&mut command);
+    let (stdout, stderr) = texts(&output);
+    (output.status.success(), format!("{stdout}{stderr}"))
+}
+
 /// A unique name for tables so tests sharing a cluster do not collide.
 pub fn unique(prefix: &str) -> String {
     use std::sync::atomic::{AtomicUsize, Ordering};
