@@ -78,8 +78,8 @@ pub(crate) struct Answer {
 }
 
 /// Prepares `sql` on this connection unless it already is (a round trip only the first time).
-/// Only for the primary, which has every table: on a replica the statement is prepared after
-/// the wait, inside [`read_then_position`].
+/// For the primary, which has every table, and for the position statements, which name none:
+/// on a replica a read's statement is prepared after the wait, inside [`read_then_position`].
 pub(crate) async fn prepare(conn: &mut Conn, sql: &str) -> Result<(), tokio_postgres::Error> {
     if conn.cached(sql).is_none() {
         let statement = conn.client.prepare(sql).await?;
@@ -88,10 +88,11 @@ pub(crate) async fn prepare(conn: &mut Conn, sql: &str) -> Result<(), tokio_post
     Ok(())
 }
 
-/// What [`read_then_position`] returns: rows, trailing answer, a newly prepared statement.
+/// What [`read_then_position`] returns: rows, the trailing statement's rows, a newly prepared
+/// statement.
 type ReadResult = (
     Result<Vec<Row>, tokio_postgres::Error>,
-    Option<Vec<SimpleQueryMessage>>,
+    Option<Vec<Row>>,
     Option<Statement>,
 );
 
@@ -103,7 +104,7 @@ async fn read_then_position(
     cached: Option<Statement>,
     sql: &str,
     params: Params<'_>,
-    trailing: &str,
+    trailing: &Statement,
 ) -> ReadResult {
     let (statement, fresh) = match cached {
         Some(statement) => (statement, false),
@@ -114,7 +115,7 @@ async fn read_then_position(
     };
     let (rows, position) = join!(
         client.query(&statement, params),
-        client.simple_query(trailing)
+        client.query(trailing, &[])
     );
     (rows, position.ok(), fresh.then_some(statement))
 }
@@ -131,16 +132,25 @@ pub(crate) async fn read(
     } else {
         REPLAY_SQL
     };
+    // Prepared once per connection (built-in functions only, so a replica can prepare it before
+    // it has the read's tables): after that it is bound and executed in the read's flight,
+    // never parsed or planned again.
+    prepare(conn, trailing).await?;
+    let trailing = conn.cached(trailing).expect("prepared above");
     let cached = conn.cached(sql);
     let (rows, position, fresh) =
-        read_then_position(&conn.client, cached, sql, params, trailing).await;
+        read_then_position(&conn.client, cached, sql, params, &trailing).await;
     if let Some(statement) = fresh {
         conn.remember(sql, statement);
     }
+    let position = position
+        .as_deref()
+        .and_then(<[Row]>::first)
+        .map(row_columns);
     let (in_recovery, seen) = match position {
-        Some(messages) if primary => (None, commit_position(&messages).map(|p| p.lsn)),
-        Some(messages) => {
-            let replay = replica_position(&messages);
+        Some(row) if primary => (None, probe::commit_position(&row).map(|p| p.lsn)),
+        Some(row) => {
+            let replay = Replay::from_row(&row);
             (replay.in_recovery, replay.replayed)
         }
         None => (None, None),
@@ -176,32 +186,39 @@ fn settle(
     })
 }
 
-/// `before` (a wait or a replay check), then the read and the replay position, in one flight:
-/// the answer to `before`, the read's rows and the position trailing them.
+/// What [`read_behind`] returns: the answer to `before`, the read's rows and the position
+/// trailing them.
+type BehindResult = (
+    Result<Vec<SimpleQueryMessage>, tokio_postgres::Error>,
+    Result<Vec<Row>, tokio_postgres::Error>,
+    Option<Lsn>,
+);
+
+/// `before` (a wait or a replay check), then the read and the replay position, in one flight.
+/// Fails only when the position statement cannot be prepared (once per connection).
 async fn read_behind(
     conn: &mut Conn,
     before: &str,
     sql: &str,
     params: Params<'_>,
-) -> (
-    Result<Vec<SimpleQueryMessage>, tokio_postgres::Error>,
-    Result<Vec<Row>, tokio_postgres::Error>,
-    Option<Lsn>,
-) {
+) -> Result<BehindResult, tokio_postgres::Error> {
+    prepare(conn, REPLAY_SQL).await?;
+    let trailing = conn.cached(REPLAY_SQL).expect("prepared above");
     let cached = conn.cached(sql);
     let client = &conn.client;
     let (answer, (rows, position, fresh)) = join!(
         client.simple_query(before),
-        read_then_position(client, cached, sql, params, REPLAY_SQL)
+        read_then_position(client, cached, sql, params, &trailing)
     );
     if let Some(statement) = fresh {
         conn.remember(sql, statement);
     }
     let seen = position
         .as_deref()
-        .map(replica_position)
+        .and_then(<[Row]>::first)
+        .map(|row| Replay::from_row(&row_columns(row)))
         .unwrap_or_default();
-    (answer, rows, seen.replayed)
+    Ok((answer, rows, seen.replayed))
 }
 
 /// PostgreSQL ≥ 19: `WAIT FOR LSN` + read + position in one flight. The read's rows are only
@@ -214,7 +231,7 @@ pub(crate) async fn wait_for_then_read(
     params: Params<'_>,
 ) -> Result<Answer, tokio_postgres::Error> {
     let wait = probe::wait_for_sql(floor, timeout);
-    let (status, rows, seen) = read_behind(conn, &wait, sql, params).await;
+    let (status, rows, seen) = read_behind(conn, &wait, sql, params).await?;
     let status = status?;
     let verdict = match Verdict::of_wait(first_row(&status).and_then(|r| r.get(0))) {
         Verdict::NotYet { .. } => Verdict::NotYet { replayed: seen },
@@ -233,7 +250,7 @@ pub(crate) async fn poll_then_read(
     sql: &str,
     params: Params<'_>,
 ) -> Result<Answer, tokio_postgres::Error> {
-    let (check, rows, seen) = read_behind(conn, REPLAY_SQL, sql, params).await;
+    let (check, rows, seen) = read_behind(conn, REPLAY_SQL, sql, params).await?;
     let check = replica_position(&check?);
     let first = Verdict::of_replay(check, floor);
     if !matches!(first, Verdict::NotYet { .. }) {
@@ -261,6 +278,11 @@ fn first_row(messages: &[SimpleQueryMessage]) -> Option<&tokio_postgres::SimpleQ
         SimpleQueryMessage::Row(row) => Some(row),
         _ => None,
     })
+}
+
+/// A row of text columns (`None` for NULL), as `lsngate_core::probe` reads them.
+fn row_columns(row: &Row) -> Vec<Option<&str>> {
+    (0..row.len()).map(|i| row.get(i)).collect()
 }
 
 /// The first row's columns as text (`None` for NULL), as `lsngate_core::probe` reads them.

@@ -7,6 +7,7 @@
 //! and the read-load experiment (reads on a replica stretch its replay).
 
 mod chart;
+mod profile;
 mod proxy;
 mod read_load;
 mod report;
@@ -87,6 +88,11 @@ pub struct BenchArgs {
     /// No progress bars.
     #[arg(long)]
     quiet: bool,
+    /// Instead of the strategies: where the library's write and read time goes, path by path
+    /// on one connection (plain insert, insert + position query, the library's write; plain
+    /// replica read, the library's read), --ops rounds, every path interleaved.
+    #[arg(long)]
+    profile: bool,
 }
 
 /// The sweep's apply delay on a local cluster when --apply-delay is not given (the published
@@ -111,6 +117,18 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
 
     let (runnable, proxy_setup) = proxy_setup(&target, &args, runnable, &mut skipped);
     target.prepare_schema().await?;
+    if args.profile {
+        let sessions = target.sessions(1, args.timeout).await?;
+        println!(
+            "\nThe library's paths taken apart ({} rounds, one connection each, every path interleaved):",
+            args.ops
+        );
+        profile::print(&profile::run(&sessions[0], args.ops).await?);
+        target.drop_schema().await?;
+        drop(sessions);
+        target.shutdown();
+        return Ok(());
+    }
     let mut sessions = target.sessions(args.workers, args.timeout).await?;
     let mut results = Vec::new();
     let mut chart_series = Vec::new();

@@ -215,6 +215,18 @@ impl Session {
         Ok(row.map(|r| r.get(0)))
     }
 
+    /// The plain insert and the position query sent together on the worker's own primary
+    /// connection, as the library sends them (both in one flight): the token's cost without the
+    /// library around it.
+    pub async fn insert_with_position(&self, payload: &str) -> anyhow::Result<(i64, String)> {
+        let params: [&(dyn tokio_postgres::types::ToSql + Sync); 1] = [&payload];
+        let (row, position) = tokio::join!(
+            self.primary.query_one(&self.insert, &params),
+            self.primary.query_one(&self.current_lsn, &[])
+        );
+        Ok((row?.get(0), position?.get(0)))
+    }
+
     /// The primary's WAL insert position, read after the commit returned (a separate round trip).
     pub async fn commit_lsn(&self) -> anyhow::Result<Lsn> {
         let text: String = self.primary.query_one(&self.current_lsn, &[]).await?.get(0);
@@ -238,6 +250,14 @@ impl Session {
         Ok(Verdict::of_wait(status.as_deref()) == Verdict::Passed)
     }
 
+    /// Whether `replica` has replayed `lsn` (one round trip).
+    pub async fn replayed_on(&self, replica: usize, lsn: Lsn) -> anyhow::Result<bool> {
+        let row = self.replicas[replica]
+            .query_one(&self.replayed[replica], &[&lsn.to_string()])
+            .await?;
+        Ok(row.get(0))
+    }
+
     /// Polls the replica's replay position until it reaches `lsn` or the budget is spent.
     pub async fn poll_replayed(
         &self,
@@ -246,13 +266,9 @@ impl Session {
         budget: Duration,
     ) -> anyhow::Result<bool> {
         let deadline = Instant::now() + budget;
-        let lsn_text = lsn.to_string();
         let mut pause = Duration::from_micros(500);
         loop {
-            let row = self.replicas[replica]
-                .query_one(&self.replayed[replica], &[&lsn_text])
-                .await?;
-            if row.get::<_, bool>(0) {
+            if self.replayed_on(replica, lsn).await? {
                 return Ok(true);
             }
             let now = Instant::now();

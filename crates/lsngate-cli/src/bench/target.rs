@@ -190,7 +190,10 @@ impl Target {
     /// One session (a connection to every node, statements prepared) per worker, all sharing
     /// one lsngate gate with a pool slot per worker.
     pub async fn sessions(&self, workers: usize, budget: Duration) -> anyhow::Result<Vec<Session>> {
-        let config = lsngate::Config::new(&self.primary_url)
+        // The gate's writes commit like every other strategy's (synchronous_commit = local): with
+        // a synchronous standby configured for sync-on/remote-apply, the server's default would
+        // make each library write wait for the standby, and its write p50 would measure that.
+        let config = lsngate::Config::new(local_commit(&self.primary_url))
             .replicas(self.replica_urls.iter().cloned())
             .budget(budget)
             .pool_size(workers + 2)
@@ -275,4 +278,35 @@ async fn has_sync_standby(primary: &Client) -> anyhow::Result<bool> {
         )
         .await?;
     Ok(row.get(0))
+}
+
+/// `url` with `options=-c synchronous_commit=local`, unless it sets `options` itself (then the
+/// user's options stand, as written).
+fn local_commit(url: &str) -> String {
+    if url.contains("options=") {
+        return url.to_string();
+    }
+    let separator = if url.contains('?') { '&' } else { '?' };
+    format!("{url}{separator}options=-c%20synchronous_commit%3Dlocal")
+}
+
+#[cfg(test)]
+mod local_commit_tests {
+    use super::local_commit;
+
+    #[test]
+    fn the_gate_commits_locally_unless_the_url_says_otherwise() {
+        assert_eq!(
+            local_commit("postgres://u@h:5/db"),
+            "postgres://u@h:5/db?options=-c%20synchronous_commit%3Dlocal"
+        );
+        assert_eq!(
+            local_commit("postgres://u@h:5/db?sslmode=disable"),
+            "postgres://u@h:5/db?sslmode=disable&options=-c%20synchronous_commit%3Dlocal"
+        );
+        let own = "postgres://u@h:5/db?options=-c%20work_mem%3D1MB";
+        assert_eq!(local_commit(own), own);
+        let parsed: tokio_postgres::Config = local_commit("postgres://u@h:5/db").parse().unwrap();
+        assert_eq!(parsed.get_options(), Some("-c synchronous_commit=local"));
+    }
 }
