@@ -75,7 +75,7 @@ pub async fn run(session: &Session, rounds: usize) -> anyhow::Result<Vec<Profile
                     let read = session
                         .gate
                         .read()
-                        .after(last_token.clone())
+                        .after(last_token)
                         .query(READ, &[&last_id])
                         .await?;
                     anyhow::ensure!(!read.rows.is_empty(), "the library's read missed its row");
