@@ -19,6 +19,8 @@ mod discover;
 mod drivers;
 #[path = "proxy/faults.rs"]
 mod faults;
+#[path = "proxy/limits.rs"]
+mod limits;
 #[path = "proxy/patroni.rs"]
 mod patroni;
 #[path = "proxy/pooling.rs"]

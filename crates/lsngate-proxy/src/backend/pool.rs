@@ -124,6 +124,10 @@ impl Shelf {
 /// EOF or FATAL the server left) before reuse.
 const PROBE_AFTER: Duration = Duration::from_secs(1);
 
+/// How long a connection closed for another pool under a quota may take to end on the server
+/// before its unit is given back anyway.
+const QUOTA_CLOSE_BOUND: Duration = Duration::from_secs(5);
+
 /// ParameterStatus (name, value) pairs a server sends at login.
 pub type ServerParams = Vec<(String, String)>;
 
@@ -275,32 +279,36 @@ impl Pool {
     }
 
     /// For a checkout queued on a full quota: closes one idle connection of another pool under
-    /// it, whose unit then comes back to the oldest waiter.
-    fn evict_for_quota(&self) {
+    /// it, whose unit then comes back to the oldest waiter. The unit comes back once the server
+    /// has ended that backend, so the limit holds on the server too.
+    async fn evict_for_quota(&self) {
         for quota in [&self.database_quota, &self.role_quota] {
             if !quota.is_full() {
                 continue;
             }
             for other in quota.members_besides(self) {
-                if other.close_oldest_idle() {
+                if other.close_oldest_idle().await {
                     return;
                 }
             }
         }
     }
 
-    /// Closes the least recently used idle connection, if there is one.
-    fn close_oldest_idle(&self) -> bool {
+    /// Closes the least recently used idle connection, if there is one, waiting for the server
+    /// to end it (at most [`QUOTA_CLOSE_BOUND`]).
+    async fn close_oldest_idle(&self) -> bool {
         let oldest = {
             let mut shelf = self.shelf.lock().expect("pool lock");
             (!shelf.conns.is_empty()).then(|| shelf.conns.remove(0).conn)
         };
-        let closed = oldest.is_some();
-        if let Some(conn) = oldest {
-            tracing::debug!(database = %self.database, role = %self.role, "closing an idle server connection for another pool's checkout (max_db_connections / max_user_connections)");
-            self.close(vec![conn]);
-        }
-        closed
+        let Some(conn) = oldest else {
+            return false;
+        };
+        tracing::debug!(database = %self.database, role = %self.role, "closing an idle server connection for another pool's checkout (max_db_connections / max_user_connections)");
+        conn.terminate(QUOTA_CLOSE_BOUND).await;
+        self.open.fetch_sub(1, Ordering::Relaxed);
+        self.give_back_units(1);
+        true
     }
 
     /// What a shared limit adds to an exhausted pool's message.
@@ -449,7 +457,7 @@ impl Pool {
         if let Some(mut rx) = queued {
             let queued_at = Coarse::now();
             if quota_full {
-                self.evict_for_quota();
+                self.evict_for_quota().await;
             }
             let reserve_after = {
                 let limits = self.shelf.lock().expect("pool lock").limits;
@@ -596,6 +604,11 @@ impl Pool {
     fn give_back(self: &Arc<Self>, mut conn: Option<Box<BackendConn>>) {
         let now = Coarse::now();
         let mut outlived = None;
+        // Another pool waits on a full quota of this one: the connection is closed for it
+        // rather than kept here (see `quota`).
+        let mut yielded = conn
+            .take_if(|_| self.quota_wanted_elsewhere())
+            .map(|conn| (Arc::clone(self), conn));
         loop {
             let waiter = {
                 let mut shelf = self.shelf.lock().expect("pool lock");
@@ -610,7 +623,9 @@ impl Pool {
                 // the waiter needs a quota unit to open one.
                 let room = shelf.has_room_for_oldest(shelf.lent - 1, now)
                     && (conn.is_some() || shelf.waiting.is_empty() || self.take_unit());
-                match shelf.waiting.pop_front().filter(|_| room) {
+                // Without room the waiter stays queued (popping it would drop its sender and
+                // fail the checkout at once).
+                match room.then(|| shelf.waiting.pop_front()).flatten() {
                     Some((_, waiter)) => waiter,
                     None => {
                         shelf.lent -= 1;
@@ -637,6 +652,31 @@ impl Pool {
         }
         if let Some(conn) = outlived {
             self.close(vec![conn]);
+        }
+        if let Some((pool, conn)) = yielded.take() {
+            pool.close_for_quota(conn);
+        }
+    }
+
+    /// Whether a pool other than this one waits on a full quota of this one.
+    fn quota_wanted_elsewhere(&self) -> bool {
+        self.database_quota.others_wait(self) || self.role_quota.others_wait(self)
+    }
+
+    /// Closes `conn` for another pool under a full quota; its unit comes back once the server
+    /// ended the backend (in a task, bounded by the connect timeout of 5 s), so the limit holds
+    /// on the server too. Outside a runtime it is closed at once.
+    fn close_for_quota(self: Arc<Self>, conn: Box<BackendConn>) {
+        tracing::debug!(database = %self.database, role = %self.role, "closing a server connection for another pool waiting on max_db_connections / max_user_connections");
+        match tokio::runtime::Handle::try_current() {
+            Ok(runtime) => {
+                runtime.spawn(async move {
+                    conn.terminate(QUOTA_CLOSE_BOUND).await;
+                    self.open.fetch_sub(1, Ordering::Relaxed);
+                    self.give_back_units(1);
+                });
+            }
+            Err(_) => self.close(vec![conn]),
         }
     }
 

@@ -109,6 +109,18 @@ impl<P> Quota<P> {
         !self.lock().has_room()
     }
 
+    /// Whether it is full and a pool other than `besides` waits on it: then a connection given
+    /// back to `besides` is closed instead of reused, so the other pool can open one (pools
+    /// under a full quota take turns instead of one keeping every unit).
+    pub fn others_wait(&self, besides: &P) -> bool {
+        let state = self.lock();
+        !state.has_room()
+            && state
+                .waiting
+                .iter()
+                .any(|w| w.strong_count() > 0 && !std::ptr::eq(w.as_ptr(), besides))
+    }
+
     /// Its pools other than `besides`, to look for an idle connection in.
     pub fn members_besides(&self, besides: &P) -> Vec<Arc<P>> {
         self.lock()
@@ -225,6 +237,19 @@ mod tests {
         assert!(take_both(&quota, &quota));
         assert!(quota.set_limit(1).is_empty());
         assert_eq!(names(&quota.set_limit(0)), ["a"], "unlimited wakes too");
+    }
+
+    #[test]
+    fn others_wait_only_on_a_full_quota_and_not_for_themselves() {
+        let quota = Quota::<P>::default();
+        let (a, b) = (Arc::new(P("a")), Arc::new(P("b")));
+        quota.set_limit(1);
+        quota.wait(&b);
+        assert!(!quota.others_wait(&a), "not full");
+        assert!(take_both(&quota, &quota));
+        assert!(quota.others_wait(&a) && !quota.others_wait(&b));
+        drop(b);
+        assert!(!quota.others_wait(&a), "the waiter is gone");
     }
 
     #[test]
