@@ -53,6 +53,8 @@ pub struct Proxy {
         Mutex<Option<(tokio::sync::watch::Receiver<bool>, tokio::runtime::Handle)>>,
     /// The clients connected now (admin console: SHOW CLIENTS, KILL_CLIENT).
     pub(crate) registry: crate::clients::Clients,
+    /// Queries, transactions and bytes per database, for SHOW STATS.
+    pub(crate) traffic: crate::traffic::TrafficByDatabase,
     /// Where a reload reads the config from (RELOAD on the admin console, SIGHUP).
     reload_source: Mutex<Option<ReloadSource>>,
     /// Turned true by SHUTDOWN on the admin console: the proxy drains as on SIGTERM.
@@ -96,6 +98,7 @@ impl Proxy {
             cancels: Mutex::new(HashMap::new()),
             clients: AtomicUsize::new(0),
             registry: crate::clients::Clients::default(),
+            traffic: crate::traffic::TrafficByDatabase::default(),
             reload_source: Mutex::new(None),
             shutdown_requested: tokio::sync::watch::channel(false).0,
         })

@@ -178,10 +178,9 @@ async fn try_connect(conninfo: &str) -> Result<tokio_postgres::Client, tokio_pos
 
 /// The refusal of a client over a limit: its SQLSTATE and message.
 async fn refusal(conninfo: &str) -> (SqlState, String) {
-    let error = try_connect(conninfo)
-        .await
-        .err()
-        .expect("refused over the limit");
+    let Err(error) = try_connect(conninfo).await else {
+        panic!("{conninfo}: let in over the limit");
+    };
     let db_error = error.as_db_error().expect("a server error");
     (db_error.code().clone(), db_error.message().to_string())
 }
