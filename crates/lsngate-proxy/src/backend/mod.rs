@@ -214,8 +214,24 @@ impl NodeState {
             login: login.cloned(),
         };
         let mut pools = self.pools.lock().expect("pools lock");
-        if pools.get(&key).is_some_and(|p| p.is_unused()) {
-            pools.remove(&key);
+        if !pools.get(&key).is_some_and(|p| p.is_unused()) {
+            return;
+        }
+        let role = pools.remove(&key).map(|pool| pool.role().to_string());
+        drop(pools);
+        // Nor quotas: a name no pool uses any more is forgotten.
+        let mut quotas = self.quotas.lock().expect("quotas lock");
+        if quotas
+            .databases
+            .get(database)
+            .is_some_and(|q| q.is_unused())
+        {
+            quotas.databases.remove(database);
+        }
+        if let Some(role) = role
+            && quotas.roles.get(&role).is_some_and(|q| q.is_unused())
+        {
+            quotas.roles.remove(&role);
         }
     }
 

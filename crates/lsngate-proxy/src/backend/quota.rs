@@ -12,12 +12,16 @@
 //! only as weak references; a pool's own lock is never taken under the quota's, so the quota's
 //! lock is a leaf (two quotas are locked together only in `take_both`, database before role).
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 
 /// One shared limit and the pools under it.
 #[derive(Debug)]
 pub struct Quota<P> {
     state: Mutex<State<P>>,
+    /// Whether a pool is listed as waiting: read without the lock on every connection given
+    /// back, so an uncontended quota costs a pool's return one atomic load.
+    has_waiters: AtomicBool,
 }
 
 #[derive(Debug)]
@@ -50,6 +54,7 @@ impl<P> Default for Quota<P> {
                 waiting: Vec::new(),
                 members: Vec::new(),
             }),
+            has_waiters: AtomicBool::new(false),
         }
     }
 }
@@ -95,13 +100,23 @@ impl<P> Quota<P> {
         if !listed {
             state.waiting.push(Arc::downgrade(pool));
         }
+        self.has_waiters.store(true, Ordering::Relaxed);
     }
 
     /// Takes `pool` off the waiting list (it has no checkout queued any more).
     pub fn stop_waiting(&self, pool: &P) {
-        self.lock()
+        let mut state = self.lock();
+        state
             .waiting
             .retain(|w| w.strong_count() > 0 && !std::ptr::eq(w.as_ptr(), pool));
+        self.has_waiters
+            .store(!state.waiting.is_empty(), Ordering::Relaxed);
+    }
+
+    /// Whether no live pool is under it and no unit is taken (it can be forgotten).
+    pub fn is_unused(&self) -> bool {
+        let state = self.lock();
+        state.open == 0 && state.members.iter().all(|m| m.strong_count() == 0)
     }
 
     /// Whether no unit is free.
@@ -113,6 +128,9 @@ impl<P> Quota<P> {
     /// back to `besides` is closed instead of reused, so the other pool can open one (pools
     /// under a full quota take turns instead of one keeping every unit).
     pub fn others_wait(&self, besides: &P) -> bool {
+        if !self.has_waiters.load(Ordering::Relaxed) {
+            return false;
+        }
         let state = self.lock();
         !state.has_room()
             && state
@@ -261,5 +279,8 @@ mod tests {
         quota.join(&c);
         drop(c);
         assert_eq!(names(&quota.members_besides(&a)), ["b"]);
+        assert!(!quota.is_unused());
+        drop((a, b));
+        assert!(quota.is_unused(), "no live pool, no unit taken");
     }
 }
