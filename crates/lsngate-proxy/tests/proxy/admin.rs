@@ -781,3 +781,49 @@ fn show_stats_counts_queries_transactions_and_bytes() {
     let mean_query_us: u64 = row["query_time"].parse().unwrap();
     assert!(mean_query_us > 0, "{row:?}");
 }
+
+#[test]
+fn set_changes_the_connection_limits_of_the_running_proxy() {
+    let proxy = TestProxy::with(console_config());
+    let config = table(&console(&proxy, "SHOW CONFIG"));
+    for key in [
+        "max_db_connections",
+        "max_user_connections",
+        "max_db_client_connections",
+        "max_user_client_connections",
+        "reserve_pool_size",
+        "reserve_pool_timeout_ms",
+    ] {
+        let row = config.iter().find(|r| r["key"] == key).unwrap();
+        assert_eq!(row["changeable"], "yes", "{row:?}");
+    }
+    console(&proxy, "SET max_db_client_connections = 1");
+    let conninfo = format!(
+        "host=127.0.0.1 port={} user=app password=app-pw dbname=postgres",
+        proxy.addr.port()
+    );
+    let rt = rt();
+    let first = rt.block_on(connect(&conninfo));
+    let refused = rt.block_on(async {
+        match tokio_postgres::connect(&conninfo, tokio_postgres::NoTls).await {
+            Ok(_) => None,
+            Err(e) => e
+                .as_db_error()
+                .map(|e| (e.code().clone(), e.message().to_string())),
+        }
+    });
+    let (code, message) = refused.expect("the second client of postgres is refused");
+    assert_eq!(code, tokio_postgres::error::SqlState::TOO_MANY_CONNECTIONS);
+    assert!(
+        message.contains("max_db_client_connections = 1"),
+        "{message}"
+    );
+    console(&proxy, "SET max_db_client_connections = 0");
+    let second = rt.block_on(connect(&conninfo));
+    let answer: i32 = rt
+        .block_on(second.query_one("SELECT 2", &[]))
+        .unwrap()
+        .get(0);
+    assert_eq!(answer, 2);
+    drop(first);
+}
