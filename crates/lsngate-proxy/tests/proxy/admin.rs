@@ -237,7 +237,7 @@ fn every_show_answers_from_psql_with_pgbouncer_columns() {
         ),
         (
             "SHOW DATABASES",
-            "name|host|port|database|force_user|pool_size|pool_mode|current_connections|paused|disabled",
+            "name|host|port|database|force_user|pool_size|reserve_pool|pool_mode|max_connections|current_connections|paused|disabled",
         ),
         ("SHOW USERS", "name|pool_mode|server_user|console"),
         ("SHOW CONFIG", "key|value|default|changeable"),
