@@ -30,6 +30,20 @@ const SAME: &[(&str, &str, bool)] = &[
     ("server_idle_timeout", "server_idle_timeout_ms", true),
     ("server_lifetime", "server_lifetime_ms", true),
     ("server_connect_timeout", "connect_timeout_ms", true),
+    ("max_db_connections", "max_db_connections", false),
+    ("max_user_connections", "max_user_connections", false),
+    (
+        "max_db_client_connections",
+        "max_db_client_connections",
+        false,
+    ),
+    (
+        "max_user_client_connections",
+        "max_user_client_connections",
+        false,
+    ),
+    ("reserve_pool_size", "reserve_pool_size", false),
+    ("reserve_pool_timeout", "reserve_pool_timeout_ms", true),
 ];
 
 /// PgBouncer settings lsngate has no use for, with why (not an error: the proxy works without).
@@ -133,6 +147,13 @@ pub fn import(ini: &str) -> Result<Imported, String> {
         let Some(value) = settings.get(*bouncer) else {
             continue;
         };
+        if *bouncer == "query_wait_timeout" && number(value, true) == Some(0) {
+            // PgBouncer's 0 waits forever; lsngate's wait always has a bound.
+            not_carried.push(format!(
+                "query_wait_timeout = {value}: 0 (wait forever) has no lsngate equivalent; acquire_timeout_ms bounds every wait (set it high instead)"
+            ));
+            continue;
+        }
         match number(value, *seconds) {
             Some(n) => out.number(key, n, bouncer),
             None => {
@@ -499,6 +520,11 @@ auth_query = SELECT usename, passwd FROM public.user_lookup($1)
 admin_users = ops, root
 logfile = /var/log/pgbouncer.log
 max_db_connections = 50
+max_user_connections = 40
+max_db_client_connections = 300
+max_user_client_connections = 200
+reserve_pool_size = 5
+reserve_pool_timeout = 2.5
 client_tls_sslmode = verify-full
 
 [users]
@@ -520,6 +546,12 @@ app_rw = pool_mode=session
             "auth_query = \"SELECT usename, passwd FROM public.user_lookup($1)\"",
             "admin_users = [\"ops\", \"root\"]",
             "tls_mode = \"require\"",
+            "max_db_connections = 50  # max_db_connections",
+            "max_user_connections = 40  # max_user_connections",
+            "max_db_client_connections = 300  # max_db_client_connections",
+            "max_user_client_connections = 200  # max_user_client_connections",
+            "reserve_pool_size = 5  # reserve_pool_size",
+            "reserve_pool_timeout_ms = 2500  # reserve_pool_timeout",
         ] {
             assert!(toml.contains(line), "{line} in:\n{toml}");
         }
@@ -529,12 +561,28 @@ app_rw = pool_mode=session
             "pool_size=5",
             "other at 10.0.0.9:5432",
             "logfile",
-            "max_db_connections = 50: no lsngate equivalent",
             "verify-full",
             "[users] app_rw",
         ] {
             assert!(notes.contains(says), "{says} in:\n{notes}");
         }
+    }
+
+    #[test]
+    fn a_query_wait_timeout_of_0_is_named_not_turned_into_no_wait() {
+        let imported =
+            import("[databases]\napp = host=db dbname=app\n[pgbouncer]\nquery_wait_timeout = 0\n")
+                .unwrap();
+        assert!(
+            !imported.toml.contains("acquire_timeout_ms"),
+            "{}",
+            imported.toml
+        );
+        let notes = imported.not_carried.join("\n");
+        assert!(
+            notes.contains("query_wait_timeout = 0: 0 (wait forever) has no lsngate equivalent"),
+            "{notes}"
+        );
     }
 
     #[test]

@@ -1389,6 +1389,9 @@ fn config_import_turns_a_pgbouncer_ini_pgbouncer_runs_into_a_config_the_proxy_ru
          default_pool_size = 10\n\
          max_client_conn = 100\n\
          max_db_connections = 20\n\
+         max_user_connections = 15\n\
+         reserve_pool_size = 2\n\
+         reserve_pool_timeout = 3\n\
          query_wait_timeout = 30\n\
          client_login_timeout = 60\n\
          idle_transaction_timeout = 0\n\
@@ -1432,14 +1435,14 @@ fn config_import_turns_a_pgbouncer_ini_pgbouncer_runs_into_a_config_the_proxy_ru
         "pool_size = 10".into(),
         "acquire_timeout_ms = 30000".into(),
         "admin_users = [\"ops\"]".into(),
+        "max_db_connections = 20".into(),
+        "max_user_connections = 15".into(),
+        "reserve_pool_size = 2".into(),
+        "reserve_pool_timeout_ms = 3000".into(),
     ] {
         assert!(toml.contains(&line), "{line} in:\n{toml}");
     }
-    for named in [
-        "max_db_connections = 20",
-        "logfile",
-        "ignore_startup_parameters",
-    ] {
+    for named in ["logfile", "ignore_startup_parameters"] {
         assert!(
             toml.contains(&format!("# - {named}")),
             "{named} named as not carried over:\n{toml}"

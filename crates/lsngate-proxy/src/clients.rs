@@ -2,6 +2,9 @@
 //! from where and since when (`SHOW CLIENTS`), whether a statement of theirs is on a server
 //! (their cancel slot says), and the switch that ends one (`KILL_CLIENT`, `KILL`). A session
 //! registers after its login and is removed when it ends; nothing here runs per statement.
+//! Registering is also where the per-database and per-user client limits
+//! (`max_db_client_connections`, `max_user_client_connections`) are held: the count and the
+//! insert happen under one lock, so two logins at once cannot both take the last place.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -92,9 +95,86 @@ impl Drop for Registered<'_> {
     }
 }
 
+/// Limits on the clients of one database and of one user; 0 = unlimited.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ClientLimits {
+    /// `max_db_client_connections`.
+    pub per_database: usize,
+    /// `max_user_client_connections`.
+    pub per_user: usize,
+}
+
+/// A login refused by [`ClientLimits`], worded as PostgreSQL words its own limits (SQLSTATE
+/// 53300), with the key that set it.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum OverLimit {
+    /// The database has `max_db_client_connections` clients already.
+    #[error(
+        "too many connections for database \"{database}\": max_db_client_connections = {limit} reached on lsngate"
+    )]
+    Database {
+        /// The database.
+        database: String,
+        /// The limit.
+        limit: usize,
+    },
+    /// The user has `max_user_client_connections` clients already.
+    #[error(
+        "too many connections for role \"{user}\": max_user_client_connections = {limit} reached on lsngate"
+    )]
+    User {
+        /// The login name.
+        user: String,
+        /// The limit.
+        limit: usize,
+    },
+}
+
+impl ClientLimits {
+    /// Whether one more client of `database` as `user` would go over a limit, given those
+    /// connected (admin-console clients are not counted: the console is no pool).
+    fn check<'a>(
+        &self,
+        connected: impl Iterator<Item = &'a ClientEntry> + Clone,
+        user: &str,
+        database: &str,
+    ) -> Result<(), OverLimit> {
+        if crate::config::is_console_database(database) {
+            return Ok(());
+        }
+        let over = |limit: usize, count: usize| limit > 0 && count >= limit;
+        let pooled = connected.filter(|c| !crate::config::is_console_database(&c.database));
+        let of_database = pooled.clone().filter(|c| c.database == database).count();
+        if over(self.per_database, of_database) {
+            return Err(OverLimit::Database {
+                database: database.to_string(),
+                limit: self.per_database,
+            });
+        }
+        if over(self.per_user, pooled.filter(|c| c.user == user).count()) {
+            return Err(OverLimit::User {
+                user: user.to_string(),
+                limit: self.per_user,
+            });
+        }
+        Ok(())
+    }
+}
+
 impl Clients {
-    /// Registers a client that logged in.
-    pub fn register(&self, client: NewClient) -> Registered<'_> {
+    /// Registers a client that logged in, unless it would go over `limits` (a client of the
+    /// admin console never does).
+    pub fn register_within(
+        &self,
+        client: NewClient,
+        limits: ClientLimits,
+    ) -> Result<Registered<'_>, OverLimit> {
+        let mut connected = self.connected.lock().unwrap_or_else(|p| p.into_inner());
+        limits.check(
+            connected.values().map(|c| &**c),
+            &client.user,
+            &client.database,
+        )?;
         let id = self.next_id.fetch_add(1, Ordering::Relaxed) + 1;
         let entry = Arc::new(ClientEntry {
             id,
@@ -108,14 +188,11 @@ impl Clients {
             cancel: client.cancel,
             kill: tokio::sync::Notify::new(),
         });
-        self.connected
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(id, Arc::clone(&entry));
-        Registered {
+        connected.insert(id, Arc::clone(&entry));
+        Ok(Registered {
             clients: self,
             entry,
-        }
+        })
     }
 
     /// Every connected client, by id.
@@ -137,5 +214,61 @@ impl Clients {
             .get(&id)
             .cloned();
         entry.inspect(|e| e.kill.notify_one()).is_some()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn client(user: &str, database: &str) -> NewClient {
+        NewClient {
+            user: user.into(),
+            database: database.into(),
+            peer: None,
+            local: None,
+            application_name: String::new(),
+            tls: false,
+            cancel: Default::default(),
+        }
+    }
+
+    #[test]
+    fn client_limits_count_per_database_and_per_user_and_free_on_leaving() {
+        let clients = Clients::default();
+        let limits = ClientLimits {
+            per_database: 2,
+            per_user: 3,
+        };
+        let a1 = clients.register_within(client("ann", "a"), limits).unwrap();
+        let _a2 = clients.register_within(client("bob", "a"), limits).unwrap();
+        assert_eq!(
+            clients
+                .register_within(client("cid", "a"), limits)
+                .err()
+                .unwrap()
+                .to_string(),
+            "too many connections for database \"a\": max_db_client_connections = 2 reached on lsngate"
+        );
+        let _b1 = clients.register_within(client("ann", "b"), limits).unwrap();
+        let _c1 = clients.register_within(client("ann", "c"), limits).unwrap();
+        assert_eq!(
+            clients.register_within(client("ann", "d"), limits).err(),
+            Some(OverLimit::User {
+                user: "ann".into(),
+                limit: 3
+            })
+        );
+        // The console is no pool: its clients count for neither limit.
+        let _console = clients
+            .register_within(client("ann", "pgbouncer"), limits)
+            .unwrap();
+        drop(a1);
+        assert!(clients.register_within(client("ann", "a"), limits).is_ok());
+        assert!(
+            clients
+                .register_within(client("eve", "z"), ClientLimits::default())
+                .is_ok()
+        );
     }
 }

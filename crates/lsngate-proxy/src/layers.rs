@@ -12,6 +12,7 @@ const LAYERS: &[(&str, u8)] = &[
     ("net", 0),
     ("runtime", 0),
     ("tally", 0),
+    ("traffic", 0),
     ("whatif", 0),
     ("socket", 1),
     ("timer", 1),

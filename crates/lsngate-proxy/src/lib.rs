@@ -7,7 +7,7 @@
 //! Layers, bottom to top; a module imports only from its own layer or below (`layers.rs` is
 //! the test that keeps it so):
 //! - leaves: `net/` the pure message codec (with `TxStatus` and `sqlstate`), `runtime`, `tally`
-//!   (counters for /metrics), `whatif` (the budget what-if page, its document and the one-request
+//!   (counters for /metrics), `traffic` (queries and bytes per database for SHOW STATS), `whatif` (the budget what-if page, its document and the one-request
 //!   HTTP exchange, shared with `lsngate lag --advise --serve`), `socket` and `timer`, `auth` (SCRAM/MD5 for both sides of a
 //!   login), `config/` (the TOML file and the flags, every default in `config/defaults.rs`);
 //! - `statement/`: what a statement's text tells — class, proxy commands, route hints, cache;
@@ -48,6 +48,7 @@ pub(crate) mod statement;
 pub(crate) mod tally;
 pub(crate) mod timer;
 pub(crate) mod topology;
+pub(crate) mod traffic;
 pub mod whatif;
 
 use std::sync::Arc;

@@ -55,6 +55,8 @@ pub struct Proxy {
     pub(crate) registry: crate::clients::Clients,
     /// Who login names are; auth_query's cached secrets.
     pub(crate) logins: crate::logins::Logins,
+    /// Queries, transactions and bytes per database, for SHOW STATS.
+    pub(crate) traffic: crate::traffic::TrafficByDatabase,
     /// Where a reload reads the config from (RELOAD on the admin console, SIGHUP).
     reload_source: Mutex<Option<ReloadSource>>,
     /// Turned true by SHUTDOWN on the admin console: the proxy drains as on SIGTERM.
@@ -99,6 +101,7 @@ impl Proxy {
             clients: AtomicUsize::new(0),
             registry: crate::clients::Clients::default(),
             logins: crate::logins::Logins::default(),
+            traffic: crate::traffic::TrafficByDatabase::default(),
             reload_source: Mutex::new(None),
             shutdown_requested: tokio::sync::watch::channel(false).0,
         })

@@ -25,6 +25,8 @@ mod drivers;
 mod faults;
 #[path = "proxy/hba.rs"]
 mod hba;
+#[path = "proxy/limits.rs"]
+mod limits;
 #[path = "proxy/patroni.rs"]
 mod patroni;
 #[path = "proxy/pooling.rs"]

@@ -775,6 +775,23 @@ impl BackendConn {
         matches!(self.stream, ServerStream::Tls(_))
     }
 
+    /// Sends a Terminate and waits, at most `bound`, for the server to close its end. The
+    /// server closes the socket only after its backend left pg_stat_activity (PostgreSQL runs
+    /// the shared-memory exit hooks before the proc-exit ones that close the socket), so
+    /// a connection opened after this returns is not counted next to this one on the server.
+    pub async fn terminate(mut self, bound: Duration) {
+        let closed = async {
+            if self
+                .send(&[FrontendMessage::Terminate.to_frame()])
+                .await
+                .is_ok()
+            {
+                while self.recv().await.is_ok() {}
+            }
+        };
+        let _ = crate::timer::timeout(bound, closed).await;
+    }
+
     /// Closes the connection politely: a Terminate (and over TLS a close_notify) if the socket
     /// takes it without waiting (so the server logs no unexpected EOF), then the socket is
     /// dropped.

@@ -10,6 +10,7 @@ pub mod conn;
 pub mod gates;
 pub mod monitor;
 pub mod pool;
+pub mod quota;
 pub mod replay;
 pub mod settings;
 pub mod sever;
@@ -36,6 +37,13 @@ pub enum Target {
     Replica,
 }
 
+/// A node's quotas by database and by role.
+#[derive(Debug, Default)]
+struct Quotas {
+    databases: HashMap<String, Arc<quota::Quota<Pool>>>,
+    roles: HashMap<String, Arc<quota::Quota<Pool>>>,
+}
+
 /// One configured server and its pools.
 #[derive(Debug)]
 pub struct NodeState {
@@ -48,6 +56,9 @@ pub struct NodeState {
     /// Last health-check error, for /status.
     pub last_error: Mutex<Option<String>>,
     pools: Mutex<HashMap<PoolKey, Arc<Pool>>>,
+    /// The shared limits of this node's pools: per database (`max_db_connections`) and per
+    /// role (`max_user_connections`), made with the first pool of each.
+    quotas: Mutex<Quotas>,
     /// Wakes the node's monitor for an immediate re-check (a wait said `not in recovery`).
     pub recheck: tokio::sync::Notify,
     /// Removed from the config by a reload: its monitor stops, nothing new is routed to it.
@@ -164,6 +175,13 @@ impl NodeState {
             pool.set_limits(limits);
             return Arc::clone(pool);
         }
+        let quotas = {
+            let mut quotas = self.quotas.lock().expect("quotas lock");
+            (
+                Arc::clone(quotas.databases.entry(database.to_string()).or_default()),
+                Arc::clone(quotas.roles.entry(role.to_string()).or_default()),
+            )
+        };
         let pool = Pool::new(
             self.index,
             database,
@@ -171,6 +189,7 @@ impl NodeState {
             limits,
             Arc::clone(&self.busy),
             Arc::clone(&self.connections),
+            quotas,
         );
         if self.gates.is_paused(database) {
             pool.set_paused(true);
@@ -196,8 +215,24 @@ impl NodeState {
             login: login.cloned(),
         };
         let mut pools = self.pools.lock().expect("pools lock");
-        if pools.get(&key).is_some_and(|p| p.is_unused()) {
-            pools.remove(&key);
+        if !pools.get(&key).is_some_and(|p| p.is_unused()) {
+            return;
+        }
+        let role = pools.remove(&key).map(|pool| pool.role().to_string());
+        drop(pools);
+        // Nor quotas: a name no pool uses any more is forgotten.
+        let mut quotas = self.quotas.lock().expect("quotas lock");
+        if quotas
+            .databases
+            .get(database)
+            .is_some_and(|q| q.is_unused())
+        {
+            quotas.databases.remove(database);
+        }
+        if let Some(role) = role
+            && quotas.roles.get(&role).is_some_and(|q| q.is_unused())
+        {
+            quotas.roles.remove(&role);
         }
     }
 
@@ -276,6 +311,7 @@ fn node_state(index: usize, url: &NodeUrl, gates: &Arc<gates::Gates>) -> Arc<Nod
         healthy: AtomicBool::new(false),
         last_error: Mutex::new(None),
         pools: Mutex::new(HashMap::new()),
+        quotas: Mutex::new(Quotas::default()),
         recheck: tokio::sync::Notify::new(),
         retired: AtomicBool::new(false),
         polls: AtomicU64::new(0),

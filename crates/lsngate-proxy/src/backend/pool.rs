@@ -10,6 +10,15 @@
 //!
 //! A checkout and a return each take the pool's lock once and read the coarse clock once; no
 //! timer is armed unless the checkout has to wait.
+//!
+//! Two limits reach past the pool. A checkout that has waited `reserve_timeout` may take one
+//! of `reserve_size` slots beyond `size` (PgBouncer's reserve pool). And opening a connection
+//! takes a unit of the node's quota for the pool's database and of the one for its role
+//! (`max_db_connections`, `max_user_connections`, see `quota`), closing one gives it back:
+//! reusing an idle connection needs no unit. A checkout that finds a quota full queues like one
+//! that finds the pool full, closes an idle connection of another pool under that quota if
+//! there is one, and is served when a unit comes back — a connection closed by any pool under
+//! the quota wakes the pools waiting on it, oldest first.
 
 use std::collections::VecDeque;
 use std::ops::{Deref, DerefMut};
@@ -22,6 +31,7 @@ use tokio::sync::{oneshot, watch};
 use super::Nodes;
 use super::clock::Coarse;
 use super::conn::{BackendConn, BackendError};
+use super::quota::{Quota, Wake, take_both};
 use crate::config::{NodeUrl, PoolLimits, ServerLogin};
 
 /// The expiry arithmetic over the pool settings (the type is `config`'s; what a pool does with
@@ -74,9 +84,21 @@ struct Shelf {
 }
 
 impl Shelf {
-    /// Whether a checkout may take a slot now.
-    fn has_room(&self) -> bool {
-        !self.paused && self.lent < self.limits.size
+    /// Whether a checkout may take a slot now: under `size`, or within the reserve for a checkout
+    /// queued since `queued` once it has waited `reserve_timeout`. `lent` counts the slots lent
+    /// besides the one asked for.
+    fn has_room(&self, lent: usize, queued: Option<Coarse>, now: Coarse) -> bool {
+        let limits = &self.limits;
+        let reserve = limits.reserve_size > 0
+            && lent < limits.size + limits.reserve_size
+            && queued.is_some_and(|since| now.since(since) >= limits.reserve_timeout);
+        !self.paused && (lent < limits.size || reserve)
+    }
+
+    /// Whether the oldest queued checkout may take a slot now.
+    fn has_room_for_oldest(&self, lent: usize, now: Coarse) -> bool {
+        let oldest = self.waiting.front().map(|(since, _)| *since);
+        self.has_room(lent, oldest, now)
     }
 }
 
@@ -102,6 +124,10 @@ impl Shelf {
 /// EOF or FATAL the server left) before reuse.
 const PROBE_AFTER: Duration = Duration::from_secs(1);
 
+/// How long a connection closed for another pool under a quota may take to end on the server
+/// before its unit is given back anyway.
+const QUOTA_CLOSE_BOUND: Duration = Duration::from_secs(5);
+
 /// ParameterStatus (name, value) pairs a server sends at login.
 pub type ServerParams = Vec<(String, String)>;
 
@@ -123,6 +149,10 @@ pub struct Pool {
     node_busy: Arc<AtomicUsize>,
     /// The node's open connections, which a sever shuts down (see `sever`).
     node_connections: Arc<super::sever::Severables>,
+    /// The node's limit on connections to this database (`max_db_connections`).
+    database_quota: Arc<Quota<Pool>>,
+    /// The node's limit on connections as this role (`max_user_connections`).
+    role_quota: Arc<Quota<Pool>>,
     /// The ParameterStatus values the server sent the newest connection (server_version,
     /// encodings, DateStyle...): what a client is told at login, without a checkout.
     server_params: Mutex<Option<Arc<ServerParams>>>,
@@ -155,9 +185,11 @@ pub struct PoolActivity {
 pub enum PoolError {
     /// Every connection stayed busy for the whole acquire timeout.
     #[error(
-        "all {size} connections to node {node} database {database:?} as {role:?} stayed busy for {waited:?}; raise pool_size or acquire_timeout_ms"
+        "all {size} connections to node {node} database {database:?} as {role:?} stayed busy for {waited:?}; raise pool_size or acquire_timeout_ms{quota}"
     )]
     Exhausted {
+        /// What a shared limit adds to the message, when one was full.
+        quota: String,
         node: usize,
         database: String,
         role: String,
@@ -176,7 +208,8 @@ pub enum PoolError {
 
 impl Pool {
     /// An empty pool of connections as `role`, kept to `limits`, counting the connections it
-    /// lends in `node_busy` too and registering those it opens in `node_connections`.
+    /// lends in `node_busy` too, registering those it opens in `node_connections` and opening
+    /// them within the node's `quotas` for its database and role.
     pub fn new(
         node: usize,
         database: &str,
@@ -184,8 +217,10 @@ impl Pool {
         limits: PoolLimits,
         node_busy: Arc<AtomicUsize>,
         node_connections: Arc<super::sever::Severables>,
+        quotas: (Arc<Quota<Pool>>, Arc<Quota<Pool>>),
     ) -> Arc<Pool> {
-        Arc::new(Pool {
+        let (database_quota, role_quota) = quotas;
+        let pool = Arc::new(Pool {
             node,
             database: database.to_string(),
             role: role.to_string(),
@@ -202,8 +237,98 @@ impl Pool {
             waited_us: AtomicU64::new(0),
             node_busy,
             node_connections,
+            database_quota,
+            role_quota,
             server_params: Mutex::new(None),
-        })
+        });
+        pool.database_quota.join(&pool);
+        pool.role_quota.join(&pool);
+        pool.set_quota_limits(&limits);
+        pool
+    }
+
+    /// Applies the shared limits of `limits` to the pool's quotas, waking whoever they let in.
+    fn set_quota_limits(&self, limits: &PoolLimits) {
+        let mut wake = self.database_quota.set_limit(limits.max_db_connections);
+        wake.extend(self.role_quota.set_limit(limits.max_user_connections));
+        admit(wake);
+    }
+
+    /// Takes a unit of both quotas for a connection about to be opened; when one is full, the
+    /// pool is listed as waiting on it (the caller queues its checkout).
+    fn take_unit(self: &Arc<Self>) -> bool {
+        if take_both(&self.database_quota, &self.role_quota) {
+            return true;
+        }
+        for quota in [&self.database_quota, &self.role_quota] {
+            if quota.is_full() {
+                quota.wait(self);
+            }
+        }
+        false
+    }
+
+    /// Gives back the units of `count` connections closed or never opened.
+    fn give_back_units(&self, count: usize) {
+        if count == 0 {
+            return;
+        }
+        let mut wake = self.database_quota.give_back(count);
+        wake.extend(self.role_quota.give_back(count));
+        admit(wake);
+    }
+
+    /// For a checkout queued on a full quota: closes one idle connection of another pool under
+    /// it, whose unit then comes back to the oldest waiter. The unit comes back once the server
+    /// has ended that backend, so the limit holds on the server too.
+    async fn evict_for_quota(&self) {
+        for quota in [&self.database_quota, &self.role_quota] {
+            if !quota.is_full() {
+                continue;
+            }
+            for other in quota.members_besides(self) {
+                if other.close_oldest_idle().await {
+                    return;
+                }
+            }
+        }
+    }
+
+    /// Closes the least recently used idle connection, if there is one, waiting for the server
+    /// to end it (at most [`QUOTA_CLOSE_BOUND`]).
+    async fn close_oldest_idle(&self) -> bool {
+        let oldest = {
+            let mut shelf = self.shelf.lock().expect("pool lock");
+            (!shelf.conns.is_empty()).then(|| shelf.conns.remove(0).conn)
+        };
+        let Some(conn) = oldest else {
+            return false;
+        };
+        tracing::debug!(database = %self.database, role = %self.role, "closing an idle server connection for another pool's checkout (max_db_connections / max_user_connections)");
+        conn.terminate(QUOTA_CLOSE_BOUND).await;
+        self.open.fetch_sub(1, Ordering::Relaxed);
+        self.give_back_units(1);
+        true
+    }
+
+    /// What a shared limit adds to an exhausted pool's message.
+    fn quota_note(&self) -> String {
+        let (db_open, db_limit) = self.database_quota.usage();
+        let (role_open, role_limit) = self.role_quota.usage();
+        let mut note = String::new();
+        if db_limit > 0 && db_open >= db_limit {
+            note += &format!(
+                " (max_db_connections = {db_limit} reached for database {:?})",
+                self.database
+            );
+        }
+        if role_limit > 0 && role_open >= role_limit {
+            note += &format!(
+                " (max_user_connections = {role_limit} reached for role {:?})",
+                self.role
+            );
+        }
+        note
     }
 
     /// Applies reloaded limits. A larger size hands the new slots to queued checkouts at once; a
@@ -211,10 +336,13 @@ impl Pool {
     pub fn set_limits(self: &Arc<Self>, limits: PoolLimits) {
         let grew = {
             let mut shelf = self.shelf.lock().expect("pool lock");
-            let grew = limits.size > shelf.limits.size;
+            let grew = limits.size > shelf.limits.size
+                || limits.reserve_size > shelf.limits.reserve_size
+                || limits.reserve_timeout < shelf.limits.reserve_timeout;
             shelf.limits = limits;
             grew
         };
+        self.set_quota_limits(&limits);
         if grew {
             self.admit_waiters();
         }
@@ -238,28 +366,52 @@ impl Pool {
         self.close(idle.into_iter().map(|idle| idle.conn).collect());
     }
 
-    /// Hands free slots to queued checkouts, oldest first, while there is room (after RESUME or
-    /// a larger size).
+    /// Hands free slots to queued checkouts, oldest first, while there is room (after RESUME, a
+    /// larger size, a unit of a quota given back, or the reserve timeout).
     fn admit_waiters(self: &Arc<Self>) {
+        self.admit_queued(false);
+    }
+
+    /// [`Pool::admit_waiters`]; with `reserve`, the oldest waiter may take a reserve slot even
+    /// if the coarse clock does not show it waited `reserve_timeout` yet (its caller's timer
+    /// says it did: a checkout queued no later than the oldest one timed out).
+    fn admit_queued(self: &Arc<Self>, mut reserve: bool) {
         loop {
             let (waiter, idle, expired) = {
                 let mut shelf = self.shelf.lock().expect("pool lock");
-                if !shelf.has_room() {
+                if shelf.waiting.is_empty() {
+                    drop(shelf);
+                    self.database_quota.stop_waiting(self);
+                    self.role_quota.stop_waiting(self);
                     return;
                 }
-                let Some((_, waiter)) = shelf.waiting.pop_front() else {
+                let limits = shelf.limits;
+                let in_reserve =
+                    reserve && !shelf.paused && shelf.lent < limits.size + limits.reserve_size;
+                if !in_reserve && !shelf.has_room_for_oldest(shelf.lent, Coarse::now()) {
                     return;
-                };
+                }
+                reserve = false;
+                let (idle, expired) = self.take_idle(&mut shelf);
+                if idle.is_none() && !self.take_unit() {
+                    drop(shelf);
+                    self.close(expired);
+                    return;
+                }
+                let (_, waiter) = shelf.waiting.pop_front().expect("a waiter");
                 shelf.lent += 1;
                 self.node_busy.fetch_add(1, Ordering::Relaxed);
-                let (idle, expired) = self.take_idle(&mut shelf);
                 (waiter, idle, expired)
             };
             self.close(expired);
             if let Err(mut refused) = waiter.send(self.lend(idle)) {
-                // The waiter gave up meanwhile: its slot (and connection) come back.
+                // The waiter gave up meanwhile: its slot (and connection, or unit) come back.
                 refused.pool = None;
-                self.give_back(refused.conn.take());
+                let conn = refused.conn.take();
+                if conn.is_none() {
+                    self.give_back_units(1);
+                }
+                self.give_back(conn);
             }
         }
     }
@@ -273,17 +425,30 @@ impl Pool {
         wait: Duration,
         connect: Duration,
     ) -> Result<PooledConn, PoolError> {
+        let mut quota_full = false;
         let (mut lent, expired, queued) = {
             let mut shelf = self.shelf.lock().expect("pool lock");
-            if shelf.waiting.is_empty() && shelf.has_room() {
-                shelf.lent += 1;
-                self.node_busy.fetch_add(1, Ordering::Relaxed);
-                let (idle, expired) = self.take_idle(&mut shelf);
-                (Some(self.lend(idle)), expired, None)
-            } else {
-                let (tx, rx) = oneshot::channel();
-                shelf.waiting.push_back((Coarse::now(), tx));
-                (None, Vec::new(), Some(rx))
+            let now = Coarse::now();
+            let mut taken = None;
+            let mut expired = Vec::new();
+            if shelf.waiting.is_empty() && shelf.has_room(shelf.lent, None, now) {
+                let (idle, stale) = self.take_idle(&mut shelf);
+                expired = stale;
+                if idle.is_some() || self.take_unit() {
+                    shelf.lent += 1;
+                    self.node_busy.fetch_add(1, Ordering::Relaxed);
+                    taken = Some(self.lend(idle));
+                } else {
+                    quota_full = true;
+                }
+            }
+            match taken {
+                Some(lent) => (Some(lent), expired, None),
+                None => {
+                    let (tx, rx) = oneshot::channel();
+                    shelf.waiting.push_back((now, tx));
+                    (None, expired, Some(rx))
+                }
             }
         };
         if !expired.is_empty() {
@@ -291,7 +456,23 @@ impl Pool {
         }
         if let Some(mut rx) = queued {
             let queued_at = Coarse::now();
-            lent = match crate::timer::timeout(wait, &mut rx).await {
+            if quota_full {
+                self.evict_for_quota().await;
+            }
+            let reserve_after = {
+                let limits = self.shelf.lock().expect("pool lock").limits;
+                (limits.reserve_size > 0 && limits.reserve_timeout < wait)
+                    .then_some(limits.reserve_timeout)
+            };
+            let first_wait = reserve_after.unwrap_or(wait);
+            let mut waited = crate::timer::timeout(first_wait, &mut rx).await;
+            if let (Err(_), Some(reserve_after)) = (&waited, reserve_after) {
+                // Waited reserve_pool_timeout: the reserve may take this checkout (and any
+                // older one) now, or a slot given back later still may.
+                self.admit_queued(true);
+                waited = crate::timer::timeout(wait - reserve_after, &mut rx).await;
+            }
+            lent = match waited {
                 Ok(Ok(lent)) => Some(lent),
                 // The sender went away without a slot: only when the pool itself is dropped.
                 Ok(Err(_)) => None,
@@ -315,6 +496,7 @@ impl Pool {
                 });
             }
             return Err(PoolError::Exhausted {
+                quota: self.quota_note(),
                 node: self.node,
                 database: self.database.clone(),
                 role: self.role.clone(),
@@ -323,8 +505,9 @@ impl Pool {
             });
         };
         if lent.conn.is_none() {
-            // A free slot without an idle connection: open one. On failure `lent` is dropped
-            // and its slot goes to the next waiter.
+            // A free slot without an idle connection: open one (its quota unit is taken). On
+            // failure `lent` is dropped, which gives back the unit, and its slot goes to the
+            // next waiter.
             let mut conn =
                 BackendConn::connect(self.node, url, login, &self.database, connect).await?;
             match self.node_connections.register(conn.socket_fd()) {
@@ -355,7 +538,10 @@ impl Pool {
     pub fn checkout_idle(self: &Arc<Self>) -> Option<PooledConn> {
         let (idle, expired) = {
             let mut shelf = self.shelf.lock().expect("pool lock");
-            if !shelf.waiting.is_empty() || !shelf.has_room() || shelf.conns.is_empty() {
+            if !shelf.waiting.is_empty()
+                || !shelf.has_room(shelf.lent, None, Coarse::now())
+                || shelf.conns.is_empty()
+            {
                 return None;
             }
             let (idle, expired) = self.take_idle(&mut shelf);
@@ -408,7 +594,7 @@ impl Pool {
                 return (Some(candidate.conn), expired);
             }
             tracing::debug!(node = %candidate.conn.address, "dropping a server connection closed while idle");
-            self.open.fetch_sub(1, Ordering::Relaxed);
+            expired.push(candidate.conn);
         }
         (None, expired)
     }
@@ -418,6 +604,11 @@ impl Pool {
     fn give_back(self: &Arc<Self>, mut conn: Option<Box<BackendConn>>) {
         let now = Coarse::now();
         let mut outlived = None;
+        // Another pool waits on a full quota of this one: the connection is closed for it
+        // rather than kept here (see `quota`).
+        let mut yielded = conn
+            .take_if(|_| self.quota_wanted_elsewhere())
+            .map(|conn| (Arc::clone(self), conn));
         loop {
             let waiter = {
                 let mut shelf = self.shelf.lock().expect("pool lock");
@@ -428,9 +619,13 @@ impl Pool {
                 {
                     outlived = conn.take();
                 }
-                // Paused or shrunk: the slot is not handed on.
-                let room = !shelf.paused && shelf.lent <= shelf.limits.size;
-                match shelf.waiting.pop_front().filter(|_| room) {
+                // Paused or shrunk: the slot is not handed on. Without a connection to hand on,
+                // the waiter needs a quota unit to open one.
+                let room = shelf.has_room_for_oldest(shelf.lent - 1, now)
+                    && (conn.is_some() || shelf.waiting.is_empty() || self.take_unit());
+                // Without room the waiter stays queued (popping it would drop its sender and
+                // fail the checkout at once).
+                match room.then(|| shelf.waiting.pop_front()).flatten() {
                     Some((_, waiter)) => waiter,
                     None => {
                         shelf.lent -= 1;
@@ -449,11 +644,39 @@ impl Pool {
                 Err(mut refused) => {
                     refused.pool = None;
                     conn = refused.conn.take();
+                    if conn.is_none() {
+                        self.give_back_units(1);
+                    }
                 }
             }
         }
         if let Some(conn) = outlived {
             self.close(vec![conn]);
+        }
+        if let Some((pool, conn)) = yielded.take() {
+            pool.close_for_quota(conn);
+        }
+    }
+
+    /// Whether a pool other than this one waits on a full quota of this one.
+    fn quota_wanted_elsewhere(&self) -> bool {
+        self.database_quota.others_wait(self) || self.role_quota.others_wait(self)
+    }
+
+    /// Closes `conn` for another pool under a full quota; its unit comes back once the server
+    /// ended the backend (in a task, bounded by the connect timeout of 5 s), so the limit holds
+    /// on the server too. Outside a runtime it is closed at once.
+    fn close_for_quota(self: Arc<Self>, conn: Box<BackendConn>) {
+        tracing::debug!(database = %self.database, role = %self.role, "closing a server connection for another pool waiting on max_db_connections / max_user_connections");
+        match tokio::runtime::Handle::try_current() {
+            Ok(runtime) => {
+                runtime.spawn(async move {
+                    conn.terminate(QUOTA_CLOSE_BOUND).await;
+                    self.open.fetch_sub(1, Ordering::Relaxed);
+                    self.give_back_units(1);
+                });
+            }
+            Err(_) => self.close(vec![conn]),
         }
     }
 
@@ -530,10 +753,12 @@ impl Pool {
             return;
         }
         self.open.fetch_sub(conns.len(), Ordering::Relaxed);
+        let count = conns.len();
         for conn in conns {
             tracing::debug!(node = %conn.address, database = %self.database, role = %self.role, "closing an expired or discarded server connection");
             conn.close();
         }
+        self.give_back_units(count);
     }
 }
 
@@ -605,11 +830,21 @@ impl PooledConn {
 impl Drop for PooledConn {
     fn drop(&mut self) {
         if let Some(pool) = self.pool.take() {
+            // A connection closed, or a slot whose connection was never opened: either way its
+            // quota unit comes back.
             if self.conn.take().is_some() {
                 pool.open.fetch_sub(1, Ordering::Relaxed);
             }
+            pool.give_back_units(1);
             pool.give_back(None);
         }
+    }
+}
+
+/// Lets each woken pool admit its queued checkouts, in the order given (oldest waiter first).
+fn admit(wake: Wake<Pool>) {
+    for pool in wake {
+        pool.admit_waiters();
     }
 }
 
@@ -640,6 +875,10 @@ mod tests {
             size: 1,
             idle_timeout: Some(Duration::from_secs(10)),
             lifetime: Some(Duration::from_secs(60)),
+            reserve_size: 0,
+            reserve_timeout: Duration::ZERO,
+            max_db_connections: 0,
+            max_user_connections: 0,
         };
         let now = Coarse::now() + Duration::from_secs(120);
         let ago = |secs| now - Duration::from_secs(secs);
@@ -665,6 +904,10 @@ mod tests {
             size: 1,
             idle_timeout: idle.map(Duration::from_millis),
             lifetime: life.map(Duration::from_millis),
+            reserve_size: 0,
+            reserve_timeout: Duration::ZERO,
+            max_db_connections: 0,
+            max_user_connections: 0,
         };
         let ms = Duration::from_millis;
         assert_eq!(

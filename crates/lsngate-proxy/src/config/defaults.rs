@@ -17,6 +17,18 @@ pub const LISTEN: SocketAddr = SocketAddr::V4(SocketAddrV4::new(Ipv4Addr::LOCALH
 pub const POOL_SIZE: usize = 20;
 /// `max_client_connections`.
 pub const MAX_CLIENT_CONNECTIONS: usize = 1000;
+/// `max_db_connections`: unlimited, as PgBouncer's.
+pub const MAX_DB_CONNECTIONS: usize = 0;
+/// `max_user_connections`: unlimited, as PgBouncer's.
+pub const MAX_USER_CONNECTIONS: usize = 0;
+/// `max_db_client_connections`: unlimited, as PgBouncer's.
+pub const MAX_DB_CLIENT_CONNECTIONS: usize = 0;
+/// `max_user_client_connections`: unlimited, as PgBouncer's.
+pub const MAX_USER_CLIENT_CONNECTIONS: usize = 0;
+/// `reserve_pool_size`: no reserve, as PgBouncer's.
+pub const RESERVE_POOL_SIZE: usize = 0;
+/// `reserve_pool_timeout_ms`: PgBouncer's `reserve_pool_timeout` (5 s).
+pub const RESERVE_POOL_TIMEOUT_MS: u64 = 5000;
 /// `threads`: one event loop on one thread, the least CPU per statement.
 pub const THREADS: usize = 1;
 /// `acquire_timeout_ms`.
@@ -89,6 +101,21 @@ mod tests {
             ),
             ("pool_size", POOL_SIZE.to_string()),
             ("max_client_connections", MAX_CLIENT_CONNECTIONS.to_string()),
+            ("max_db_connections", MAX_DB_CONNECTIONS.to_string()),
+            ("max_user_connections", MAX_USER_CONNECTIONS.to_string()),
+            (
+                "max_db_client_connections",
+                MAX_DB_CLIENT_CONNECTIONS.to_string(),
+            ),
+            (
+                "max_user_client_connections",
+                MAX_USER_CLIENT_CONNECTIONS.to_string(),
+            ),
+            ("reserve_pool_size", RESERVE_POOL_SIZE.to_string()),
+            (
+                "reserve_pool_timeout_ms",
+                RESERVE_POOL_TIMEOUT_MS.to_string(),
+            ),
             ("threads", THREADS.to_string()),
             ("acquire_timeout_ms", ACQUIRE_TIMEOUT_MS.to_string()),
             (
@@ -160,7 +187,7 @@ mod tests {
                 checked += 1;
             }
         }
-        assert_eq!(checked, 25, "every flag with a value default is checked");
+        assert_eq!(checked, 31, "every flag with a value default is checked");
     }
 
     /// The README's `### Config file` example, as TOML.
@@ -241,7 +268,7 @@ mod tests {
             }
         }
         assert_eq!(
-            checked, 25,
+            checked, 31,
             "every flag with a value default is in the README's table"
         );
     }

@@ -139,11 +139,37 @@ pub struct FileConfig {
     /// Max client connections [default: 1000].
     #[arg(long)]
     pub max_client_connections: Option<usize>,
+    /// Max server connections to one database on one node, the pools of every role together
+    /// (PgBouncer's max_db_connections); a checkout over it waits as for a full pool; 0 =
+    /// unlimited [default: 0].
+    #[arg(long)]
+    pub max_db_connections: Option<usize>,
+    /// Max server connections as one role on one node, the pools of every database together
+    /// (PgBouncer's max_user_connections); 0 = unlimited [default: 0].
+    #[arg(long)]
+    pub max_user_connections: Option<usize>,
+    /// Max clients logged in to one database; one more is refused with SQLSTATE 53300
+    /// (PgBouncer's max_db_client_connections); 0 = unlimited [default: 0].
+    #[arg(long)]
+    pub max_db_client_connections: Option<usize>,
+    /// Max clients logged in as one user; one more is refused with SQLSTATE 53300 (PgBouncer's
+    /// max_user_client_connections); 0 = unlimited [default: 0].
+    #[arg(long)]
+    pub max_user_client_connections: Option<usize>,
+    /// Server connections a pool may open beyond pool_size for a checkout that has waited
+    /// reserve_pool_timeout_ms (PgBouncer's reserve_pool_size); 0 = none [default: 0].
+    #[arg(long)]
+    pub reserve_pool_size: Option<usize>,
+    /// Milliseconds a checkout waits for a pool's connection before it may use the reserve pool
+    /// (PgBouncer's reserve_pool_timeout, in ms) [default: 5000].
+    #[arg(long)]
+    pub reserve_pool_timeout_ms: Option<u64>,
     /// Threads serving clients; 1 runs one event loop on one thread, like PgBouncer, which is
     /// the cheapest per statement [default: 1].
     #[arg(long)]
     pub threads: Option<usize>,
-    /// Milliseconds a client waits for a free backend connection [default: 5000].
+    /// Milliseconds a client waits for a free backend connection, then gets an error
+    /// (PgBouncer's query_wait_timeout, in ms) [default: 5000].
     #[arg(long)]
     pub acquire_timeout_ms: Option<u64>,
     /// Milliseconds a client has from connecting to being logged in (TLS handshake, startup

@@ -135,6 +135,18 @@ pub struct Config {
     pub pool_size: usize,
     /// Max client connections.
     pub max_client_connections: usize,
+    /// Max server connections per (node, database), all roles together; 0 = unlimited.
+    pub max_db_connections: usize,
+    /// Max server connections per (node, role), all databases together; 0 = unlimited.
+    pub max_user_connections: usize,
+    /// Max clients logged in to one database; 0 = unlimited.
+    pub max_db_client_connections: usize,
+    /// Max clients logged in as one user; 0 = unlimited.
+    pub max_user_client_connections: usize,
+    /// Extra server connections per pool for checkouts that waited `reserve_pool_timeout`.
+    pub reserve_pool_size: usize,
+    /// How long a checkout waits before it may use the reserve pool.
+    pub reserve_pool_timeout: Duration,
     /// Threads serving clients: 1 = one event loop on one thread, like PgBouncer.
     pub threads: usize,
     /// How long a client waits for a backend.
@@ -217,6 +229,25 @@ impl Config {
             max_client_connections: file
                 .max_client_connections
                 .unwrap_or(defaults::MAX_CLIENT_CONNECTIONS),
+            max_db_connections: file
+                .max_db_connections
+                .unwrap_or(defaults::MAX_DB_CONNECTIONS),
+            max_user_connections: file
+                .max_user_connections
+                .unwrap_or(defaults::MAX_USER_CONNECTIONS),
+            max_db_client_connections: file
+                .max_db_client_connections
+                .unwrap_or(defaults::MAX_DB_CLIENT_CONNECTIONS),
+            max_user_client_connections: file
+                .max_user_client_connections
+                .unwrap_or(defaults::MAX_USER_CLIENT_CONNECTIONS),
+            reserve_pool_size: file
+                .reserve_pool_size
+                .unwrap_or(defaults::RESERVE_POOL_SIZE),
+            reserve_pool_timeout: Duration::from_millis(
+                file.reserve_pool_timeout_ms
+                    .unwrap_or(defaults::RESERVE_POOL_TIMEOUT_MS),
+            ),
             threads: file.threads.unwrap_or(defaults::THREADS).max(1),
             acquire_timeout: Duration::from_millis(
                 file.acquire_timeout_ms
@@ -292,6 +323,10 @@ impl Config {
             size: self.pool_size,
             idle_timeout: self.server_idle_timeout,
             lifetime: self.server_lifetime,
+            reserve_size: self.reserve_pool_size,
+            reserve_timeout: self.reserve_pool_timeout,
+            max_db_connections: self.max_db_connections,
+            max_user_connections: self.max_user_connections,
         }
     }
 

@@ -28,4 +28,15 @@ pub struct PoolLimits {
     pub idle_timeout: Option<Duration>,
     /// A connection open for longer than this is closed instead of reused; None = never.
     pub lifetime: Option<Duration>,
+    /// Extra connections a checkout may use once it has waited `reserve_timeout`
+    /// (PgBouncer's `reserve_pool_size`); 0 = none.
+    pub reserve_size: usize,
+    /// How long a checkout waits before it may use the reserve (`reserve_pool_timeout`).
+    pub reserve_timeout: Duration,
+    /// Most open server connections per (node, database), all roles' pools together
+    /// (`max_db_connections`); 0 = unlimited.
+    pub max_db_connections: usize,
+    /// Most open server connections per (node, role), all databases' pools together
+    /// (`max_user_connections`); 0 = unlimited.
+    pub max_user_connections: usize,
 }

@@ -82,6 +82,8 @@ pub struct ClientIo {
     read_buf: BytesMut,
     write_buf: BytesMut,
     max_len: usize,
+    /// SHOW STATS' counting, once the session knows its database (`count_into`).
+    clock: Option<crate::traffic::QueryClock>,
 }
 
 impl std::fmt::Debug for ClientIo {
@@ -116,7 +118,13 @@ impl ClientIo {
             read_buf,
             write_buf: BytesMut::with_capacity(16 * 1024),
             max_len,
+            clock: None,
         }
+    }
+
+    /// Counts queries, transactions and bytes from now on into `traffic` (SHOW STATS).
+    pub fn count_into(&mut self, traffic: std::sync::Arc<crate::traffic::Traffic>) {
+        self.clock = Some(crate::traffic::QueryClock::new(traffic));
     }
 
     /// The next message, `None` when the client closed the connection. Cancel-safe.
@@ -142,14 +150,21 @@ impl ClientIo {
     pub fn poll_next(&mut self, cx: &mut Context<'_>) -> Poll<Result<Option<Incoming>, ReadError>> {
         loop {
             if let Some(len) = whole_frame(&mut self.read_buf, self.max_len)? {
+                if let Some(clock) = &mut self.clock {
+                    clock.message();
+                }
                 if self.read_buf[0] == b'Q' {
                     return Poll::Ready(Ok(Some(Incoming::Query(len))));
                 }
                 let frame = decode_frame(&mut self.read_buf, self.max_len)?;
                 return Poll::Ready(Ok(Some(Incoming::Frame(frame.expect("a whole frame")))));
             }
-            if ready!(self.stream.poll_recv(cx, &mut self.read_buf))? == 0 {
+            let read = ready!(self.stream.poll_recv(cx, &mut self.read_buf))?;
+            if read == 0 {
                 return Poll::Ready(Ok(None));
+            }
+            if let Some(clock) = &self.clock {
+                clock.traffic().received(read);
             }
         }
     }
@@ -164,12 +179,20 @@ impl ClientIo {
 
     /// Buffers a frame for the client.
     pub fn queue(&mut self, frame: &Frame) {
+        if frame.tag == b'Z'
+            && let Some(clock) = &mut self.clock
+        {
+            clock.ready(frame.body.first() == Some(&TxStatus::Idle.byte()));
+        }
         frame.encode(&mut self.write_buf);
     }
 
     /// Buffers a ReadyForQuery with transaction status `status` (written as bytes: one ends
     /// every transaction).
     pub fn queue_ready(&mut self, status: TxStatus) {
+        if let Some(clock) = &mut self.clock {
+            clock.ready(status == TxStatus::Idle);
+        }
         self.write_buf
             .extend_from_slice(&[b'Z', 0, 0, 0, 5, status.byte()]);
     }
@@ -188,6 +211,9 @@ impl ClientIo {
     pub async fn flush(&mut self) -> std::io::Result<()> {
         if self.write_buf.is_empty() {
             return Ok(());
+        }
+        if let Some(clock) = &self.clock {
+            clock.traffic().sent(self.write_buf.len());
         }
         // A reply nearly always fits the socket buffer: one non-blocking write, no future.
         let written = match self.stream.write_now(&self.write_buf) {

@@ -305,15 +305,29 @@ async fn login_and_run(
         None
     };
     let (key, slot) = proxy.register_cancel();
-    let registered = proxy.registry.register(NewClient {
-        user: user.clone(),
-        database: database.clone(),
-        peer: origin.peer,
-        local: origin.local,
-        application_name: StartupFrame::param(&params, "application_name").unwrap_or_default(),
-        tls: origin.tls,
-        cancel: Arc::clone(&slot),
-    });
+    let limits = crate::clients::ClientLimits {
+        per_database: config.max_db_client_connections,
+        per_user: config.max_user_client_connections,
+    };
+    let registered = proxy.registry.register_within(
+        NewClient {
+            user: user.clone(),
+            database: database.clone(),
+            peer: origin.peer,
+            local: origin.local,
+            application_name: StartupFrame::param(&params, "application_name").unwrap_or_default(),
+            tls: origin.tls,
+            cancel: Arc::clone(&slot),
+        },
+        limits,
+    );
+    let registered = match registered {
+        Ok(registered) => registered,
+        Err(over) => {
+            proxy.unregister_cancel(key);
+            return refuse(&mut io, sqlstate::TOO_MANY_CONNECTIONS, over.to_string()).await;
+        }
+    };
     if let Some(access) = console_access {
         let login = ConsoleLogin {
             user,

@@ -184,6 +184,7 @@ impl Session {
             reported.insert(name.clone(), value.to_string());
         }
         io.queue(&build::backend_key_data(cancel_key.0, cancel_key.1));
+        io.count_into(proxy.traffic.of(&database));
         io.queue_ready(TxStatus::Idle);
         io.flush().await?;
         tracing::debug!(%user, %database, role = ?server_login.as_ref().map(|l| &l.user), "client logged in");

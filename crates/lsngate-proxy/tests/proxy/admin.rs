@@ -225,15 +225,19 @@ fn every_show_answers_from_psql_with_pgbouncer_columns() {
         ),
         (
             "SHOW STATS",
-            "database|total_server_assignment_count|total_wait_time",
+            "database|total_server_assignment_count|total_xact_count|total_query_count|total_received|total_sent|total_xact_time|total_query_time|total_wait_time|avg_server_assignment_count|avg_xact_count|avg_query_count|avg_recv|avg_sent|avg_xact_time|avg_query_time|avg_wait_time",
         ),
         (
             "SHOW STATS_TOTALS",
-            "database|server_assignment_count|wait_time",
+            "database|server_assignment_count|xact_count|query_count|bytes_received|bytes_sent|xact_time|query_time|wait_time",
+        ),
+        (
+            "SHOW STATS_AVERAGES",
+            "database|server_assignment_count|xact_count|query_count|bytes_received|bytes_sent|xact_time|query_time|wait_time",
         ),
         (
             "SHOW DATABASES",
-            "name|host|port|database|force_user|pool_size|pool_mode|current_connections|paused|disabled",
+            "name|host|port|database|force_user|pool_size|reserve_pool|pool_mode|max_connections|current_connections|paused|disabled",
         ),
         ("SHOW USERS", "name|pool_mode|server_user|console"),
         ("SHOW CONFIG", "key|value|default|changeable"),
@@ -689,6 +693,7 @@ fn pgx_reads_every_show_over_the_simple_protocol_and_is_told_the_extended_one_is
         "SERVERS",
         "STATS",
         "STATS_TOTALS",
+        "STATS_AVERAGES",
         "DATABASES",
         "USERS",
         "CONFIG",
@@ -715,4 +720,110 @@ fn pgx_reads_every_show_over_the_simple_protocol_and_is_told_the_extended_one_is
         stdout.contains("SHOW CLIENTS: type,user,database,state,addr,port,local_addr,local_port,connect_time,id,tls,application_name | "),
         "{stdout}"
     );
+}
+
+/// SHOW STATS' totals for `database`: (total_query_count, total_xact_count, total_received,
+/// total_sent, total_query_time).
+fn query_stats(proxy: &TestProxy, database: &str) -> (u64, u64, u64, u64, u64) {
+    let stats = table(&console(proxy, "SHOW STATS"));
+    let row = stats
+        .iter()
+        .find(|r| r["database"] == database)
+        .unwrap_or_else(|| panic!("no SHOW STATS row for {database}: {stats:?}"));
+    let number = |column: &str| -> u64 { row[column].parse().unwrap() };
+    (
+        number("total_query_count"),
+        number("total_xact_count"),
+        number("total_received"),
+        number("total_sent"),
+        number("total_query_time"),
+    )
+}
+
+#[test]
+fn show_stats_counts_queries_transactions_and_bytes() {
+    let proxy = TestProxy::with(console_config());
+    // 20 statements (each -c is one simple Query, an autocommit transaction of its own) and
+    // one BEGIN; SELECT; COMMIT sent as three.
+    let mut statements: Vec<String> = (0..20).map(|i| format!("SELECT {i}")).collect();
+    statements.extend(["BEGIN", "SELECT 'in a block'", "COMMIT"].map(String::from));
+    let statements: Vec<&str> = statements.iter().map(String::as_str).collect();
+    let (ok, _, stderr) = psql(&proxy, "app", "postgres", &statements);
+    assert!(ok, "{stderr}");
+    let (queries, transactions, received, sent, query_time) = query_stats(&proxy, "postgres");
+    assert!(queries >= 23, "23 queries ran, SHOW STATS counts {queries}");
+    assert!(
+        transactions >= 21 && transactions < queries,
+        "20 autocommit statements and one block: {transactions} transactions of {queries} queries"
+    );
+    assert!(received > 0 && sent > 0 && query_time > 0);
+    let (ok, _, stderr) = psql(&proxy, "app", "postgres", &["SELECT repeat('x', 5000)"; 5]);
+    assert!(ok, "{stderr}");
+    let (more_queries, _, more_received, more_sent, _) = query_stats(&proxy, "postgres");
+    assert!(
+        more_queries >= queries + 5,
+        "{queries} then {more_queries} queries"
+    );
+    assert!(
+        more_received > received && more_sent >= sent + 5 * 5000,
+        "bytes grow: received {received} → {more_received}, sent {sent} → {more_sent}"
+    );
+    // STATS_TOTALS says the same under its names; STATS_AVERAGES has a row for the database.
+    let totals = table(&console(&proxy, "SHOW STATS_TOTALS"));
+    let row = totals.iter().find(|r| r["database"] == "postgres").unwrap();
+    let total_queries: u64 = row["query_count"].parse().unwrap();
+    assert!(total_queries >= more_queries, "{row:?}");
+    let averages = table(&console(&proxy, "SHOW STATS_AVERAGES"));
+    let row = averages
+        .iter()
+        .find(|r| r["database"] == "postgres")
+        .unwrap();
+    let mean_query_us: u64 = row["query_time"].parse().unwrap();
+    assert!(mean_query_us > 0, "{row:?}");
+}
+
+#[test]
+fn set_changes_the_connection_limits_of_the_running_proxy() {
+    let proxy = TestProxy::with(console_config());
+    let config = table(&console(&proxy, "SHOW CONFIG"));
+    for key in [
+        "max_db_connections",
+        "max_user_connections",
+        "max_db_client_connections",
+        "max_user_client_connections",
+        "reserve_pool_size",
+        "reserve_pool_timeout_ms",
+    ] {
+        let row = config.iter().find(|r| r["key"] == key).unwrap();
+        assert_eq!(row["changeable"], "yes", "{row:?}");
+    }
+    console(&proxy, "SET max_db_client_connections = 1");
+    let conninfo = format!(
+        "host=127.0.0.1 port={} user=app password=app-pw dbname=postgres",
+        proxy.addr.port()
+    );
+    let rt = rt();
+    let first = rt.block_on(connect(&conninfo));
+    let refused = rt.block_on(async {
+        match tokio_postgres::connect(&conninfo, tokio_postgres::NoTls).await {
+            Ok(_) => None,
+            Err(e) => e
+                .as_db_error()
+                .map(|e| (e.code().clone(), e.message().to_string())),
+        }
+    });
+    let (code, message) = refused.expect("the second client of postgres is refused");
+    assert_eq!(code, tokio_postgres::error::SqlState::TOO_MANY_CONNECTIONS);
+    assert!(
+        message.contains("max_db_client_connections = 1"),
+        "{message}"
+    );
+    console(&proxy, "SET max_db_client_connections = 0");
+    let second = rt.block_on(connect(&conninfo));
+    let answer: i32 = rt
+        .block_on(second.query_one("SELECT 2", &[]))
+        .unwrap()
+        .get(0);
+    assert_eq!(answer, 2);
+    drop(first);
 }

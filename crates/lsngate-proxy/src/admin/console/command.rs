@@ -14,10 +14,13 @@ pub enum Show {
     Clients,
     /// One row per open server connection.
     Servers,
-    /// Per database: server assignments and wait time.
+    /// Per database: server assignments, transactions, queries, bytes and times, totals and
+    /// averages.
     Stats,
     /// The same totals under PgBouncer's STATS_TOTALS names.
     StatsTotals,
+    /// The averages under PgBouncer's STATS_AVERAGES names.
+    StatsAverages,
     /// One row per database clients used (and the console's).
     Databases,
     /// One row per login user.
@@ -42,13 +45,14 @@ pub enum Show {
 
 impl Show {
     /// Every SHOW, by its word.
-    pub const ALL: [(&'static str, Show); 16] = [
+    pub const ALL: [(&'static str, Show); 17] = [
         ("HELP", Show::Help),
         ("POOLS", Show::Pools),
         ("CLIENTS", Show::Clients),
         ("SERVERS", Show::Servers),
         ("STATS", Show::Stats),
         ("STATS_TOTALS", Show::StatsTotals),
+        ("STATS_AVERAGES", Show::StatsAverages),
         ("DATABASES", Show::Databases),
         ("USERS", Show::Users),
         ("CONFIG", Show::Config),
@@ -120,7 +124,7 @@ impl Command {
 
 /// The commands, one a line: `SHOW HELP`'s text and the tail of every parse error.
 pub const HELP: &[&str] = &[
-    "SHOW HELP|POOLS|CLIENTS|SERVERS|STATS|STATS_TOTALS|DATABASES|USERS|CONFIG|LISTS|VERSION|STATE",
+    "SHOW HELP|POOLS|CLIENTS|SERVERS|STATS|STATS_TOTALS|STATS_AVERAGES|DATABASES|USERS|CONFIG|LISTS|VERSION|STATE",
     "SHOW REPLICAS|CAUSAL|BUDGET|TOPOLOGY",
     "SET key = value",
     "RELOAD",

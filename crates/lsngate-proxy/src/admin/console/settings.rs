@@ -34,6 +34,36 @@ const LIVE: &[Live] = &[
         min: 0,
     },
     Live {
+        key: "max_db_connections",
+        apply: |c, v| c.max_db_connections = v as usize,
+        min: 0,
+    },
+    Live {
+        key: "max_user_connections",
+        apply: |c, v| c.max_user_connections = v as usize,
+        min: 0,
+    },
+    Live {
+        key: "max_db_client_connections",
+        apply: |c, v| c.max_db_client_connections = v as usize,
+        min: 0,
+    },
+    Live {
+        key: "max_user_client_connections",
+        apply: |c, v| c.max_user_client_connections = v as usize,
+        min: 0,
+    },
+    Live {
+        key: "reserve_pool_size",
+        apply: |c, v| c.reserve_pool_size = v as usize,
+        min: 0,
+    },
+    Live {
+        key: "reserve_pool_timeout_ms",
+        apply: |c, v| c.reserve_pool_timeout = Duration::from_millis(v),
+        min: 0,
+    },
+    Live {
         key: "acquire_timeout_ms",
         apply: |c, v| c.acquire_timeout = Duration::from_millis(v),
         min: 0,
@@ -150,6 +180,36 @@ pub fn rows(config: &Config) -> Vec<[String; 4]> {
             "max_client_connections",
             config.max_client_connections.to_string(),
             defaults::MAX_CLIENT_CONNECTIONS.to_string(),
+        ),
+        (
+            "max_db_connections",
+            config.max_db_connections.to_string(),
+            defaults::MAX_DB_CONNECTIONS.to_string(),
+        ),
+        (
+            "max_user_connections",
+            config.max_user_connections.to_string(),
+            defaults::MAX_USER_CONNECTIONS.to_string(),
+        ),
+        (
+            "max_db_client_connections",
+            config.max_db_client_connections.to_string(),
+            defaults::MAX_DB_CLIENT_CONNECTIONS.to_string(),
+        ),
+        (
+            "max_user_client_connections",
+            config.max_user_client_connections.to_string(),
+            defaults::MAX_USER_CLIENT_CONNECTIONS.to_string(),
+        ),
+        (
+            "reserve_pool_size",
+            config.reserve_pool_size.to_string(),
+            defaults::RESERVE_POOL_SIZE.to_string(),
+        ),
+        (
+            "reserve_pool_timeout_ms",
+            config.reserve_pool_timeout.as_millis().to_string(),
+            defaults::RESERVE_POOL_TIMEOUT_MS.to_string(),
         ),
         (
             "threads",

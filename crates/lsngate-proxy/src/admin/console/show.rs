@@ -74,8 +74,9 @@ pub fn show(proxy: &Proxy, what: Show) -> Table {
         Show::Pools => pools(proxy),
         Show::Clients => clients(proxy),
         Show::Servers => servers(proxy),
-        Show::Stats => stats(proxy, false),
-        Show::StatsTotals => stats(proxy, true),
+        Show::Stats => stats(proxy, StatsView::Both),
+        Show::StatsTotals => stats(proxy, StatsView::Totals),
+        Show::StatsAverages => stats(proxy, StatsView::Averages),
         Show::Databases => databases(proxy),
         Show::Users => users(proxy),
         Show::Config => config(proxy),
@@ -267,30 +268,126 @@ fn servers(proxy: &Proxy) -> Table {
     table
 }
 
-/// Per database: server assignments (checkouts) and the time they queued for a slot.
-fn stats(proxy: &Proxy, totals: bool) -> Table {
-    let mut table = if totals {
-        Table::new(&[
-            ("database", T),
-            ("server_assignment_count", N),
-            ("wait_time", N),
-        ])
-    } else {
-        Table::new(&[
-            ("database", T),
-            ("total_server_assignment_count", N),
-            ("total_wait_time", N),
-        ])
-    };
-    let mut by_database: std::collections::BTreeMap<String, (u64, u64)> = Default::default();
+/// Which of PgBouncer's three stats tables.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum StatsView {
+    /// SHOW STATS: `total_*` then `avg_*`.
+    Both,
+    /// SHOW STATS_TOTALS: the totals, unprefixed.
+    Totals,
+    /// SHOW STATS_AVERAGES: the averages, unprefixed.
+    Averages,
+}
+
+/// One database's figures for the stats tables, in PgBouncer's order and units (bytes,
+/// microseconds).
+#[derive(Debug, Default, Clone, Copy)]
+struct DatabaseStats {
+    assignments: u64,
+    traffic: crate::traffic::TrafficTotals,
+    wait_us: u64,
+}
+
+impl DatabaseStats {
+    /// (server_assignment_count, xact_count, query_count, received, sent, xact_time,
+    /// query_time, wait_time) as totals.
+    fn totals(&self) -> [u64; 8] {
+        let t = &self.traffic;
+        [
+            self.assignments,
+            t.transactions,
+            t.queries,
+            t.received,
+            t.sent,
+            t.transaction_us,
+            t.query_us,
+            self.wait_us,
+        ]
+    }
+
+    /// The same as averages over `seconds` of counting: counts and bytes per second, times per
+    /// transaction, per query and per server assignment.
+    fn averages(&self, seconds: f64) -> [u64; 8] {
+        let per_second = |n: u64| (n as f64 / seconds.max(1.0)).round() as u64;
+        let mean = |sum: u64, count: u64| sum.checked_div(count).unwrap_or(0);
+        let t = &self.traffic;
+        [
+            per_second(self.assignments),
+            per_second(t.transactions),
+            per_second(t.queries),
+            per_second(t.received),
+            per_second(t.sent),
+            mean(t.transaction_us, t.transactions),
+            mean(t.query_us, t.queries),
+            mean(self.wait_us, self.assignments),
+        ]
+    }
+}
+
+/// Per database: server assignments (checkouts), transactions, queries, bytes and the time
+/// they took and queued, as PgBouncer's SHOW STATS / STATS_TOTALS / STATS_AVERAGES name them.
+/// Averages are over the time since the proxy started (PgBouncer's over its last
+/// `stats_period`).
+fn stats(proxy: &Proxy, view: StatsView) -> Table {
+    const NAMES: [&str; 8] = [
+        "server_assignment_count",
+        "xact_count",
+        "query_count",
+        "bytes_received",
+        "bytes_sent",
+        "xact_time",
+        "query_time",
+        "wait_time",
+    ];
+    // SHOW STATS' own names (its byte columns are total_received/avg_recv).
+    const TOTAL: [&str; 8] = [
+        "total_server_assignment_count",
+        "total_xact_count",
+        "total_query_count",
+        "total_received",
+        "total_sent",
+        "total_xact_time",
+        "total_query_time",
+        "total_wait_time",
+    ];
+    const AVG: [&str; 8] = [
+        "avg_server_assignment_count",
+        "avg_xact_count",
+        "avg_query_count",
+        "avg_recv",
+        "avg_sent",
+        "avg_xact_time",
+        "avg_query_time",
+        "avg_wait_time",
+    ];
+    let mut columns = vec![("database", T)];
+    match view {
+        StatsView::Both => columns.extend(TOTAL.iter().chain(&AVG).map(|name| (*name, N))),
+        StatsView::Totals | StatsView::Averages => {
+            columns.extend(NAMES.iter().map(|name| (*name, N)))
+        }
+    }
+    let mut table = Table::new(&columns);
+    let mut by_database: std::collections::BTreeMap<String, DatabaseStats> = Default::default();
     for pool in proxy.nodes.pools_of(None) {
         let activity = pool.activity();
         let entry = by_database.entry(pool.database().to_string()).or_default();
-        entry.0 += activity.assignments;
-        entry.1 += activity.waited_us;
+        entry.assignments += activity.assignments;
+        entry.wait_us += activity.waited_us;
     }
-    for (database, (assignments, waited_us)) in by_database {
-        table.row(vec![text(database), text(assignments), text(waited_us)]);
+    for (database, traffic) in proxy.traffic.totals() {
+        by_database.entry(database).or_default().traffic = traffic;
+    }
+    let seconds = proxy.traffic.since.elapsed().as_secs_f64();
+    for (database, figures) in by_database {
+        let values: Vec<u64> = match view {
+            StatsView::Both => [figures.totals(), figures.averages(seconds)].concat(),
+            StatsView::Totals => figures.totals().to_vec(),
+            StatsView::Averages => figures.averages(seconds).to_vec(),
+        };
+        let mut row = vec![text(database)];
+        row.extend(values.into_iter().map(text));
+        table.row(row);
     }
     table
 }
@@ -303,7 +400,9 @@ fn databases(proxy: &Proxy) -> Table {
         ("database", T),
         ("force_user", T),
         ("pool_size", N),
+        ("reserve_pool", N),
         ("pool_mode", T),
+        ("max_connections", N),
         ("current_connections", N),
         ("paused", N),
         ("disabled", N),
@@ -338,7 +437,9 @@ fn databases(proxy: &Proxy) -> Table {
             text(&name),
             text(&primary.user),
             text(config.pool_size),
+            text(config.reserve_pool_size),
             text(&mode),
+            text(config.max_db_connections),
             text(open),
             text(u8::from(gates.is_paused(&name))),
             text(u8::from(gates.is_disabled(&name))),
@@ -352,7 +453,9 @@ fn databases(proxy: &Proxy) -> Table {
             text(name),
             None,
             text(0),
+            text(0),
             text("statement"),
+            text(0),
             text(0),
             text(0),
             text(0),
