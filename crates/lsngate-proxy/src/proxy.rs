@@ -162,6 +162,15 @@ impl Proxy {
             load()
         };
         let config = loaded.map_err(|e| e.to_string())?;
+        if config.runtime_dir != self.config().runtime_dir {
+            // The control socket stays where it was bound; forwarding cancels to another
+            // directory would lose them.
+            return Err(
+                "runtime_dir cannot change on a reload: the control socket is bound; start a \
+                 new process with --takeover to move it"
+                    .into(),
+            );
+        }
         self.reload(config);
         Ok(())
     }
