@@ -99,7 +99,8 @@ async fn hand_over(proxy: &Proxy, mut reader: BufReader<UnixStream>) {
         .map(|fd| fd.as_raw_fd())
         .collect();
     let refusal = if proxy.draining() != Drain::Serving {
-        Some("ERROR this proxy is stopping and accepts no more\n")
+        // Its listening socket is closed: the new process binds the port itself.
+        Some("STOPPING this proxy accepts no more\n")
     } else if sockets.is_empty() {
         Some("ERROR this proxy is not accepting yet\n")
     } else {

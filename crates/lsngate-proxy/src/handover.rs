@@ -14,7 +14,9 @@
 //! - `TAKEOVER` — answered by `LISTEN <n>` with the `n` listening sockets (clients, then the
 //!   admin port if any) attached; the new process then says `READY` on the same connection once
 //!   it accepts, and the old one stops accepting. A new process that dies before `READY` closes
-//!   the connection, and the old one goes on serving. A refusal is `ERROR <why>`.
+//!   the connection, and the old one goes on serving. A proxy that is stopping already (its
+//!   listening socket closed) answers `STOPPING`: the new process binds the port itself. A
+//!   refusal is `ERROR <why>`.
 //! - `CANCEL <pid> <secret>` — a CancelRequest's key; no answer (as in PostgreSQL).
 
 use std::io::{self, BufRead, BufReader, Write};
@@ -83,7 +85,8 @@ impl TakenOver {
 }
 
 /// Asks the process serving `port` (its link in `dir`) for its listening sockets; `Ok(None)`
-/// when none answers there (no link, or a link left by a process gone).
+/// when none answers there (no link, or a link left by a process gone) or the one there is
+/// stopping.
 pub fn take_over(dir: &Path, port: u16, timeout: Duration) -> io::Result<Option<TakenOver>> {
     let mut control = match UnixStream::connect(serving_link(dir, port)) {
         Ok(stream) => stream,
@@ -102,6 +105,8 @@ pub fn take_over(dir: &Path, port: u16, timeout: Duration) -> io::Result<Option<
     let (line, sockets) = receive_with_sockets(&control)?;
     let count: usize = match line.strip_prefix("LISTEN ") {
         Some(n) => n.trim().parse().map_err(|_| invalid(&line))?,
+        // A proxy draining already closed its listening socket: nothing to take over.
+        None if line.starts_with("STOPPING") => return Ok(None),
         None => {
             return Err(io::Error::other(format!(
                 "the serving proxy refused the takeover: {}",

@@ -3,6 +3,8 @@
 //! serves its clients until they leave; `SHUTDOWN WAIT_FOR_CLIENTS`; the drain's bound
 //! (`shutdown_timeout_ms`, then 57P01); a cancel request reaching the old process through the
 //! new one; the systemd readiness datagrams (`NOTIFY_SOCKET`) every step here waits on.
+//! `cargo test -p lsngate-proxy` builds the example; `--test proxy` alone does not, so build it
+//! first (`cargo build -p lsngate-proxy --example proxy_cli`) or these run a stale one.
 
 use std::os::unix::net::UnixDatagram;
 use std::path::{Path, PathBuf};
@@ -368,6 +370,8 @@ fn shutdown_wait_for_clients_serves_open_sessions_until_they_leave() {
     assert!(ok, "{stderr}");
     assert_eq!(proxy.next_notice(), "STOPPING=1");
     wait_refused(port);
+    // A new process finds this one stopping (its socket closed) and binds the port itself.
+    let mut new = ProxyProcess::start(&config, &["--takeover"], port);
     // The open session goes on: transactions, reads, as many as it likes.
     runtime.block_on(async {
         for i in 0..3 {
@@ -388,6 +392,9 @@ fn shutdown_wait_for_clients_serves_open_sessions_until_they_leave() {
     drop(runtime);
     let status = proxy.exit_within(Duration::from_secs(60));
     assert!(status.success(), "{status}\n{}", proxy.log_text());
+    assert!(new.running());
+    new.signal("-TERM");
+    assert!(new.exit_within(Duration::from_secs(60)).success());
 }
 
 #[test]
@@ -477,4 +484,37 @@ fn a_cancel_sent_to_the_new_process_reaches_the_old_ones_session() {
     assert!(old.exit_within(Duration::from_secs(60)).success());
     new.signal("-TERM");
     assert!(new.exit_within(Duration::from_secs(60)).success());
+}
+
+#[test]
+fn sigterm_during_wait_for_clients_closes_the_clients_as_their_transactions_end() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let config = write_config(dir.path(), port, dir.path(), "shutdown_timeout_ms = 120000");
+    let mut proxy = ProxyProcess::start(&config, &[], port);
+    let runtime = threaded();
+    let (client, connection) = runtime
+        .block_on(tokio_postgres::connect(
+            &conninfo(port, "postgres"),
+            tokio_postgres::NoTls,
+        ))
+        .unwrap();
+    let connection = runtime.spawn(connection);
+    runtime.block_on(client.batch_execute("BEGIN")).unwrap();
+    let (ok, _, stderr) = psql_at(port, "lsngate", &["SHUTDOWN WAIT_FOR_CLIENTS"]);
+    assert!(ok, "{stderr}");
+    assert_eq!(proxy.next_notice(), "STOPPING=1");
+    // Escalated: the client's open transaction still finishes, then the client is closed.
+    proxy.signal("-TERM");
+    runtime
+        .block_on(client.batch_execute("SELECT 1; COMMIT"))
+        .unwrap();
+    let ended = runtime.block_on(connection).unwrap().unwrap_err();
+    assert_eq!(
+        ended.code(),
+        Some(&tokio_postgres::error::SqlState::ADMIN_SHUTDOWN),
+        "{ended}"
+    );
+    // Well before the 120 s bound.
+    assert!(proxy.exit_within(Duration::from_secs(60)).success());
 }
