@@ -8,7 +8,9 @@
 //! the test that keeps it so):
 //! - leaves: `net/` the pure message codec (with `TxStatus` and `sqlstate`), `runtime`, `tally`
 //!   (counters for /metrics), `whatif` (the budget what-if page, its document and the one-request
-//!   HTTP exchange, shared with `lsngate lag --advise --serve`), `socket` and `timer`, `auth` (SCRAM/MD5 for both sides of a
+//!   HTTP exchange, shared with `lsngate lag --advise --serve`), `socket` and `timer`, `notify`
+//!   (systemd's readiness datagrams), `handover` (online restart's wire: control socket paths,
+//!   listening sockets passed with `SCM_RIGHTS`, forwarded cancel keys), `auth` (SCRAM/MD5 for both sides of a
 //!   login), `config/` (the TOML file and the flags, every default in `config/defaults.rs`);
 //! - `statement/`: what a statement's text tells — class, proxy commands, route hints, cache;
 //! - `backend/`: server connections, pools, the health/role monitor, timelines, and what each
@@ -20,11 +22,12 @@
 //!   `pg_stat_replication`) into its node set;
 //! - `frontend/`: one client — handshake, session loop, the routing `plan`, flights, replies;
 //! - `admin/`: the HTTP port (/metrics, /status, /dashboard, /budget, /history) and the admin console (the virtual
-//!   database `lsngate`/`pgbouncer`);
-//! - `serve` (and this file): starting it all.
+//!   database `lsngate`/`pgbouncer`), and beside them `control`, the control socket in
+//!   `runtime_dir` (a takeover by a new process, cancels forwarded by it);
+//! - `serve` (and this file): starting it all, and the drains (`Drain`).
 //!
 //! The public API is what the `lsngate` CLI, the tests and the fuzz targets use: [`Proxy`],
-//! [`run`], [`run_cli`], [`main`], [`runtime`], the config (`config`, [`Config`],
+//! [`Drain`], [`run`], [`run_cli`], [`main`], [`runtime`], the config (`config`, [`Config`],
 //! [`FileConfig`], [`ProxyArgs`]), the wire codec (`net`) and the what-if page (`whatif`). Every other module is
 //! `pub(crate)`.
 
