@@ -151,6 +151,10 @@ pub fn import(ini: &str) -> Result<Imported, String> {
             "pool_mode",
             "auth_type",
             "auth_file",
+            "auth_user",
+            "auth_query",
+            "auth_dbname",
+            "auth_hba_file",
             "admin_users",
             "stats_users",
             "client_tls_sslmode",
@@ -254,12 +258,33 @@ fn databases(
 fn auth(settings: &BTreeMap<String, String>, out: &mut Toml, not_carried: &mut Vec<String>) {
     match settings.get("auth_type").map(String::as_str) {
         None | Some("scram-sha-256" | "md5" | "plain") => {}
+        Some("hba") => match settings.get("auth_hba_file") {
+            Some(file) => out.string("auth_hba_file", file, "auth_type = hba, auth_hba_file"),
+            None => not_carried.push(
+                "auth_type = hba without auth_hba_file: name the file (auth_hba_file) for lsngate to apply it".into(),
+            ),
+        },
         Some(other) => not_carried.push(format!(
             "auth_type = {other}: lsngate authenticates with the auth_file's secrets (SCRAM, or MD5 for md5 hashes) or [[users]]"
         )),
     }
+    if let (Some(file), false) = (
+        settings.get("auth_hba_file"),
+        settings.get("auth_type").is_some_and(|t| t == "hba"),
+    ) {
+        not_carried.push(format!(
+            "auth_hba_file = {file}: PgBouncer applies it only with auth_type = hba; set auth_hba_file in lsngate to apply it"
+        ));
+    }
     if let Some(file) = settings.get("auth_file") {
         out.string("auth_file", file, "auth_file");
+    }
+    // The same keys and meaning: logins not in the file checked against the server's secrets,
+    // the proxy logging in to the servers as the client's role (lsngate's default too).
+    for key in ["auth_user", "auth_query", "auth_dbname"] {
+        if let Some(value) = settings.get(key) {
+            out.string(key, value, key);
+        }
     }
     for (bouncer, key) in [
         ("admin_users", "admin_users"),
@@ -466,8 +491,11 @@ default_pool_size = 25
 max_client_conn = 500
 query_wait_timeout = 2.5
 server_idle_timeout = 600
-auth_type = scram-sha-256
+auth_type = hba
+auth_hba_file = /etc/pgbouncer/hba.conf
 auth_file = /etc/pgbouncer/userlist.txt
+auth_user = pgbouncer
+auth_query = SELECT usename, passwd FROM public.user_lookup($1)
 admin_users = ops, root
 logfile = /var/log/pgbouncer.log
 max_db_connections = 50
@@ -487,6 +515,9 @@ app_rw = pool_mode=session
             "acquire_timeout_ms = 2500",
             "server_idle_timeout_ms = 600000",
             "auth_file = \"/etc/pgbouncer/userlist.txt\"",
+            "auth_user = \"pgbouncer\"",
+            "auth_hba_file = \"/etc/pgbouncer/hba.conf\"",
+            "auth_query = \"SELECT usename, passwd FROM public.user_lookup($1)\"",
             "admin_users = [\"ops\", \"root\"]",
             "tls_mode = \"require\"",
         ] {

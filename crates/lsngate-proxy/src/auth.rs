@@ -3,8 +3,10 @@
 //! config, and the client side the proxy uses to log into servers. Pure functions over the
 //! exchanged messages; the listener and the backend connection do the I/O. A leaf at the crate
 //! root because three layers need it — config derives verifiers, the server side logs in, the
-//! client side checks logins — and it needs none of them. Backend credentials never come from
-//! clients.
+//! client side checks logins — and it needs none of them. Backend credentials come from the
+//! config, except with `auth_query`: there the keys a client proved in its own SCRAM exchange
+//! (or the MD5 hash the server stores) log the proxy in to the servers as that client's role,
+//! as PgBouncer does.
 
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD as B64;
@@ -125,6 +127,45 @@ fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
+/// What the proxy proves itself with when it logs in to a server as a role.
+#[derive(Clone, PartialEq, Eq, Hash)]
+pub enum ServerSecret {
+    /// Nothing: the server must trust the proxy.
+    None,
+    /// A password, for SCRAM, MD5 or cleartext.
+    Password(String),
+    /// The keys a client proved in its SCRAM exchange with the proxy, against a verifier the
+    /// server itself stores (`auth_query`): enough for SCRAM with the same salt and iterations.
+    ScramKeys {
+        /// ClientKey, recovered from the client's proof.
+        client_key: Vec<u8>,
+        /// ServerKey, from the verifier.
+        server_key: Vec<u8>,
+    },
+    /// The `md5…` hash the server stores (`auth_query`): enough for MD5.
+    Md5Hash(String),
+}
+
+impl std::fmt::Debug for ServerSecret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            ServerSecret::None => "None",
+            ServerSecret::Password(_) => "Password(…)",
+            ServerSecret::ScramKeys { .. } => "ScramKeys(…)",
+            ServerSecret::Md5Hash(_) => "Md5Hash(…)",
+        })
+    }
+}
+
+/// A successful SCRAM exchange: what to send the client, and the key it proved.
+#[derive(Debug)]
+pub struct ScramProved {
+    /// The server-final message (`v=<ServerSignature>`).
+    pub server_final: String,
+    /// The client's ClientKey, for logging in to servers as it (`ServerSecret::ScramKeys`).
+    pub client_key: Vec<u8>,
+}
+
 /// Server state between SCRAM's first and final client messages.
 #[derive(Debug)]
 pub struct ScramExchange {
@@ -167,13 +208,13 @@ impl ScramExchange {
         &self.server_first
     }
 
-    /// Checks the client-final message; returns the server-final message on success.
+    /// Checks the client-final message; returns the server-final message and the proved key.
     pub fn finish(
         &self,
         user: &str,
         verifier: &ScramVerifier,
         client_final: &str,
-    ) -> Result<String, AuthError> {
+    ) -> Result<ScramProved, AuthError> {
         let (without_proof, proof) =
             client_final
                 .rsplit_once(",p=")
@@ -205,46 +246,90 @@ impl ScramExchange {
         if Sha256::digest(&client_key).as_slice() != verifier.stored_key.as_slice() {
             return Err(AuthError::WrongPassword(user.to_string()));
         }
-        Ok(format!(
-            "v={}",
-            B64.encode(hmac(&verifier.server_key, auth_message.as_bytes()))
-        ))
+        Ok(ScramProved {
+            server_final: format!(
+                "v={}",
+                B64.encode(hmac(&verifier.server_key, auth_message.as_bytes()))
+            ),
+            client_key,
+        })
     }
 }
 
-/// The client side of SCRAM, used towards backends that ask for it and by the unit tests.
+/// The client side of SCRAM, used towards backends that ask for it and by the unit tests:
+/// the client-final message and the server signature to expect.
 pub fn scram_client_final(
     password: &str,
     client_first_bare: &str,
     server_first: &str,
 ) -> Option<(String, Vec<u8>)> {
-    let mut nonce = None;
-    let mut salt = None;
-    let mut iterations = None;
-    for part in server_first.split(',') {
-        match part.split_at_checked(2)? {
-            ("r=", v) => nonce = Some(v),
-            ("s=", v) => salt = B64.decode(v).ok(),
-            ("i=", v) => iterations = v.parse().ok(),
-            _ => {}
-        }
-    }
-    let salted = salted_password(password, &salt?, iterations?);
-    let without_proof = format!("c=biws,r={}", nonce?);
-    let auth_message = format!("{client_first_bare},{server_first},{without_proof}");
+    let first = ServerFirst::parse(server_first)?;
+    let salted = salted_password(password, &first.salt, first.iterations);
     let client_key = hmac(&salted, b"Client Key");
-    let stored_key = Sha256::digest(&client_key);
-    let signature = hmac(&stored_key, auth_message.as_bytes());
-    let proof: Vec<u8> = client_key
-        .iter()
-        .zip(&signature)
-        .map(|(a, b)| a ^ b)
-        .collect();
-    let server_signature = hmac(&hmac(&salted, b"Server Key"), auth_message.as_bytes());
-    Some((
-        format!("{without_proof},p={}", B64.encode(proof)),
-        server_signature,
-    ))
+    let server_key = hmac(&salted, b"Server Key");
+    Some(first.answer(client_first_bare, server_first, &client_key, &server_key))
+}
+
+/// The client side of SCRAM from keys a client proved (`ServerSecret::ScramKeys`). The keys
+/// prove only the password they were derived under: a server whose secret changed since
+/// refuses the proof.
+pub fn scram_client_final_with_keys(
+    client_key: &[u8],
+    server_key: &[u8],
+    client_first_bare: &str,
+    server_first: &str,
+) -> Option<(String, Vec<u8>)> {
+    let first = ServerFirst::parse(server_first)?;
+    Some(first.answer(client_first_bare, server_first, client_key, server_key))
+}
+
+/// A server-first message's parts.
+struct ServerFirst<'a> {
+    nonce: &'a str,
+    salt: Vec<u8>,
+    iterations: u32,
+}
+
+impl<'a> ServerFirst<'a> {
+    fn parse(server_first: &'a str) -> Option<ServerFirst<'a>> {
+        let (mut nonce, mut salt, mut iterations) = (None, None, None);
+        for part in server_first.split(',') {
+            match part.split_at_checked(2)? {
+                ("r=", v) => nonce = Some(v),
+                ("s=", v) => salt = B64.decode(v).ok(),
+                ("i=", v) => iterations = v.parse().ok(),
+                _ => {}
+            }
+        }
+        Some(ServerFirst {
+            nonce: nonce?,
+            salt: salt?,
+            iterations: iterations?,
+        })
+    }
+
+    fn answer(
+        &self,
+        client_first_bare: &str,
+        server_first: &str,
+        client_key: &[u8],
+        server_key: &[u8],
+    ) -> (String, Vec<u8>) {
+        let without_proof = format!("c=biws,r={}", self.nonce);
+        let auth_message = format!("{client_first_bare},{server_first},{without_proof}");
+        let stored_key = Sha256::digest(client_key);
+        let signature = hmac(&stored_key, auth_message.as_bytes());
+        let proof: Vec<u8> = client_key
+            .iter()
+            .zip(&signature)
+            .map(|(a, b)| a ^ b)
+            .collect();
+        let server_signature = hmac(server_key, auth_message.as_bytes());
+        (
+            format!("{without_proof},p={}", B64.encode(proof)),
+            server_signature,
+        )
+    }
 }
 
 /// Whether the server-final message (`v=<ServerSignature>`) carries the signature the password
@@ -273,13 +358,46 @@ mod tests {
             let result = exchange.finish("app", &verifier, &client_final);
             assert_eq!(result.is_ok(), ok, "{password}");
             if ok {
-                let server_final = result.unwrap();
+                let server_final = result.unwrap().server_final;
                 assert_eq!(server_final, format!("v={}", B64.encode(&server_sig)));
                 assert!(scram_server_final_ok(&server_final, &server_sig));
                 assert!(!scram_server_final_ok(&server_final, &server_sig[1..]));
                 assert!(!scram_server_final_ok("e=invalid-proof", &server_sig));
             }
         }
+    }
+
+    #[test]
+    fn keys_a_client_proved_log_in_to_a_server_holding_the_same_verifier() {
+        // The server: a verifier as pg_authid holds it. The client proves its password to the
+        // proxy (which has the same verifier); the proxy answers the server with the keys.
+        let verifier = ScramVerifier::derive("pw", b"0123456789abcdef", 4096);
+        let bare = "n=,r=clientnonce";
+        let to_proxy = ScramExchange::start(&verifier, &format!("n,,{bare}")).unwrap();
+        let (client_final, _) = scram_client_final("pw", bare, to_proxy.server_first()).unwrap();
+        let proved = to_proxy.finish("app", &verifier, &client_final).unwrap();
+        let proxy_bare = "n=,r=proxynonce";
+        let server = ScramExchange::start(&verifier, &format!("n,,{proxy_bare}")).unwrap();
+        let (proxy_final, expected) = scram_client_final_with_keys(
+            &proved.client_key,
+            &verifier.server_key,
+            proxy_bare,
+            server.server_first(),
+        )
+        .unwrap();
+        let accepted = server.finish("app", &verifier, &proxy_final).unwrap();
+        assert!(scram_server_final_ok(&accepted.server_final, &expected));
+        // Under another verifier (the password changed) the keys prove nothing.
+        let changed = ScramVerifier::derive("new", b"0123456789abcdef", 4096);
+        let server = ScramExchange::start(&changed, &format!("n,,{proxy_bare}")).unwrap();
+        let (proxy_final, _) = scram_client_final_with_keys(
+            &proved.client_key,
+            &verifier.server_key,
+            proxy_bare,
+            server.server_first(),
+        )
+        .unwrap();
+        assert!(server.finish("app", &changed, &proxy_final).is_err());
     }
 
     #[test]

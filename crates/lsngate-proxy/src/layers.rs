@@ -24,6 +24,8 @@ const LAYERS: &[(&str, u8)] = &[
     ("causal", 5),
     ("proxy", 6),
     ("clients", 6),
+    // Who a login name is: the config's users, or auth_query's secrets from a server.
+    ("logins", 6),
     // Beside the shared state it feeds: follows the topology source into `Proxy`'s node set.
     ("topology", 6),
     ("frontend", 7),

@@ -44,6 +44,7 @@ pub(crate) mod frontend;
 pub(crate) mod handover;
 #[cfg(test)]
 mod layers;
+pub(crate) mod logins;
 pub mod net;
 pub(crate) mod notify;
 pub(crate) mod proxy;

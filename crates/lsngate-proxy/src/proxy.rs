@@ -78,6 +78,8 @@ pub struct Proxy {
         Mutex<Option<(tokio::sync::watch::Receiver<bool>, tokio::runtime::Handle)>>,
     /// The clients connected now (admin console: SHOW CLIENTS, KILL_CLIENT).
     pub(crate) registry: crate::clients::Clients,
+    /// Who login names are; auth_query's cached secrets.
+    pub(crate) logins: crate::logins::Logins,
     /// Where a reload reads the config from (RELOAD on the admin console, SIGHUP).
     reload_source: Mutex<Option<ReloadSource>>,
     /// How the proxy stops, if it does: set by signals, SHUTDOWN on the admin console and a
@@ -133,6 +135,7 @@ impl Proxy {
             cancels: Mutex::new(HashMap::new()),
             clients: AtomicUsize::new(0),
             registry: crate::clients::Clients::default(),
+            logins: crate::logins::Logins::default(),
             reload_source: Mutex::new(None),
             drain: tokio::sync::watch::channel(Drain::Serving).0,
             listening: Mutex::new(Vec::new()),

@@ -3,6 +3,8 @@
 
 #[path = "proxy/admin.rs"]
 mod admin;
+#[path = "proxy/auth_query.rs"]
+mod auth_query;
 #[path = "proxy/budget.rs"]
 mod budget;
 #[path = "proxy/causal.rs"]
@@ -15,10 +17,14 @@ mod dashboard;
 mod differential;
 #[path = "proxy/discover.rs"]
 mod discover;
+#[path = "proxy/dns.rs"]
+mod dns;
 #[path = "proxy/drivers.rs"]
 mod drivers;
 #[path = "proxy/faults.rs"]
 mod faults;
+#[path = "proxy/hba.rs"]
+mod hba;
 #[path = "proxy/patroni.rs"]
 mod patroni;
 #[path = "proxy/pooling.rs"]

@@ -16,7 +16,10 @@ use tokio::net::TcpStream;
 
 use lsngate_pgconn::{Attempt, Negotiated, PLAINTEXT_REFUSED_FIX, refuses_plaintext};
 
-use crate::auth::{md5_response, md5_stored, scram_client_final, scram_server_final_ok};
+use crate::auth::{
+    ServerSecret, md5_response, md5_stored, scram_client_final, scram_client_final_with_keys,
+    scram_server_final_ok,
+};
 use crate::config::{NodeUrl, ServerLogin, host_port};
 use crate::net::backend::TxStatus;
 use crate::net::sqlstate;
@@ -199,8 +202,26 @@ pub use lsngate_core::ServerFacts;
 /// Whom a new connection logs in as, and where those credentials are configured.
 struct Login<'a> {
     user: &'a str,
-    password: Option<&'a str>,
+    secret: Secret<'a>,
     check: &'static str,
+}
+
+/// What proves a login: a password (the node URL's, or a configured one) or what `auth_query`
+/// learned.
+#[derive(Clone, Copy)]
+enum Secret<'a> {
+    Password(Option<&'a str>),
+    Passthrough(&'a ServerSecret),
+}
+
+impl<'a> Secret<'a> {
+    fn of(secret: &'a ServerSecret) -> Secret<'a> {
+        match secret {
+            ServerSecret::None => Secret::Password(None),
+            ServerSecret::Password(p) => Secret::Password(Some(p)),
+            other => Secret::Passthrough(other),
+        }
+    }
 }
 
 /// One host of a node URL, about to be connected to.
@@ -301,12 +322,17 @@ impl BackendConn {
         let login = match login {
             Some(l) => Login {
                 user: &l.user,
-                password: l.password.as_deref(),
-                check: "server_user/server_password of the client's [[users]] entry",
+                secret: Secret::of(&l.secret),
+                check: match l.secret {
+                    ServerSecret::ScramKeys { .. } | ServerSecret::Md5Hash(_) => {
+                        "the role's password on the server (auth_query logs in as the client's role with the secret the server stores)"
+                    }
+                    _ => "server_user/server_password of the client's [[users]] entry",
+                },
             },
             None => Login {
                 user: &url.user,
-                password: url.password.as_deref(),
+                secret: Secret::Password(url.password.as_deref()),
                 check: "the user/password in the node URL",
             },
         };
@@ -351,13 +377,22 @@ impl BackendConn {
                 }
                 BackendMessage::Authentication { code: 0, .. } => {}
                 BackendMessage::Authentication { code: 3, .. } => {
-                    let mut body = login.password.unwrap_or_default().as_bytes().to_vec();
+                    let Secret::Password(password) = login.secret else {
+                        return Err(self.passthrough_refused(3, login));
+                    };
+                    let mut body = password.unwrap_or_default().as_bytes().to_vec();
                     body.push(0);
                     self.send(&[FrontendMessage::AuthResponse(body.into()).to_frame()])
                         .await?;
                 }
                 BackendMessage::Authentication { code: 5, data } if data.len() == 4 => {
-                    let stored = md5_stored(login.user, login.password.unwrap_or_default());
+                    let stored = match login.secret {
+                        Secret::Password(p) => md5_stored(login.user, p.unwrap_or_default()),
+                        Secret::Passthrough(ServerSecret::Md5Hash(hash)) => hash.clone(),
+                        Secret::Passthrough(_) => {
+                            return Err(self.passthrough_refused(5, login));
+                        }
+                    };
                     let mut body =
                         md5_response(&stored, [data[0], data[1], data[2], data[3]]).into_bytes();
                     body.push(0);
@@ -381,10 +416,24 @@ impl BackendConn {
                 BackendMessage::Authentication { code: 11, data } => {
                     let (bare, _) = scram.take().ok_or_else(|| self.unsupported(11))?;
                     let server_first = String::from_utf8_lossy(&data).to_string();
-                    let password = login.password.unwrap_or_default();
-                    let (client_final, signature) =
-                        scram_client_final(password, &bare, &server_first)
-                            .ok_or_else(|| self.unsupported(11))?;
+                    let answer = match login.secret {
+                        Secret::Password(p) => {
+                            scram_client_final(p.unwrap_or_default(), &bare, &server_first)
+                        }
+                        Secret::Passthrough(ServerSecret::ScramKeys {
+                            client_key,
+                            server_key,
+                        }) => scram_client_final_with_keys(
+                            client_key,
+                            server_key,
+                            &bare,
+                            &server_first,
+                        ),
+                        Secret::Passthrough(_) => {
+                            return Err(self.passthrough_refused(10, login));
+                        }
+                    };
+                    let (client_final, signature) = answer.ok_or_else(|| self.unsupported(11))?;
                     self.send(&[
                         FrontendMessage::AuthResponse(client_final.into_bytes().into()).to_frame(),
                     ])
@@ -413,6 +462,26 @@ impl BackendConn {
                 BackendMessage::ReadyForQuery(_) => return Ok(()),
                 _ => {}
             }
+        }
+    }
+
+    /// The server asks for a method the secret `auth_query` learned cannot answer: an MD5 hash
+    /// cannot do SCRAM, SCRAM keys cannot do MD5, neither gives a cleartext password.
+    fn passthrough_refused(&self, code: i32, login: &Login<'_>) -> BackendError {
+        let method = match code {
+            3 => "a cleartext password",
+            5 => "MD5",
+            _ => "SCRAM-SHA-256",
+        };
+        BackendError::Connect {
+            node: self.address.clone(),
+            why: format!(
+                "the server asked for {method} to log in role \"{}\", which the secret auth_query \
+                 found for it cannot answer; store the role's password as the server's \
+                 pg_hba.conf method expects (SCRAM verifier for scram-sha-256, md5 hash for md5), \
+                 or set auth_server_login = \"node_user\"",
+                login.user
+            ),
         }
     }
 

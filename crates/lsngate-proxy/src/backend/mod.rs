@@ -4,6 +4,7 @@
 //! its role as detected with `pg_is_in_recovery()`, not as configured — and picks one for a
 //! target. It never parses client SQL.
 
+pub mod auth_lookup;
 pub mod clock;
 pub mod conn;
 pub mod gates;

@@ -63,6 +63,10 @@ pub const REQUIRE_SIGNED_SCOPES: bool = false;
 pub const SCOPE_CAPACITY: usize = 100_000;
 /// `scope_ttl_ms`: a scope's floor is forgotten this long after its last write (1 minute).
 pub const SCOPE_TTL_MS: u64 = 60_000;
+/// `auth_query`: PgBouncer's default.
+pub const AUTH_QUERY: &str = "SELECT usename, passwd FROM pg_shadow WHERE usename=$1";
+/// `auth_cache_ttl_ms`: a secret `auth_query` fetched is reused for a minute.
+pub const AUTH_CACHE_TTL_MS: u64 = 60_000;
 
 #[cfg(test)]
 mod tests {
@@ -126,6 +130,9 @@ mod tests {
             ("topology", "static".to_string()),
             ("topology_poll_ms", TOPOLOGY_POLL_MS.to_string()),
             ("topology_settle_polls", TOPOLOGY_SETTLE_POLLS.to_string()),
+            ("auth_query", AUTH_QUERY.to_string()),
+            ("auth_cache_ttl_ms", AUTH_CACHE_TTL_MS.to_string()),
+            ("auth_server_login", "client_role".to_string()),
         ])
     }
 
@@ -157,7 +164,7 @@ mod tests {
                 checked += 1;
             }
         }
-        assert_eq!(checked, 23, "every flag with a value default is checked");
+        assert_eq!(checked, 26, "every flag with a value default is checked");
     }
 
     /// The README's `### Config file` example, as TOML.
@@ -238,7 +245,7 @@ mod tests {
             }
         }
         assert_eq!(
-            checked, 23,
+            checked, 26,
             "every flag with a value default is in the README's table"
         );
     }

@@ -76,8 +76,8 @@ pub struct FileConfig {
     pub replicas: Vec<String>,
     /// Where the node set comes from: static (primary and replicas as configured), patroni
     /// (the members Patroni's REST API lists, followed live), discover (the replicas streaming
-    /// from the primary, placed by discover_replicas / discover_template); dns is not built yet
-    /// [default: static].
+    /// from the primary, placed by discover_replicas / discover_template), dns (the records of
+    /// dns_name, re-resolved at every poll) [default: static].
     #[arg(long)]
     pub topology: Option<String>,
     /// A Patroni REST API URL, http://host:port (repeat for each member; tried in order until
@@ -95,8 +95,21 @@ pub struct FileConfig {
     /// {application_name} replaced by its application_name, e.g. {application_name}.db:5432.
     #[arg(long)]
     pub discover_template: Option<String>,
+    /// With topology = dns: the name whose records are the members — A/AAAA records (each
+    /// address on dns_port), or SRV records (host and port each) for a name starting with `_`
+    /// such as _postgresql._tcp.pg.default.svc.cluster.local.
+    #[arg(long)]
+    pub dns_name: Option<String>,
+    /// With topology = dns and A/AAAA records: the members' PostgreSQL port [default: the
+    /// primary URL's port].
+    #[arg(long)]
+    pub dns_port: Option<u16>,
+    /// With topology = dns: the DNS server asked, IP[:PORT] [default: the system's resolver for
+    /// A/AAAA; the first nameserver of /etc/resolv.conf for SRV].
+    #[arg(long)]
+    pub dns_server: Option<String>,
     /// Milliseconds between two polls of Patroni's /cluster (or the primary's
-    /// pg_stat_replication) [default: 500].
+    /// pg_stat_replication, or dns_name's records) [default: 500].
     #[arg(long)]
     pub topology_poll_ms: Option<u64>,
     /// Consecutive polls a member must show a changed state (joined, left, tags) in before the
@@ -192,6 +205,31 @@ pub struct FileConfig {
     /// users besides those under [[users]]; re-read at every reload [default: none].
     #[arg(long)]
     pub auth_file: Option<std::path::PathBuf>,
+    /// A file in pg_hba.conf format: the first rule matching a login's connection type,
+    /// database, user and address decides its method (trust, reject, md5, scram-sha-256,
+    /// password); no matching rule refuses it; re-read at every reload [default: none].
+    #[arg(long)]
+    pub auth_hba_file: Option<std::path::PathBuf>,
+    /// The role that runs auth_query: a client not under [[users]] nor in auth_file logs in
+    /// against the secret the server stores for its role [default: none, auth_query off].
+    #[arg(long)]
+    pub auth_user: Option<String>,
+    /// The query auth_user runs to fetch a login's secret; `$1` is the login name, it returns
+    /// the name and the secret (or a SECURITY DEFINER function's row)
+    /// [default: SELECT usename, passwd FROM pg_shadow WHERE usename=$1].
+    #[arg(long)]
+    pub auth_query: Option<String>,
+    /// The database auth_query runs in [default: the client's database].
+    #[arg(long)]
+    pub auth_dbname: Option<String>,
+    /// Milliseconds a secret auth_query fetched is reused [default: 60000].
+    #[arg(long)]
+    pub auth_cache_ttl_ms: Option<u64>,
+    /// As whom clients logged in through auth_query reach the servers: client_role (their own
+    /// role, with the keys they proved) or node_user (the node URL's user)
+    /// [default: client_role].
+    #[arg(long)]
+    pub auth_server_login: Option<String>,
     /// Users clients may log in as. Without any, clients log in as the primary URL's user.
     #[serde(default)]
     #[arg(skip)]

@@ -15,24 +15,28 @@ use std::time::Duration;
 use crate::auth::Credential;
 
 mod auth_file;
+mod auth_query;
 mod causal;
 mod console;
 pub mod defaults;
 mod file;
+mod hba;
 mod node_url;
 mod pool;
 mod tls;
 mod topology;
 mod users;
 
+pub use auth_query::{AuthQuery, AuthServerLogin};
 pub use causal::{CausalConfig, Consistency, Level};
 pub use console::{CONSOLE_DATABASES, ConsoleAccess, is_console_database};
 pub use file::FileConfig;
+pub use hba::{Hba, HbaLogin, HbaMethod};
 pub(crate) use node_url::percent_decode;
 pub use node_url::{NODE_URL_PARAMETERS, NodeUrl, host_port};
 pub use pool::{PoolLimits, PoolMode};
 pub use tls::{TlsMode, TlsSettings};
-pub use topology::{TopologyConfig, TopologySource};
+pub use topology::{DnsConfig, TopologyConfig, TopologySource};
 pub use users::{ClientUser, ServerLogin, UserEntry};
 
 /// Why a configuration cannot be used.
@@ -65,6 +69,12 @@ pub enum ConfigError {
         "the primary URL has no password and --listen {0} is not loopback: clients would log in without a password; add [[users]] to a config file or listen on 127.0.0.1"
     )]
     OpenTrust(SocketAddr),
+    /// The auth_query settings cannot work.
+    #[error("auth_query: {0}")]
+    AuthQuery(String),
+    /// The auth_hba_file cannot be used.
+    #[error("auth_hba_file {path}: {why}")]
+    HbaFile { path: String, why: String },
     /// The auth file cannot be used.
     #[error("auth_file {path}: {why}")]
     AuthFile { path: String, why: String },
@@ -177,6 +187,10 @@ pub struct Config {
     pub admin_users: Vec<String>,
     /// Users who may run the admin console's SHOW commands.
     pub stats_users: Vec<String>,
+    /// Logins checked against the servers' own secrets, when `auth_user` is set.
+    pub auth_query: Option<AuthQuery>,
+    /// Which clients may log in and how, when `auth_hba_file` is set.
+    pub hba: Option<Hba>,
 }
 
 impl Config {
@@ -207,12 +221,14 @@ impl Config {
                 entries.push(entry);
             }
         }
+        let auth_query = auth_query::auth_query(&file, &entries, &primary)?;
+        let hba = file.auth_hba_file.as_deref().map(Hba::read).transpose()?;
         let users = users::client_users(&entries, &primary, listen)?;
         console::check_console_users(&users, &file.admin_users, &file.stats_users)?;
         Ok(Config {
             listen,
             admin_listen: file.admin_listen,
-            topology: topology::topology_config(&file)?,
+            topology: topology::topology_config(&file, primary.hosts[0].1)?,
             nodes,
             pool_mode: file.pool_mode.unwrap_or_default(),
             pool_size: file.pool_size.unwrap_or(defaults::POOL_SIZE).max(1),
@@ -276,6 +292,8 @@ impl Config {
             causal: causal::causal_config(&file)?,
             admin_users: file.admin_users,
             stats_users: file.stats_users,
+            auth_query,
+            hba,
         })
     }
 

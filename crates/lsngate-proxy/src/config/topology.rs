@@ -1,9 +1,8 @@
 //! Where the proxy learns its node set: `static` (the configured primary and replicas, changed
 //! by a reload), `patroni` (the members Patroni's REST API lists, followed live) or `discover`
 //! (the replicas streaming from the primary, in its `pg_stat_replication`, placed by a mapping
-//! or template of their `application_name`). `dns` is named by the interface but not built:
-//! choosing it is refused at startup with an error that says so, rather than silently running
-//! static.
+//! or template of their `application_name`) or `dns` (the A/AAAA or SRV records of a name, such
+//! as a Kubernetes headless service, re-resolved at every poll).
 
 use std::time::Duration;
 
@@ -20,6 +19,8 @@ pub enum TopologySource {
     Patroni,
     /// The primary's `pg_stat_replication`.
     Discover,
+    /// The records of `dns_name`.
+    Dns,
 }
 
 impl TopologySource {
@@ -29,6 +30,7 @@ impl TopologySource {
             TopologySource::Static => "static",
             TopologySource::Patroni => "patroni",
             TopologySource::Discover => "discover",
+            TopologySource::Dns => "dns",
         }
     }
 }
@@ -50,6 +52,26 @@ pub struct TopologyConfig {
     pub discover_map: Vec<(String, (String, u16))>,
     /// `discover`: `host[:port]` with `{application_name}` in it, for names not in the map.
     pub discover_template: Option<String>,
+    /// `dns`: the name, its port for A/AAAA records and the server asked.
+    pub dns: Option<DnsConfig>,
+}
+
+/// Where `topology = "dns"` finds the members.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DnsConfig {
+    /// The name: A/AAAA records, or SRV records when it starts with `_`.
+    pub name: String,
+    /// The members' port for A/AAAA records.
+    pub port: u16,
+    /// The server asked; None = the system's resolver (A/AAAA) or resolv.conf's (SRV).
+    pub server: Option<std::net::SocketAddr>,
+}
+
+impl DnsConfig {
+    /// Whether the name asks for SRV records (`_service._proto.name`).
+    pub fn is_srv(&self) -> bool {
+        self.name.starts_with('_')
+    }
 }
 
 impl Default for TopologyConfig {
@@ -62,6 +84,7 @@ impl Default for TopologyConfig {
             settle_polls: defaults::TOPOLOGY_SETTLE_POLLS,
             discover_map: Vec::new(),
             discover_template: None,
+            dns: None,
         }
     }
 }
@@ -85,20 +108,17 @@ impl TopologyConfig {
     }
 }
 
-/// The topology keys of `file`, checked.
-pub(super) fn topology_config(file: &FileConfig) -> Result<TopologyConfig, ConfigError> {
+/// The topology keys of `file`, checked; `primary_port` is the port A/AAAA members default to.
+pub(super) fn topology_config(
+    file: &FileConfig,
+    primary_port: u16,
+) -> Result<TopologyConfig, ConfigError> {
     let bad = |why: String| ConfigError::Topology(why);
     let source = match file.topology.as_deref().unwrap_or("static") {
         "static" => TopologySource::Static,
         "patroni" => TopologySource::Patroni,
         "discover" => TopologySource::Discover,
-        "dns" => {
-            return Err(bad(
-                "topology = \"dns\" is not built yet (issue #26); use \"patroni\" with \
-                 --patroni-url, \"discover\" with --discover-replica, or \"static\" with --replica"
-                    .into(),
-            ));
-        }
+        "dns" => TopologySource::Dns,
         other => {
             return Err(bad(format!(
                 "unknown topology {other:?}; expected static, patroni, discover or dns"
@@ -151,6 +171,7 @@ pub(super) fn topology_config(file: &FileConfig) -> Result<TopologyConfig, Confi
                 .into(),
         ));
     }
+    let dns = dns_config(file, source, primary_port).map_err(bad)?;
     if source == TopologySource::Static && !patroni_urls.is_empty() {
         return Err(bad(
             "patroni_urls are given but topology is static: add --topology patroni".into(),
@@ -171,7 +192,57 @@ pub(super) fn topology_config(file: &FileConfig) -> Result<TopologyConfig, Confi
             .max(1),
         discover_map,
         discover_template: file.discover_template.clone(),
+        dns,
     })
+}
+
+/// The `dns_*` keys: only with `topology = "dns"`, which needs `dns_name`.
+fn dns_config(
+    file: &FileConfig,
+    source: TopologySource,
+    primary_port: u16,
+) -> Result<Option<DnsConfig>, String> {
+    if source != TopologySource::Dns {
+        let set = [
+            ("dns_name", file.dns_name.is_some()),
+            ("dns_port", file.dns_port.is_some()),
+            ("dns_server", file.dns_server.is_some()),
+        ];
+        return match set.iter().find(|(_, is_set)| *is_set) {
+            Some((key, _)) => Err(format!(
+                "{key} is set but topology is {}; add --topology dns",
+                source.as_str()
+            )),
+            None => Ok(None),
+        };
+    }
+    let name = file.dns_name.clone().filter(|n| !n.is_empty()).ok_or(
+        "topology = \"dns\" needs the name whose records are the members: pass \
+                --dns-name pg.default.svc.cluster.local (A/AAAA) or \
+                --dns-name _postgresql._tcp.pg.default.svc.cluster.local (SRV)",
+    )?;
+    let server = file
+        .dns_server
+        .as_deref()
+        .map(|text| {
+            text.parse::<std::net::SocketAddr>()
+                .or_else(|_| text.parse::<std::net::IpAddr>().map(|ip| (ip, 53).into()))
+                .map_err(|_| format!("dns_server {text:?} is not IP[:PORT], e.g. 10.96.0.10:53"))
+        })
+        .transpose()?;
+    let config = DnsConfig {
+        port: file.dns_port.unwrap_or(primary_port),
+        name,
+        server,
+    };
+    if config.is_srv() && file.dns_port.is_some() {
+        return Err(format!(
+            "dns_port is set but {} asks for SRV records, which carry each member's port; \
+             remove dns_port",
+            config.name
+        ));
+    }
+    Ok(Some(config))
 }
 
 /// `host[:port]` (`[v6]:port` too), with `default_port` when none is given.
@@ -236,18 +307,21 @@ mod tests {
 
     #[test]
     fn patroni_needs_urls_and_reads_them() {
-        let config =
-            topology_config(&file("patroni", &["http://127.0.0.1:8008", "http://db2/"])).unwrap();
+        let config = topology_config(
+            &file("patroni", &["http://127.0.0.1:8008", "http://db2/"]),
+            5432,
+        )
+        .unwrap();
         assert_eq!(config.source, TopologySource::Patroni);
         assert_eq!(
             config.patroni_urls,
             vec![("127.0.0.1".into(), 8008), ("db2".into(), 8008)]
         );
-        let error = topology_config(&file("patroni", &[]))
+        let error = topology_config(&file("patroni", &[]), 5432)
             .unwrap_err()
             .to_string();
         assert!(error.contains("--patroni-url"), "{error}");
-        let error = topology_config(&file("patroni", &["https://db:8008"]))
+        let error = topology_config(&file("patroni", &["https://db:8008"]), 5432)
             .unwrap_err()
             .to_string();
         assert!(error.contains("must start with http://"), "{error}");
@@ -256,22 +330,22 @@ mod tests {
     #[test]
     fn discover_places_replicas_by_map_then_template() {
         let mut f = file("discover", &[]);
-        let error = topology_config(&f).unwrap_err().to_string();
+        let error = topology_config(&f, 5432).unwrap_err().to_string();
         assert!(error.contains("--discover-replica"), "{error}");
         f.discover_replicas = vec!["replica1=127.0.0.1:5433".into()];
         f.discover_template = Some("{application_name}.db:6543".into());
-        let config = topology_config(&f).unwrap();
+        let config = topology_config(&f, 5432).unwrap();
         assert_eq!(
             config.place("replica1", 5432),
             Some(("127.0.0.1".into(), 5433))
         );
         assert_eq!(config.place("r9", 5432), Some(("r9.db".into(), 6543)));
         f.discover_template = Some("db.internal".into());
-        let error = topology_config(&f).unwrap_err().to_string();
+        let error = topology_config(&f, 5432).unwrap_err().to_string();
         assert!(error.contains("has no {application_name}"), "{error}");
         f.discover_template = None;
         f.discover_replicas = vec!["replica1".into()];
-        let error = topology_config(&f).unwrap_err().to_string();
+        let error = topology_config(&f, 5432).unwrap_err().to_string();
         assert!(
             error.contains("expected application_name=host:port"),
             "{error}"
@@ -279,15 +353,41 @@ mod tests {
     }
 
     #[test]
-    fn unbuilt_and_unknown_sources_are_refused_by_name() {
-        let error = topology_config(&file("dns", &[])).unwrap_err().to_string();
-        assert!(error.contains("not built yet"), "{error}");
-        let error = topology_config(&file("consul", &[]))
+    fn dns_needs_a_name_and_takes_a_port_and_a_server() {
+        let mut f = file("dns", &[]);
+        let error = topology_config(&f, 5432).unwrap_err().to_string();
+        assert!(error.contains("--dns-name"), "{error}");
+        f.dns_name = Some("pg.svc".into());
+        let dns = topology_config(&f, 6543).unwrap().dns.unwrap();
+        assert_eq!((dns.port, dns.server, dns.is_srv()), (6543, None, false));
+        f.dns_server = Some("127.0.0.1".into());
+        f.dns_port = Some(5433);
+        let dns = topology_config(&f, 6543).unwrap().dns.unwrap();
+        assert_eq!(dns.server, Some("127.0.0.1:53".parse().unwrap()));
+        assert_eq!(dns.port, 5433);
+        f.dns_name = Some("_postgresql._tcp.pg.svc".into());
+        let error = topology_config(&f, 5432).unwrap_err().to_string();
+        assert!(error.contains("carry each member's port"), "{error}");
+        f.dns_port = None;
+        f.dns_server = Some("dns.local".into());
+        let error = topology_config(&f, 5432).unwrap_err().to_string();
+        assert!(error.contains("is not IP[:PORT]"), "{error}");
+        let mut stray = file("static", &[]);
+        stray.dns_name = Some("pg.svc".into());
+        let error = topology_config(&stray, 5432).unwrap_err().to_string();
+        assert!(error.contains("add --topology dns"), "{error}");
+    }
+
+    #[test]
+    fn unknown_sources_are_refused_by_name() {
+        let error = topology_config(&file("consul", &[]), 5432)
             .unwrap_err()
             .to_string();
         assert!(error.contains("expected static, patroni"), "{error}");
         assert_eq!(
-            topology_config(&FileConfig::default()).unwrap().source,
+            topology_config(&FileConfig::default(), 5432)
+                .unwrap()
+                .source,
             TopologySource::Static
         );
     }

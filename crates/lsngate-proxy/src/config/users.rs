@@ -9,7 +9,7 @@ use std::net::SocketAddr;
 use serde::Deserialize;
 
 use super::{ConfigError, NodeUrl};
-use crate::auth::{Credential, ScramVerifier, md5_stored};
+use crate::auth::{Credential, ScramVerifier, ServerSecret, md5_stored};
 
 /// A user clients may log in as.
 #[derive(Debug, Clone, Deserialize)]
@@ -66,21 +66,12 @@ pub struct ClientUser {
 }
 
 /// A role the proxy logs into servers as, instead of the node URL's user.
-#[derive(Clone, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct ServerLogin {
     /// Role name.
     pub user: String,
-    /// Its password, if the server asks for one.
-    pub password: Option<String>,
-}
-
-impl std::fmt::Debug for ServerLogin {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ServerLogin")
-            .field("user", &self.user)
-            .field("password", &self.password.as_ref().map(|_| "…"))
-            .finish()
-    }
+    /// What proves it, if the server asks (Debug hides it).
+    pub secret: ServerSecret,
 }
 
 /// The users of a config: its `[[users]]` entries, or without any the primary URL's user.
@@ -140,9 +131,10 @@ fn server_login(u: &UserEntry) -> Result<Option<ServerLogin>, ConfigError> {
         }),
         (Some(role), password) => Ok(Some(ServerLogin {
             user: role.clone(),
-            password: password
+            secret: password
                 .clone()
-                .or_else(|| (*role == u.name).then(|| u.password.clone()).flatten()),
+                .or_else(|| (*role == u.name).then(|| u.password.clone()).flatten())
+                .map_or(ServerSecret::None, ServerSecret::Password),
         })),
     }
 }
@@ -231,7 +223,7 @@ mod tests {
         let role = |user: &str, password: Option<&str>| {
             Some(ServerLogin {
                 user: user.into(),
-                password: password.map(Into::into),
+                secret: password.map_or(ServerSecret::None, |p| ServerSecret::Password(p.into())),
             })
         };
         assert_eq!(login("app"), None, "the node URL's user");

@@ -13,9 +13,10 @@ use tokio::sync::watch;
 use super::client_io::{ClientIo, ClientSocket};
 use super::error::ClientError;
 use super::session::Session;
-use crate::auth::{AuthError, Credential, ScramExchange, md5_response};
+use crate::auth::{AuthError, Credential, ScramExchange, ServerSecret, md5_response};
 use crate::clients::{ClientEntry, NewClient};
-use crate::config::ConsoleAccess;
+use crate::config::{AuthServerLogin, Config, ConsoleAccess, HbaLogin, HbaMethod, ServerLogin};
+use crate::logins::{Login, Queried};
 use crate::net::backend::build::{self, fatal};
 use crate::net::sqlstate;
 use crate::net::{FrontendMessage, StartupFrame, startup::decode_startup};
@@ -186,15 +187,56 @@ async fn login_and_run(
             .collect();
         io.queue(&build::negotiate_protocol_version(&unsupported));
     }
-    let Some(credential) = config.credential(&user).cloned() else {
-        let message =
-            format!("no such user \"{user}\" in the lsngate config; add it under [[users]]");
-        io.queue(&fatal(
-            sqlstate::INVALID_AUTHORIZATION_SPECIFICATION,
-            &message,
-        ));
-        io.flush().await?;
-        return Err(ClientError::Refused(message));
+    let hba = match hba_method(&config, origin, &user, &database) {
+        Ok(method) => method,
+        Err(message) => {
+            login_failed(&user, &database, origin, &message);
+            return refuse(
+                &mut io,
+                sqlstate::INVALID_AUTHORIZATION_SPECIFICATION,
+                message,
+            )
+            .await;
+        }
+    };
+    let found = proxy
+        .logins
+        .find(&config, &proxy.nodes, &user, &database)
+        .await;
+    let (credential, queried) = match found {
+        Ok(Login::Listed(credential)) => (credential, None),
+        Ok(Login::Queried(queried)) => (queried.credential.clone(), Some(queried)),
+        // As PostgreSQL does for a role it lacks: a full exchange against a secret nobody
+        // knows, so the client learns only "password authentication failed".
+        Ok(Login::NoSecret) => (nobodys_secret(), None),
+        Ok(Login::Unlisted) => {
+            let message =
+                format!("no such user \"{user}\" in the lsngate config; add it under [[users]]");
+            login_failed(&user, &database, origin, "unknown user");
+            return refuse(
+                &mut io,
+                sqlstate::INVALID_AUTHORIZATION_SPECIFICATION,
+                message,
+            )
+            .await;
+        }
+        Err(e) => {
+            login_failed(&user, &database, origin, &format!("auth_query failed: {e}"));
+            let message = format!(
+                "could not check the password of user \"{user}\": the server did not answer auth_query ({e})"
+            );
+            return refuse(&mut io, sqlstate::CONNECTION_FAILURE, message).await;
+        }
+    };
+    let (credential, hba_refusal) = match hba {
+        None => (credential, None),
+        Some((method, line)) => match hba_credential(method, credential) {
+            Ok(credential) => (credential, None),
+            Err(why) => (
+                nobodys_secret(),
+                Some(format!("auth_hba_file line {line} ({method:?}): {why}")),
+            ),
+        },
     };
     let authenticated =
         crate::timer::timeout_at(login_deadline, authenticate(&mut io, &user, &credential))
@@ -205,16 +247,38 @@ async fn login_and_run(
                     config.client_login_timeout.as_millis()
                 )))
             });
-    if let Err(e) = authenticated {
-        let code = match e {
-            ClientError::Protocol(_) => sqlstate::PROTOCOL_VIOLATION,
-            ClientError::LoginTimeout(_) => sqlstate::QUERY_CANCELED,
-            _ => sqlstate::INVALID_PASSWORD,
-        };
-        io.queue(&fatal(code, &e.to_string()));
-        let _ = io.flush().await;
-        return Err(e);
-    }
+    let client_key = match authenticated {
+        Ok(client_key) => client_key,
+        Err(e) => {
+            let code = match e {
+                ClientError::Protocol(_) => sqlstate::PROTOCOL_VIOLATION,
+                ClientError::LoginTimeout(_) => sqlstate::QUERY_CANCELED,
+                _ => sqlstate::INVALID_PASSWORD,
+            };
+            let reason = match (&e, &queried) {
+                (ClientError::Auth(_), _) if hba_refusal.is_some() => {
+                    hba_refusal.unwrap_or_default()
+                }
+                (ClientError::Auth(_), None) if config.user(&user).is_none() => {
+                    "auth_query found no password for this role".to_string()
+                }
+                (ClientError::Auth(_), Some(_)) => {
+                    // The server's secret may have changed since it was cached.
+                    proxy.logins.forget(&config, &user, &database);
+                    "wrong password (auth_query's secret)".to_string()
+                }
+                _ => e.to_string(),
+            };
+            login_failed(&user, &database, origin, &reason);
+            io.queue(&fatal(code, &e.to_string()));
+            let _ = io.flush().await;
+            return Err(e);
+        }
+    };
+    let server_login = match &queried {
+        None => config.user(&user).and_then(|u| u.server_login.clone()),
+        Some(queried) => auth_server_login(&config, &user, queried, client_key),
+    };
     let console_access = if crate::config::is_console_database(&database) {
         // PgBouncer's answer to a user in neither list, with the fix.
         let Some(access) = config.console_access(&user) else {
@@ -273,6 +337,7 @@ async fn login_and_run(
         slot,
         shutdown,
         Arc::clone(&registered.entry),
+        server_login,
     )
     .await;
     let result = match session {
@@ -365,11 +430,14 @@ fn cstring(body: &[u8]) -> String {
     String::from_utf8_lossy(body.strip_suffix(&[0]).unwrap_or(body)).into_owned()
 }
 
+/// Runs the password exchange `credential` asks for; returns the ClientKey a SCRAM client
+/// proved (for `auth_server_login = "client_role"`).
 async fn authenticate(
     io: &mut ClientIo,
     user: &str,
     credential: &Credential,
-) -> Result<(), ClientError> {
+) -> Result<Option<Vec<u8>>, ClientError> {
+    let mut client_key = None;
     match credential {
         Credential::Trust => {}
         Credential::Md5 { hash } => {
@@ -392,12 +460,110 @@ async fn authenticate(
             ));
             io.flush().await?;
             let client_final = String::from_utf8_lossy(&read_auth_response(io).await?).into_owned();
-            let server_final = exchange.finish(user, verifier, &client_final)?;
-            io.queue(&build::auth_sasl_final(server_final.as_bytes()));
+            let proved = exchange.finish(user, verifier, &client_final)?;
+            io.queue(&build::auth_sasl_final(proved.server_final.as_bytes()));
+            client_key = Some(proved.client_key);
         }
     }
     io.queue(&build::auth_ok());
-    Ok(())
+    Ok(client_key)
+}
+
+/// As whom a client auth_query let in reaches the servers: its own role, proved with what its
+/// login proved, or the node URL's user.
+fn auth_server_login(
+    config: &Config,
+    user: &str,
+    queried: &Queried,
+    client_key: Option<Vec<u8>>,
+) -> Option<ServerLogin> {
+    let auth = config.auth_query.as_ref()?;
+    if auth.server_login == AuthServerLogin::NodeUser {
+        return None;
+    }
+    let secret = match (&queried.plain, &queried.credential, client_key) {
+        (Some(plain), _, _) => ServerSecret::Password(plain.clone()),
+        (None, Credential::Scram(verifier), Some(client_key)) => ServerSecret::ScramKeys {
+            client_key,
+            server_key: verifier.server_key.clone(),
+        },
+        (None, Credential::Md5 { hash }, _) => ServerSecret::Md5Hash(hash.clone()),
+        _ => ServerSecret::None,
+    };
+    Some(ServerLogin {
+        user: user.to_string(),
+        secret,
+    })
+}
+
+/// A secret no password matches: a login against it runs the whole SCRAM exchange and fails.
+fn nobodys_secret() -> Credential {
+    let nobody: [u8; 16] = rand::random();
+    Credential::Scram(crate::auth::ScramVerifier::from_password(
+        &format!("{nobody:?}"),
+        4096,
+    ))
+}
+
+/// The `auth_hba_file` method for this login: None without the file; an error (PostgreSQL's
+/// words) when no rule matches or the rule rejects.
+fn hba_method(
+    config: &Config,
+    origin: Origin,
+    user: &str,
+    database: &str,
+) -> Result<Option<(HbaMethod, usize)>, String> {
+    let Some(hba) = &config.hba else {
+        return Ok(None);
+    };
+    let encryption = if origin.tls {
+        "SSL encryption"
+    } else {
+        "no encryption"
+    };
+    let Some(peer) = origin.peer else {
+        return Err(format!(
+            "no pg_hba.conf entry for an unknown host, user \"{user}\", database \"{database}\", {encryption}"
+        ));
+    };
+    let login = HbaLogin {
+        peer: peer.ip(),
+        tls: origin.tls,
+        user,
+        database,
+    };
+    let host = peer.ip();
+    match hba.method(login) {
+        None => Err(format!(
+            "no pg_hba.conf entry for host \"{host}\", user \"{user}\", database \"{database}\", {encryption}"
+        )),
+        Some((HbaMethod::Reject, _)) => Err(format!(
+            "pg_hba.conf rejects connection for host \"{host}\", user \"{user}\", database \"{database}\", {encryption}"
+        )),
+        Some(rule) => Ok(Some(rule)),
+    }
+}
+
+/// What a login must prove under the rule's method: `trust` asks nothing; `scram-sha-256`
+/// takes only a SCRAM secret; `md5` and `password` take the user's secret as it is. A user
+/// without a password cannot pass a method that asks for one: the error says why (for the log;
+/// the client is told only that the password failed).
+fn hba_credential(method: HbaMethod, credential: Credential) -> Result<Credential, &'static str> {
+    match (method, credential) {
+        (HbaMethod::Trust, _) => Ok(Credential::Trust),
+        (HbaMethod::ScramSha256, Credential::Md5 { .. }) => {
+            Err("the user's secret is an MD5 hash, the rule demands SCRAM")
+        }
+        (_, Credential::Trust) => Err("the user has no password, the rule demands one"),
+        (_, credential) => Ok(credential),
+    }
+}
+
+/// Counts and logs a refused login with its reason; the client hears only what PostgreSQL
+/// would say.
+fn login_failed(user: &str, database: &str, origin: Origin, reason: &str) {
+    metrics::counter!("lsngate_proxy_login_failures_total").increment(1);
+    tracing::warn!(%user, %database, peer = ?origin.peer, %reason, "login refused");
 }
 
 fn sasl_initial_data(body: &[u8]) -> Result<String, ClientError> {

@@ -135,6 +135,7 @@ impl Session {
         cancel_slot: CancelSlot,
         shutdown: watch::Receiver<bool>,
         client: Arc<crate::clients::ClientEntry>,
+        server_login: Option<crate::config::ServerLogin>,
     ) -> Result<Session, ClientError> {
         let mut config_seen = u64::MAX;
         let config = proxy
@@ -161,7 +162,6 @@ impl Session {
                 return Err(ClientError::Refused(message));
             }
         }
-        let server_login = config.user(&user).and_then(|u| u.server_login.clone());
         let server_params = match proxy.server_params(&database, server_login.as_ref()).await {
             Ok(p) => p,
             Err(e) => {

@@ -1,6 +1,7 @@
 //! Following the cluster's membership: with `topology = "patroni"` the node set is the members
 //! Patroni's `/cluster` lists, with `topology = "discover"` the primary and the replicas its
-//! `pg_stat_replication` lists (`discover`), polled every `topology_poll_ms`, damped (`damp`), and applied to
+//! `pg_stat_replication` lists (`discover`), with `topology = "dns"` the records of a name
+//! (`dns`), polled every `topology_poll_ms`, damped (`damp`), and applied to
 //! the running proxy — new members get a node (pools, a monitor), members that left are retired
 //! (their connections in use finish, nothing new goes there), `noloadbalance` members get no
 //! reads. Not a second replica brain: roles, health, positions and timelines still come from
@@ -12,6 +13,7 @@
 
 mod damp;
 mod discover;
+mod dns;
 mod patroni;
 
 use std::collections::BTreeMap;
@@ -167,6 +169,10 @@ pub async fn poll_once(proxy: &Arc<Proxy>, follower: &mut Follower) {
             let timeout = config.connect_timeout.min(topology.request_timeout * 5);
             discover::fetch(proxy, &mut follower.primary_conn, topology, timeout).await
         }
+        TopologySource::Dns => match &topology.dns {
+            Some(dns) => dns::fetch(dns, topology.request_timeout).await,
+            None => Err("topology = \"dns\" without dns_name".into()),
+        },
     };
     let (damper, leader) = (&mut follower.damper, &mut follower.leader);
     let mut seen = proxy.topology.state.lock().expect("topology lock");

@@ -12,7 +12,7 @@ use crate::patroni::wait_in_node_set;
 use crate::support::{TestProxy, connect, execute_once_a_primary_takes_it, rt};
 
 /// Reads on fresh connections until one is served by `port` (at most 30 s).
-fn wait_read_served_by(proxy: &TestProxy, port: u16) {
+pub(crate) fn wait_read_served_by(proxy: &TestProxy, port: u16) {
     rt().block_on(async {
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {

@@ -18,9 +18,14 @@ const ROLE: &str = "scram_app";
 /// A role with a password, used as a `server_user`.
 const REPORTER: &str = "reporter";
 
-/// Primary + replica where ROLE and REPORTER must log in with scram-sha-256 over TCP (the
-/// cluster's own user stays trusted).
-fn scram_cluster() -> &'static Cluster {
+/// Members of this group must log in with scram-sha-256 over TCP (auth_query's roles).
+pub(crate) const SCRAM_GROUP: &str = "scram_members";
+/// Members of this group must log in with md5 over TCP.
+pub(crate) const MD5_GROUP: &str = "md5_members";
+
+/// Primary + replica where ROLE, REPORTER and SCRAM_GROUP's members must log in with
+/// scram-sha-256 over TCP and MD5_GROUP's with md5 (the cluster's own user stays trusted).
+pub(crate) fn scram_cluster() -> &'static Cluster {
     static CLUSTER: OnceLock<&'static Cluster> = OnceLock::new();
     CLUSTER.get_or_init(|| {
         Cluster::start(
@@ -29,7 +34,11 @@ fn scram_cluster() -> &'static Cluster {
                 .setting("password_encryption", "scram-sha-256")
                 .hba(&format!(
                     "host all {ROLE},{REPORTER} 127.0.0.1/32 scram-sha-256"
-                )),
+                ))
+                .hba(&format!(
+                    "host all +{SCRAM_GROUP} 127.0.0.1/32 scram-sha-256"
+                ))
+                .hba(&format!("host all +{MD5_GROUP} 127.0.0.1/32 md5")),
         )
         .expect("scram cluster")
         .leak_until_exit()
