@@ -1549,3 +1549,108 @@ fn cluster_up_patroni_status_fault_and_down() {
     lsngate(&["cluster", "down", "--dir", &path]);
     assert!(!std::path::Path::new(&path).exists());
 }
+
+/// The next datagram on `socket` (a proxy's `NOTIFY_SOCKET`), waiting at most 60 s.
+fn notice(socket: &std::os::unix::net::UnixDatagram) -> String {
+    socket
+        .set_read_timeout(Some(Duration::from_secs(60)))
+        .unwrap();
+    let mut buf = [0u8; 512];
+    let n = socket.recv(&mut buf).expect("a notification within 60 s");
+    String::from_utf8_lossy(&buf[..n]).into_owned()
+}
+
+#[test]
+fn proxy_takeover_keeps_the_old_process_session_and_it_exits_once_that_leaves() {
+    use std::io::{BufRead, BufReader, Write};
+    let cluster = Cluster::start(&ClusterConfig::default().replicas(1)).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let listen = format!("127.0.0.1:{port}");
+    let runtime_dir = dir.path().to_str().unwrap().to_string();
+    let start = |name: &str| {
+        let socket_path = dir.path().join(format!("{name}.notify"));
+        let socket = std::os::unix::net::UnixDatagram::bind(&socket_path).unwrap();
+        let child = Command::new(env!("CARGO_BIN_EXE_lsngate"))
+            .args([
+                "proxy",
+                "--listen",
+                &listen,
+                "--primary",
+                &cluster.primary_url(),
+            ])
+            .args(["--replica", &cluster.replica_urls()[0]])
+            .args(["--runtime-dir", &runtime_dir, "--takeover"])
+            .env("NOTIFY_SOCKET", &socket_path)
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("start lsngate proxy");
+        assert_eq!(notice(&socket), format!("READY=1\nMAINPID={}", child.id()));
+        (child, socket)
+    };
+    // Nothing to take over yet: the first process binds the port.
+    let (mut old, old_notices) = start("old");
+    let psql = PgBin::find(None).unwrap().tool("psql");
+    let mut session = Command::new(&psql)
+        .args([
+            "-X",
+            "-A",
+            "-t",
+            "-q",
+            "-h",
+            "127.0.0.1",
+            "-p",
+            &port.to_string(),
+        ])
+        .args(["-U", "postgres", "-d", "postgres"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut input = session.stdin.take().unwrap();
+    let mut output = BufReader::new(session.stdout.take().unwrap());
+    let mut ask = |sql: &str| {
+        writeln!(input, "{sql}").unwrap();
+        let mut line = String::new();
+        output.read_line(&mut line).unwrap();
+        line.trim().to_string()
+    };
+    assert_eq!(ask("BEGIN; SELECT 41 + 1;"), "42");
+    let (mut new, _new_notices) = start("new");
+    assert_eq!(notice(&old_notices), "STOPPING=1", "the old process drains");
+    // The old process's client goes on inside its transaction, and after it.
+    assert_eq!(ask("SELECT 43; COMMIT;"), "43");
+    assert_eq!(ask("SELECT 44;"), "44");
+    assert!(
+        old.try_wait().unwrap().is_none(),
+        "its client is still there"
+    );
+    // New clients reach the new process.
+    assert_eq!(
+        psql_as(port, "postgres", "", "postgres", "SELECT 1"),
+        Ok("1".into())
+    );
+    drop(input);
+    assert!(session.wait().unwrap().success());
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    let exit = loop {
+        if let Some(exit) = old.try_wait().unwrap() {
+            break exit;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the old process did not exit once its client left"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert!(exit.success(), "{exit}");
+    assert!(new.try_wait().unwrap().is_none());
+    assert!(
+        Command::new("kill")
+            .args(["-TERM", &new.id().to_string()])
+            .status()
+            .unwrap()
+            .success()
+    );
+    assert!(new.wait().unwrap().success());
+}

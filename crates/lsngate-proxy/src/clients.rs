@@ -35,11 +35,21 @@ pub struct ClientEntry {
     pub tls: bool,
     /// Its cancel slot: a statement on a server while `target` is set.
     pub cancel: CancelSlot,
-    /// Fired to end the session (`KILL_CLIENT`, `KILL`).
+    /// Fired to end the session (`KILL_CLIENT`, `KILL`, a drain past its bound).
     pub kill: tokio::sync::Notify,
+    /// Why it was ended, when not by a KILL (see [`ClientEntry::kill_message`]).
+    ended_by: std::sync::OnceLock<&'static str>,
 }
 
 impl ClientEntry {
+    /// The FATAL message a killed session sends (57P01).
+    pub fn kill_message(&self) -> &'static str {
+        self.ended_by
+            .get()
+            .copied()
+            .unwrap_or("terminating connection due to a KILL on the lsngate admin console")
+    }
+
     /// `active` while a statement of the client's runs on a server, else `idle`.
     pub fn state(&self) -> &'static str {
         let running = self
@@ -187,6 +197,7 @@ impl Clients {
             tls: client.tls,
             cancel: client.cancel,
             kill: tokio::sync::Notify::new(),
+            ended_by: std::sync::OnceLock::new(),
         });
         connected.insert(id, Arc::clone(&entry));
         Ok(Registered {
@@ -203,6 +214,16 @@ impl Clients {
             .values()
             .cloned()
             .collect()
+    }
+
+    /// Ends every client, saying `why`; how many there were.
+    pub fn end_all(&self, why: &'static str) -> usize {
+        let all = self.all();
+        for entry in &all {
+            let _ = entry.ended_by.set(why);
+            entry.kill.notify_one();
+        }
+        all.len()
     }
 
     /// Ends client `id`; false when there is none.

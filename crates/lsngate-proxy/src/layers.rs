@@ -16,6 +16,8 @@ const LAYERS: &[(&str, u8)] = &[
     ("whatif", 0),
     ("socket", 1),
     ("timer", 1),
+    ("notify", 1),
+    ("handover", 1),
     ("auth", 1),
     ("config", 2),
     ("statement", 3),
@@ -29,6 +31,8 @@ const LAYERS: &[(&str, u8)] = &[
     ("topology", 6),
     ("frontend", 7),
     ("admin", 8),
+    // The control socket: takeover and forwarded cancels, answered from the shared state.
+    ("control", 8),
     ("serve", 9),
     ("lib", 9),
     ("layers", 9),

@@ -8,7 +8,9 @@
 //! the test that keeps it so):
 //! - leaves: `net/` the pure message codec (with `TxStatus` and `sqlstate`), `runtime`, `tally`
 //!   (counters for /metrics), `traffic` (queries and bytes per database for SHOW STATS), `whatif` (the budget what-if page, its document and the one-request
-//!   HTTP exchange, shared with `lsngate lag --advise --serve`), `socket` and `timer`, `auth` (SCRAM/MD5 for both sides of a
+//!   HTTP exchange, shared with `lsngate lag --advise --serve`), `socket` and `timer`, `notify`
+//!   (systemd's readiness datagrams), `handover` (online restart's wire: control socket paths,
+//!   listening sockets passed with `SCM_RIGHTS`, forwarded cancel keys), `auth` (SCRAM/MD5 for both sides of a
 //!   login), `config/` (the TOML file and the flags, every default in `config/defaults.rs`);
 //! - `statement/`: what a statement's text tells — class, proxy commands, route hints, cache;
 //! - `backend/`: server connections, pools, the health/role monitor, timelines, and what each
@@ -20,11 +22,12 @@
 //!   `pg_stat_replication`) into its node set;
 //! - `frontend/`: one client — handshake, session loop, the routing `plan`, flights, replies;
 //! - `admin/`: the HTTP port (/metrics, /status, /dashboard, /budget, /history) and the admin console (the virtual
-//!   database `lsngate`/`pgbouncer`);
-//! - `serve` (and this file): starting it all.
+//!   database `lsngate`/`pgbouncer`), and beside them `control`, the control socket in
+//!   `runtime_dir` (a takeover by a new process, cancels forwarded by it);
+//! - `serve` (and this file): starting it all, and the drains (`Drain`).
 //!
 //! The public API is what the `lsngate` CLI, the tests and the fuzz targets use: [`Proxy`],
-//! [`run`], [`run_cli`], [`main`], [`runtime`], the config (`config`, [`Config`],
+//! [`Drain`], [`run`], [`run_cli`], [`main`], [`runtime`], the config (`config`, [`Config`],
 //! [`FileConfig`], [`ProxyArgs`]), the wire codec (`net`) and the what-if page (`whatif`). Every other module is
 //! `pub(crate)`.
 
@@ -36,11 +39,14 @@ pub(crate) mod backend;
 pub(crate) mod causal;
 pub(crate) mod clients;
 pub mod config;
+mod control;
 pub(crate) mod frontend;
+pub(crate) mod handover;
 #[cfg(test)]
 mod layers;
 pub(crate) mod logins;
 pub mod net;
+pub(crate) mod notify;
 pub(crate) mod proxy;
 mod serve;
 pub(crate) mod socket;
@@ -57,7 +63,7 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 
 pub use config::{Config, ConfigError, FileConfig, NodeUrl, PoolMode, ProxyArgs, TlsMode};
-pub use proxy::Proxy;
+pub use proxy::{Drain, Proxy};
 
 /// Runs the proxy on an already bound listener until `shutdown` turns true, then drains: stops
 /// accepting, lets open transactions finish, and returns.
@@ -98,30 +104,123 @@ pub fn main(args: ProxyArgs) -> anyhow::Result<()> {
     runtime(config.threads)?.block_on(run_cli(args, config))
 }
 
-/// Binds, serves, reloads the config on SIGHUP and drains on SIGTERM/Ctrl-C. A reload cannot
-/// change `listen` or `threads`.
+/// Binds (or takes the port over, with `--takeover`), serves, reloads the config on SIGHUP and
+/// drains on SIGTERM/SIGINT. A reload cannot change `listen`, `threads` or `runtime_dir`.
+///
+/// Signals, in PgBouncer's terms: SIGTERM and SIGINT stop accepting and close each client once
+/// its transaction is over (PgBouncer's SIGINT, `SHUTDOWN WAIT_FOR_SERVERS`); a takeover by a
+/// new process or `SHUTDOWN WAIT_FOR_CLIENTS` stop accepting and wait for the clients to leave
+/// (PgBouncer's `SHUTDOWN WAIT_FOR_CLIENTS`), and a SIGTERM/SIGINT during that wait closes them
+/// as their transactions end. Every drain ends at `shutdown_timeout_ms`.
 pub async fn run_cli(args: ProxyArgs, config: Config) -> anyhow::Result<()> {
     use tokio::signal::unix::{SignalKind, signal};
-    let listener = TcpListener::bind(config.listen).await?;
+    let port = config.listen.port();
+    let taken = match (&config.runtime_dir, args.takeover) {
+        (Some(dir), true) => {
+            let (dir, timeout) = (dir.clone(), config.connect_timeout);
+            tokio::task::spawn_blocking(move || handover::take_over(&dir, port, timeout)).await??
+        }
+        _ => None,
+    };
+    let listener = match &taken {
+        Some(taken) => {
+            let listener = inherit(&taken.sockets[0], config.listen)?;
+            tracing::info!(listen = %config.listen, "took the listening socket over from the serving lsngate proxy");
+            listener
+        }
+        None => {
+            if args.takeover {
+                tracing::info!(listen = %config.listen, "--takeover: no lsngate proxy serves this port; binding it");
+            }
+            TcpListener::bind(config.listen).await?
+        }
+    };
+    let admin_socket = match (&taken, config.admin_listen) {
+        (Some(taken), Some(admin)) => match taken.sockets.get(1) {
+            Some(fd) => Some(inherit(fd, admin)?.into_std()?),
+            None => None,
+        },
+        _ => None,
+    };
+    let control = match &config.runtime_dir {
+        Some(dir) => Some(control::ControlSocket::bind(dir, port).map_err(|e| {
+            anyhow::anyhow!(
+                "cannot open the control socket in runtime_dir {}: {e}",
+                dir.display()
+            )
+        })?),
+        None => None,
+    };
     tracing::info!(listen = %config.listen, nodes = config.nodes.len(), "lsngate proxy listening");
     let proxy = Proxy::new(config);
+    *proxy.admin_socket.lock().expect("admin socket lock") = admin_socket;
     proxy.set_reload_source(Box::new(move || args.load()));
-    let (stop_tx, stop_rx) = watch::channel(false);
     let mut hangup = signal(SignalKind::hangup())?;
     let mut terminate = signal(SignalKind::terminate())?;
-    let reloader = Arc::clone(&proxy);
+    let mut interrupt = signal(SignalKind::interrupt())?;
+    let signalled = Arc::clone(&proxy);
     tokio::spawn(async move {
         loop {
             tokio::select! {
-                _ = hangup.recv() => if let Err(e) = reloader.reload_from_source() {
+                _ = hangup.recv() => if let Err(e) = signalled.reload_from_source() {
                     tracing::error!("SIGHUP: config not reloaded: {e}");
                 },
-                _ = terminate.recv() => break,
-                _ = tokio::signal::ctrl_c() => break,
+                _ = terminate.recv() => { signalled.request_drain(Drain::WaitForServers); }
+                _ = interrupt.recv() => { signalled.request_drain(Drain::WaitForServers); }
+            };
+        }
+    });
+    let (control_socket, control_listener) = control.unzip();
+    if let Some(listener) = control_listener {
+        tokio::spawn(control::serve(Arc::clone(&proxy), listener));
+    }
+    let ready = async {
+        proxy.accepting().await;
+        if let Some(taken) = taken {
+            // The old process stops accepting now; connections in the queue meanwhile are ours.
+            match tokio::task::spawn_blocking(move || taken.ready()).await {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => tracing::warn!(
+                    "takeover: could not tell the old process to stop accepting: {e}"
+                ),
+                Err(e) => tracing::warn!(
+                    "takeover: could not tell the old process to stop accepting: {e}"
+                ),
             }
         }
-        tracing::info!("draining: no new clients, waiting for open transactions");
-        let _ = stop_tx.send(true);
-    });
-    proxy.serve(listener, stop_rx).await
+        if let Some(socket) = &control_socket
+            && let Err(e) = socket.publish()
+        {
+            tracing::warn!(
+                "control socket link not published (no --takeover will find this process): {e}"
+            );
+        }
+        notify::tell(&format!("READY=1\nMAINPID={}", std::process::id()));
+    };
+    let serving = Arc::clone(&proxy).serve(listener, watch::channel(false).1);
+    tokio::pin!(serving);
+    tokio::select! {
+        served = &mut serving => return served,
+        () = ready => {}
+    }
+    let served = serving.await;
+    drop(control_socket);
+    served
+}
+
+/// A listening socket handed over by the previous process, checked against the address this
+/// config listens on.
+fn inherit(
+    fd: &std::os::fd::OwnedFd,
+    address: std::net::SocketAddr,
+) -> anyhow::Result<TcpListener> {
+    let socket = std::net::TcpListener::from(fd.try_clone()?);
+    let local = socket.local_addr()?;
+    if local != address {
+        anyhow::bail!(
+            "the serving lsngate proxy listens on {local} and this config on {address}: a takeover keeps the address; stop that proxy first to change it"
+        );
+    }
+    socket.set_nonblocking(true)?;
+    Ok(TcpListener::from_std(socket)?)
 }

@@ -27,6 +27,31 @@ pub struct CancelState {
 /// A client's slot in the cancel registry.
 pub type CancelSlot = Arc<Mutex<CancelState>>;
 
+/// How far a proxy is from stopping, in the order a stop escalates (PgBouncer's `SHUTDOWN`
+/// variants: a later stage is never undone by an earlier one's request).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Drain {
+    /// Accepting clients.
+    Serving,
+    /// Not accepting; every client stays until it leaves (`SHUTDOWN WAIT_FOR_CLIENTS`, a
+    /// takeover by a new process).
+    WaitForClients,
+    /// Not accepting; a client is closed with 57P01 once its transaction is over (SIGTERM,
+    /// `SHUTDOWN`, PgBouncer's `WAIT_FOR_SERVERS`).
+    WaitForServers,
+}
+
+impl Drain {
+    /// Its name on the admin console (`SHOW STATE`).
+    pub fn name(self) -> &'static str {
+        match self {
+            Drain::Serving => "no",
+            Drain::WaitForClients => "wait_for_clients",
+            Drain::WaitForServers => "wait_for_servers",
+        }
+    }
+}
+
 /// State shared by every session of one proxy.
 #[derive(Debug)]
 pub struct Proxy {
@@ -59,8 +84,20 @@ pub struct Proxy {
     pub(crate) traffic: crate::traffic::TrafficByDatabase,
     /// Where a reload reads the config from (RELOAD on the admin console, SIGHUP).
     reload_source: Mutex<Option<ReloadSource>>,
-    /// Turned true by SHUTDOWN on the admin console: the proxy drains as on SIGTERM.
-    pub(crate) shutdown_requested: tokio::sync::watch::Sender<bool>,
+    /// How the proxy stops, if it does: set by signals, SHUTDOWN on the admin console and a
+    /// takeover (see [`Proxy::request_drain`]); `serve` follows it.
+    pub(crate) drain: tokio::sync::watch::Sender<Drain>,
+    /// Duplicates of the listening sockets (clients, then the admin port), for a new process
+    /// that takes them over; set by `serve`, emptied once handed over.
+    pub(crate) listening: Mutex<Vec<std::os::fd::OwnedFd>>,
+    /// Turned true once `serve` accepts clients (readiness for systemd and the takeover).
+    pub(crate) accepting: tokio::sync::watch::Sender<bool>,
+    /// Turned true when a new process took the listening sockets over and accepts: this one
+    /// stops serving the admin port too (the new one serves it).
+    pub(crate) handed_over: tokio::sync::watch::Sender<bool>,
+    /// The admin port's listening socket taken over from the previous process, which `serve`
+    /// uses instead of binding `admin_listen`.
+    pub(crate) admin_socket: Mutex<Option<std::net::TcpListener>>,
 }
 
 /// How a reload gets the new config: `lsngate proxy` re-reads its config file and flags.
@@ -103,7 +140,11 @@ impl Proxy {
             logins: crate::logins::Logins::default(),
             traffic: crate::traffic::TrafficByDatabase::default(),
             reload_source: Mutex::new(None),
-            shutdown_requested: tokio::sync::watch::channel(false).0,
+            drain: tokio::sync::watch::channel(Drain::Serving).0,
+            listening: Mutex::new(Vec::new()),
+            accepting: tokio::sync::watch::channel(false).0,
+            handed_over: tokio::sync::watch::channel(false).0,
+            admin_socket: Mutex::new(None),
         })
     }
 
@@ -127,6 +168,15 @@ impl Proxy {
             load()
         };
         let config = loaded.map_err(|e| e.to_string())?;
+        if config.runtime_dir != self.config().runtime_dir {
+            // The control socket stays where it was bound; forwarding cancels to another
+            // directory would lose them.
+            return Err(
+                "runtime_dir cannot change on a reload: the control socket is bound; start a \
+                 new process with --takeover to move it"
+                    .into(),
+            );
+        }
         self.reload(config);
         Ok(())
     }
@@ -210,11 +260,39 @@ impl Proxy {
         self.clients.fetch_sub(1, Ordering::Relaxed);
     }
 
+    /// Asks the proxy to stop as `drain` says, unless it already stops at a later stage; true
+    /// when that changed how it stops.
+    pub fn request_drain(&self, drain: Drain) -> bool {
+        self.drain.send_if_modified(|now| {
+            let later = drain > *now;
+            if later {
+                *now = drain;
+            }
+            later
+        })
+    }
+
+    /// How the proxy stops now.
+    pub fn draining(&self) -> Drain {
+        *self.drain.borrow()
+    }
+
+    /// Resolves once `serve` accepts clients.
+    pub async fn accepting(&self) {
+        let mut accepting = self.accepting.subscribe();
+        let _ = accepting.wait_for(|a| *a).await;
+    }
+
+    /// A new client's cancel key and slot. The key's first half carries this process's ID in
+    /// its low bits (see `handover::pid_of_key`): after an online restart the new process,
+    /// which then receives every cancel request, knows which process owns the session.
     pub(crate) fn register_cancel(&self) -> ((i32, i32), CancelSlot) {
         let slot: CancelSlot = Arc::new(Mutex::new(CancelState::default()));
         let mut cancels = self.cancels.lock().expect("cancel lock");
+        let pid = std::process::id() & crate::handover::PID_MASK;
         loop {
-            let key = (rand::random::<i32>() & 0x7fff_ffff, rand::random::<i32>());
+            let high = rand::random::<u32>() & !crate::handover::PID_MASK & 0x7fff_ffff;
+            let key = ((high | pid) as i32, rand::random::<i32>());
             if let std::collections::hash_map::Entry::Vacant(e) = cancels.entry(key) {
                 e.insert(Arc::clone(&slot));
                 return (key, slot);

@@ -1,7 +1,14 @@
 //! Serving a proxy: the first health checks, a monitor per node, the pool reaper, the admin port,
 //! then the accept loop with its drain on shutdown. The top of the crate: it starts every layer
 //! and is imported by none.
+//!
+//! A drain (see [`Drain`]) stops the accept loop at once; then `WaitForServers` closes each
+//! client once its transaction is over, `WaitForClients` lets clients stay until they leave,
+//! and either ends, past `shutdown_timeout_ms`, with 57P01 for every client left. The monitors,
+//! the reaper and the admin port run until the last client is gone: a client that stays still
+//! reads from replicas.
 
+use std::os::fd::AsFd;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -9,19 +16,28 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 
-use crate::proxy::Proxy;
+use crate::proxy::{Drain, Proxy};
 
-/// How long a draining proxy waits for open sessions before it exits anyway.
-const DRAIN_LIMIT: Duration = Duration::from_secs(30);
+/// How long sessions ended past the drain's bound have to send their 57P01 and go.
+const FAREWELL_LIMIT: Duration = Duration::from_secs(5);
+
+/// What a client ended by the drain's bound is told.
+const DRAIN_EXPIRED: &str =
+    "terminating connection: lsngate proxy is shutting down and shutdown_timeout_ms has passed";
 
 impl Proxy {
-    /// Serves clients until `shutdown` turns true, then drains.
+    /// Serves clients until `outer` turns true (a `WaitForServers` drain) or a drain is
+    /// requested otherwise ([`Proxy::request_drain`]), then drains.
     pub async fn serve(
         self: Arc<Self>,
         listener: TcpListener,
         outer: watch::Receiver<bool>,
     ) -> anyhow::Result<()> {
-        let mut shutdown = self.shutdown_signal(outer);
+        self.follow_outer(outer);
+        // Background work (monitors, reaper, sampler, topology) stops when serving is over.
+        let (stop_tx, shutdown) = watch::channel(false);
+        // Sessions close once idle when this turns true (a `WaitForServers` drain).
+        let (close_tx, close) = watch::channel(false);
         let config = self.config();
         let check_timeout = config.connect_timeout;
         // Patroni's members, not the template URL, are checked first (one bounded poll).
@@ -64,16 +80,28 @@ impl Proxy {
                 }
             }
         });
+        let mut listening = vec![listener.as_fd().try_clone_to_owned()?];
         if let Some(admin) = config.admin_listen {
-            let admin_listener = TcpListener::bind(admin).await?;
+            let inherited = self.admin_socket.lock().expect("admin socket lock").take();
+            let admin_listener = match inherited {
+                Some(socket) => {
+                    socket.set_nonblocking(true)?;
+                    TcpListener::from_std(socket)?
+                }
+                None => TcpListener::bind(admin).await?,
+            };
+            listening.push(admin_listener.as_fd().try_clone_to_owned()?);
             tokio::spawn(crate::admin::serve(
                 Arc::clone(&self),
                 admin_listener,
-                shutdown.clone(),
+                self.admin_stop(shutdown.clone()),
             ));
         }
+        *self.listening.lock().expect("listening lock") = listening;
+        let mut drain = self.drain.subscribe();
         let mut sessions = JoinSet::new();
-        loop {
+        self.accepting.send_replace(true);
+        while *drain.borrow_and_update() == Drain::Serving {
             tokio::select! {
                 accepted = listener.accept() => {
                     let (stream, peer) = match accepted {
@@ -81,41 +109,75 @@ impl Proxy {
                         Err(e) => { tracing::warn!("accept failed: {e}"); continue; }
                     };
                     let proxy = Arc::clone(&self);
-                    let stop = shutdown.clone();
+                    let close = close.clone();
                     sessions.spawn(async move {
-                        match crate::frontend::handshake::handle_client(proxy, stream, stop, crate::admin::console::serve).await {
+                        match crate::frontend::handshake::handle_client(proxy, stream, close, crate::admin::console::serve).await {
                             Err(e) if e.is_routine() => tracing::debug!(%peer, "client session ended: {e}"),
                             Err(e) => tracing::info!(%peer, "client session ended: {e}"),
                             Ok(()) => {}
                         }
                     });
                 }
-                _ = shutdown.changed() => if *shutdown.borrow() { break },
+                _ = drain.changed() => {}
                 Some(_) = sessions.join_next(), if !sessions.is_empty() => {}
             }
         }
+        // Closing a socket handed over closes this process's descriptor only: the new process
+        // accepts from the same queue.
         drop(listener);
-        let _ = crate::timer::timeout(DRAIN_LIMIT, async {
-            while sessions.join_next().await.is_some() {}
-        })
-        .await;
+        self.listening.lock().expect("listening lock").clear();
+        crate::notify::tell("STOPPING=1");
+        tracing::info!(
+            clients = sessions.len(),
+            drain = self.draining().name(),
+            "stopped accepting; draining"
+        );
+        let mut expired = std::pin::pin!(crate::timer::sleep(config.shutdown_timeout));
+        loop {
+            if *drain.borrow_and_update() == Drain::WaitForServers {
+                close_tx.send_replace(true);
+            }
+            tokio::select! {
+                joined = sessions.join_next() => if joined.is_none() { break },
+                _ = drain.changed() => {}
+                () = &mut expired => {
+                    let ended = self.registry.end_all(DRAIN_EXPIRED);
+                    tracing::warn!(clients = ended, "shutdown_timeout_ms passed: the clients left are disconnected");
+                    let _ = crate::timer::timeout(FAREWELL_LIMIT, async {
+                        while sessions.join_next().await.is_some() {}
+                    })
+                    .await;
+                    break;
+                }
+            }
+        }
+        stop_tx.send_replace(true);
         Ok(())
     }
 
-    /// The drain signal of sessions, monitors and the admin port: `outer` (SIGTERM, a test)
-    /// or SHUTDOWN on the admin console, whichever comes first.
-    fn shutdown_signal(&self, mut outer: watch::Receiver<bool>) -> watch::Receiver<bool> {
-        let (drain, signal) = watch::channel(*outer.borrow());
-        let mut console = self.shutdown_requested.subscribe();
+    /// Follows `outer` (a test's stop, `run`'s caller): true asks for a `WaitForServers` drain.
+    fn follow_outer(self: &Arc<Self>, mut outer: watch::Receiver<bool>) {
+        let proxy = Arc::downgrade(self);
         tokio::spawn(async move {
-            loop {
-                tokio::select! {
-                    changed = outer.changed() => if changed.is_err() || *outer.borrow() { break },
-                    changed = console.changed() => if changed.is_err() || *console.borrow() { break },
-                    _ = drain.closed() => return,
-                }
+            if outer.wait_for(|stop| *stop).await.is_ok()
+                && let Some(proxy) = proxy.upgrade()
+            {
+                proxy.request_drain(Drain::WaitForServers);
             }
-            let _ = drain.send(true);
+        });
+    }
+
+    /// The admin port's stop: serving is over, or a new process took the port over.
+    fn admin_stop(&self, mut shutdown: watch::Receiver<bool>) -> watch::Receiver<bool> {
+        let (stop, signal) = watch::channel(false);
+        let mut handed_over = self.handed_over.subscribe();
+        tokio::spawn(async move {
+            tokio::select! {
+                _ = shutdown.wait_for(|s| *s) => {}
+                _ = handed_over.wait_for(|h| *h) => {}
+                _ = stop.closed() => return,
+            }
+            let _ = stop.send(true);
         });
         signal
     }

@@ -33,6 +33,8 @@ mod patroni;
 mod pooling;
 #[path = "proxy/psql.rs"]
 mod psql;
+#[path = "proxy/restart.rs"]
+mod restart;
 #[path = "proxy/routing.rs"]
 mod routing;
 #[path = "proxy/scopes.rs"]

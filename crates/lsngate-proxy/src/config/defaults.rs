@@ -48,6 +48,9 @@ pub const CLIENT_IDLE_TIMEOUT_MS: u64 = 0;
 pub const SERVER_IDLE_TIMEOUT_MS: u64 = 600_000;
 /// `server_lifetime_ms`: 1 hour.
 pub const SERVER_LIFETIME_MS: u64 = 3_600_000;
+/// `shutdown_timeout_ms`: how long a stopping proxy waits for its clients (PgBouncer waits
+/// without a bound; systemd's default stop timeout is 90 s).
+pub const SHUTDOWN_TIMEOUT_MS: u64 = 30_000;
 /// `max_message_size`: the codec's own ceiling.
 pub const MAX_MESSAGE_SIZE: usize = crate::net::DEFAULT_MAX_MESSAGE_LEN;
 /// `retry_buffer_size`: 1 MiB.
@@ -132,6 +135,7 @@ mod tests {
             ("server_idle_timeout_ms", SERVER_IDLE_TIMEOUT_MS.to_string()),
             ("server_lifetime_ms", SERVER_LIFETIME_MS.to_string()),
             ("max_message_size", MAX_MESSAGE_SIZE.to_string()),
+            ("shutdown_timeout_ms", SHUTDOWN_TIMEOUT_MS.to_string()),
             ("retry_buffer_size", RETRY_BUFFER_SIZE.to_string()),
             ("consistency", Consistency::default().to_string()),
             ("wait_timeout_ms", WAIT_TIMEOUT_MS.to_string()),
@@ -187,7 +191,7 @@ mod tests {
                 checked += 1;
             }
         }
-        assert_eq!(checked, 31, "every flag with a value default is checked");
+        assert_eq!(checked, 32, "every flag with a value default is checked");
     }
 
     /// The README's `### Config file` example, as TOML.
@@ -268,7 +272,7 @@ mod tests {
             }
         }
         assert_eq!(
-            checked, 31,
+            checked, 32,
             "every flag with a value default is in the README's table"
         );
     }

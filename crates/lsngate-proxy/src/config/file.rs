@@ -127,6 +127,16 @@ pub struct FileConfig {
     /// proxy's node set follows; damps a flapping member [default: 3].
     #[arg(long)]
     pub topology_settle_polls: Option<u32>,
+    /// Milliseconds a stopping proxy waits for its clients (SIGTERM, SHUTDOWN, a takeover by a
+    /// new process); past it the clients left get 57P01 and the process exits [default: 30000].
+    #[arg(long)]
+    pub shutdown_timeout_ms: Option<u64>,
+    /// Directory of the proxy's control socket (`lsngate-PORT.PID.sock`, with the link
+    /// `lsngate-PORT.sock` to the one taking new clients): a new process started with --takeover
+    /// takes the listening sockets over through it, and cancel requests reach the process
+    /// owning the session. Without it there is no online restart [default: none].
+    #[arg(long)]
+    pub runtime_dir: Option<PathBuf>,
     /// Admin HTTP address serving /metrics (Prometheus) and /status (JSON) [default: off].
     #[arg(long)]
     pub admin_listen: Option<SocketAddr>,

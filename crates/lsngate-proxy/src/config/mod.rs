@@ -87,6 +87,11 @@ pub enum ConfigError {
     /// The topology keys are unusable.
     #[error("invalid topology settings: {0}")]
     Topology(String),
+    /// --takeover without a runtime_dir to find the serving proxy in.
+    #[error(
+        "--takeover needs runtime_dir (--runtime-dir DIR): the directory where the serving proxy keeps its control socket"
+    )]
+    Takeover,
     /// The TLS certificate or key cannot be used.
     #[error(
         "TLS setup failed: {0}; tls_cert must be a PEM certificate chain and tls_key a PEM private key"
@@ -101,6 +106,11 @@ pub struct ProxyArgs {
     /// TOML config file (see the README for every key); re-read on SIGHUP.
     #[arg(long, env = "LSNGATE_PROXY_CONFIG")]
     pub config: Option<PathBuf>,
+    /// Take the listening sockets over from the proxy serving this port (found through
+    /// runtime_dir), which then stops accepting and exits once its clients have left; without
+    /// one, bind the port as usual.
+    #[arg(long)]
+    pub takeover: bool,
     /// The keys given as flags.
     #[command(flatten)]
     pub flags: FileConfig,
@@ -113,7 +123,11 @@ impl ProxyArgs {
             Some(path) => Config::read_file(path)?,
             None => FileConfig::default(),
         };
-        Config::build(file.overlay(self.flags.clone()))
+        let config = Config::build(file.overlay(self.flags.clone()))?;
+        if self.takeover && config.runtime_dir.is_none() {
+            return Err(ConfigError::Takeover);
+        }
+        Ok(config)
     }
 }
 
@@ -167,6 +181,10 @@ pub struct Config {
     pub server_lifetime: Option<Duration>,
     /// Largest client message.
     pub max_message_size: usize,
+    /// How long a stopping proxy waits for its clients.
+    pub shutdown_timeout: Duration,
+    /// Where the control socket is (online restart, cancel forwarding); None = no control socket.
+    pub runtime_dir: Option<PathBuf>,
     /// Replica reply bytes held back for a transparent 25006 re-run.
     pub retry_buffer_size: usize,
     /// Functions that force the primary.
@@ -287,6 +305,11 @@ impl Config {
                 .max_message_size
                 .unwrap_or(defaults::MAX_MESSAGE_SIZE)
                 .max(1024),
+            shutdown_timeout: Duration::from_millis(
+                file.shutdown_timeout_ms
+                    .unwrap_or(defaults::SHUTDOWN_TIMEOUT_MS),
+            ),
+            runtime_dir: file.runtime_dir.clone(),
             retry_buffer_size: file
                 .retry_buffer_size
                 .unwrap_or(defaults::RETRY_BUFFER_SIZE),

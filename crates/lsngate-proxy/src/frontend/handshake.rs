@@ -370,6 +370,31 @@ async fn forward_cancel(proxy: &Proxy, pid: i32, secret: &[u8]) -> Result<(), Cl
         pid,
         i32::from_be_bytes([secret[0], secret[1], secret[2], secret[3]]),
     );
+    let owner = crate::handover::pid_of_key(pid);
+    let config = proxy.config();
+    match &config.runtime_dir {
+        // A session of another lsngate process on this port (one this process took over from):
+        // its control socket passes the key on.
+        Some(dir) if owner != std::process::id() & crate::handover::PID_MASK => {
+            let (dir, port) = (dir.clone(), config.listen.port());
+            let forwarded = tokio::task::spawn_blocking(move || {
+                crate::handover::forward_cancel(&dir, port, owner, key)
+            })
+            .await;
+            match forwarded {
+                Ok(Ok(true)) => metrics::counter!("lsngate_proxy_cancels_total").increment(1),
+                Ok(Ok(false)) => {}
+                Ok(Err(e)) => tracing::info!(pid = owner, "cancel not forwarded: {e}"),
+                Err(e) => tracing::info!(pid = owner, "cancel not forwarded: {e}"),
+            }
+            Ok(())
+        }
+        _ => cancel_here(proxy, key).await,
+    }
+}
+
+/// Cancels the statement of this process's session with `key`, if one runs on a server.
+pub(crate) async fn cancel_here(proxy: &Proxy, key: (i32, i32)) -> Result<(), ClientError> {
     let Some(target) = proxy.cancel_target(key) else {
         return Ok(());
     };

@@ -313,21 +313,38 @@ impl Session {
         }
         // Armed once, and polled only when it was woken: the drain signal and the admin
         // console's kill switch must not cost on every message.
-        let mut shutdown = self.shutdown.clone();
-        let client = self.client.clone();
-        let mut shutdown_changed = std::pin::pin!(super::woken::WhenWoken::new(async move {
-            let killed = async {
-                match &client {
-                    Some(client) => client.kill.notified().await,
-                    None => std::future::pending().await,
+        // Once the drain signal fired, armed again with the kill switch alone: a drain past
+        // its bound ends sessions that wait for their transaction through it.
+        let arm = |mut shutdown: Option<watch::Receiver<bool>>,
+                   client: Option<Arc<crate::clients::ClientEntry>>| {
+            super::woken::WhenWoken::new(async move {
+                let killed = async {
+                    match &client {
+                        Some(client) => client.kill.notified().await,
+                        None => std::future::pending().await,
+                    }
+                };
+                let shutdown_changed = async {
+                    match shutdown.as_mut() {
+                        Some(shutdown) => {
+                            if shutdown.changed().await.is_err() {
+                                // No sender: no drain to hear of (never a busy loop).
+                                std::future::pending::<()>().await
+                            }
+                        }
+                        None => std::future::pending().await,
+                    }
+                };
+                tokio::select! {
+                    _ = shutdown_changed => false,
+                    _ = killed => true,
                 }
-            };
-            tokio::select! {
-                _ = shutdown.changed() => false,
-                _ = killed => true,
-            }
-        }));
-        let mut shutdown_seen = false;
+            })
+        };
+        let mut shutdown_changed = std::pin::pin!(arm(
+            (!*self.shutdown.borrow()).then(|| self.shutdown.clone()),
+            self.client.clone()
+        ));
         // Read once here and again when the signal fires (the watch's lock costs on every turn).
         let mut draining = *self.shutdown.borrow();
         loop {
@@ -365,7 +382,7 @@ impl Session {
                 biased;
                 filled = async { super::replies::fill_attached(self.backend.as_mut().expect("listening implies attached")).await }, if listening => Event::Backend(filled),
                 incoming = self.io.incoming() => Event::Client(incoming),
-                killed = &mut shutdown_changed, if !draining && !shutdown_seen => if killed { Event::Killed } else { Event::Shutdown },
+                killed = &mut shutdown_changed => if killed { Event::Killed } else { Event::Shutdown },
                 () = idle, if idle_limit.is_some() => Event::Idle,
             };
             match event {
@@ -390,8 +407,9 @@ impl Session {
                     return Err(e.into());
                 }
                 Event::Shutdown => {
-                    shutdown_seen = true;
                     draining = *self.shutdown.borrow();
+                    let shutdown = (!draining).then(|| self.shutdown.clone());
+                    shutdown_changed.set(arm(shutdown, self.client.clone()));
                 }
                 Event::Idle => {
                     // PostgreSQL's own idle timeouts' codes and words; the server connection's
@@ -417,7 +435,10 @@ impl Session {
                     // the connection (the server rolls it back).
                     self.io.queue(&crate::net::backend::build::fatal(
                         sqlstate::ADMIN_SHUTDOWN,
-                        "terminating connection due to a KILL on the lsngate admin console",
+                        self.client.as_ref().map_or(
+                            "terminating connection due to a KILL on the lsngate admin console",
+                            |c| c.kill_message(),
+                        ),
                     ));
                     let _ = self.io.flush().await;
                     return Ok(());

@@ -3,6 +3,8 @@
 //! allowed, and a database name may be double-quoted. Anything else is an error that names the
 //! text and lists the valid commands (what `SHOW HELP` prints).
 
+use crate::proxy::Drain;
+
 /// What `SHOW` shows.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Show {
@@ -87,8 +89,10 @@ pub enum Command {
     KillClient(u64),
     /// `RELOAD`: the config file is read again (as on SIGHUP).
     Reload,
-    /// `SHUTDOWN`: drains and exits (as on SIGTERM).
-    Shutdown,
+    /// `SHUTDOWN [WAIT_FOR_SERVERS]`: stop accepting, close each client once its transaction is
+    /// over, exit (as on SIGTERM); `SHUTDOWN WAIT_FOR_CLIENTS`: stop accepting, exit once every
+    /// client left. Both bounded by `shutdown_timeout_ms`.
+    Shutdown(crate::proxy::Drain),
     /// `SET key = value`.
     Set {
         /// Setting name, lower case.
@@ -116,7 +120,7 @@ impl Command {
             Command::Kill(_) => "KILL",
             Command::KillClient(_) => "KILL_CLIENT",
             Command::Reload => "RELOAD",
-            Command::Shutdown => "SHUTDOWN",
+            Command::Shutdown(_) => "SHUTDOWN",
             Command::Set { .. } => "SET",
         }
     }
@@ -135,7 +139,7 @@ pub const HELP: &[&str] = &[
     "RECONNECT [<db>]",
     "KILL [<db>]",
     "KILL_CLIENT <id>",
-    "SHUTDOWN",
+    "SHUTDOWN [WAIT_FOR_SERVERS|WAIT_FOR_CLIENTS]",
 ];
 
 /// A text that is no command, and why.
@@ -203,11 +207,20 @@ pub fn parse(text: &str) -> Result<Command, CommandError> {
             _ => Err(error("KILL_CLIENT takes a client id from SHOW CLIENTS")),
         },
         "RELOAD" if words.len() == 1 => Ok(Command::Reload),
-        "SHUTDOWN" if words.len() == 1 => Ok(Command::Shutdown),
-        "SHUTDOWN" => Err(error(
-            "SHUTDOWN takes no argument here (WAIT_FOR_SERVERS and WAIT_FOR_CLIENTS are not \
-             supported: SHUTDOWN already lets every open transaction finish)",
-        )),
+        "SHUTDOWN" => match words[..] {
+            [_] => Ok(Command::Shutdown(Drain::WaitForServers)),
+            [_, mode] if mode.eq_ignore_ascii_case("WAIT_FOR_SERVERS") => {
+                Ok(Command::Shutdown(Drain::WaitForServers))
+            }
+            [_, mode] if mode.eq_ignore_ascii_case("WAIT_FOR_CLIENTS") => {
+                Ok(Command::Shutdown(Drain::WaitForClients))
+            }
+            _ => Err(error(
+                "SHUTDOWN takes nothing, WAIT_FOR_SERVERS (the same: each client is closed once \
+                 its transaction is over) or WAIT_FOR_CLIENTS (the proxy exits once every client \
+                 left)",
+            )),
+        },
         "SET" => parse_set(statement).ok_or_else(|| error("expected SET key = value")),
         _ => Err(error(&format!("unknown command {verb}"))),
     }
@@ -294,11 +307,19 @@ mod tests {
             "DISABLE takes one database name"
         );
         assert!(parse("KILL_CLIENT x").is_err() && parse("SET pool_size").is_err());
+        assert_eq!(
+            parse("shutdown wait_for_clients;"),
+            Ok(Command::Shutdown(Drain::WaitForClients))
+        );
+        assert_eq!(
+            parse("SHUTDOWN WAIT_FOR_SERVERS"),
+            parse("SHUTDOWN").map(|_| Command::Shutdown(Drain::WaitForServers))
+        );
         assert!(
-            parse("SHUTDOWN WAIT_FOR_CLIENTS")
+            parse("SHUTDOWN NOW")
                 .unwrap_err()
                 .why
-                .contains("not supported")
+                .starts_with("SHUTDOWN takes nothing, WAIT_FOR_SERVERS")
         );
     }
 }

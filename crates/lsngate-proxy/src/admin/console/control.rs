@@ -1,7 +1,7 @@
 //! The console commands that change things — PAUSE, RESUME, RECONNECT, DISABLE, ENABLE, KILL,
 //! KILL_CLIENT, RELOAD, SHUTDOWN, SET — each carried out by the part of the proxy that owns
 //! the state: the pools (pause, reconnect), the gates (pause, disable), the client registry
-//! (kill), `Proxy::reload` (RELOAD, SET) and the drain signal (SHUTDOWN). Admin users only; the
+//! (kill), `Proxy::reload` (RELOAD, SET) and `Proxy::request_drain` (SHUTDOWN). Admin users only; the
 //! caller checked.
 
 use std::sync::Arc;
@@ -116,8 +116,8 @@ pub async fn run(proxy: &Arc<Proxy>, login: &ConsoleLogin, command: Command) -> 
                 format!("config not reloaded: {e}"),
             ),
         },
-        Command::Shutdown => {
-            proxy.shutdown_requested.send_replace(true);
+        Command::Shutdown(drain) => {
+            proxy.request_drain(drain);
             done("SHUTDOWN")
         }
         Command::Set { key, value } => match settings::set(&proxy.config(), &key, &value) {

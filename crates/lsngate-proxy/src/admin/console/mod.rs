@@ -112,7 +112,7 @@ async fn run(
             _ = login.entry.kill.notified() => {
                 io.queue(&build::fatal(
                     sqlstate::ADMIN_SHUTDOWN,
-                    "terminating connection due to a KILL on the lsngate admin console",
+                    login.entry.kill_message(),
                 ));
                 io.flush().await?;
                 return Ok(());

@@ -247,6 +247,20 @@ pub fn rows(config: &Config) -> Vec<[String; 4]> {
             defaults::MAX_MESSAGE_SIZE.to_string(),
         ),
         (
+            "shutdown_timeout_ms",
+            config.shutdown_timeout.as_millis().to_string(),
+            defaults::SHUTDOWN_TIMEOUT_MS.to_string(),
+        ),
+        (
+            "runtime_dir",
+            config
+                .runtime_dir
+                .as_ref()
+                .map(|d| d.display().to_string())
+                .unwrap_or_default(),
+            String::new(),
+        ),
+        (
             "retry_buffer_size",
             config.retry_buffer_size.to_string(),
             defaults::RETRY_BUFFER_SIZE.to_string(),

@@ -525,11 +525,13 @@ fn version() -> Table {
 fn state(proxy: &Proxy) -> Table {
     let mut table = Table::new(&[("key", T), ("value", T)]);
     let yes = |b: bool| text(if b { "yes" } else { "no" });
-    let draining = *proxy.shutdown_requested.borrow();
+    let drain = proxy.draining();
+    let draining = drain != crate::proxy::Drain::Serving;
     let paused = proxy.nodes.gates.all_paused();
     table.row(vec![text("active"), yes(!paused && !draining)]);
     table.row(vec![text("paused"), yes(paused)]);
     table.row(vec![text("draining"), yes(draining)]);
+    table.row(vec![text("shutdown"), text(drain.name())]);
     table
 }
 
