@@ -88,17 +88,8 @@ impl TakenOver {
 /// when none answers there (no link, or a link left by a process gone) or the one there is
 /// stopping.
 pub fn take_over(dir: &Path, port: u16, timeout: Duration) -> io::Result<Option<TakenOver>> {
-    let mut control = match UnixStream::connect(serving_link(dir, port)) {
-        Ok(stream) => stream,
-        Err(e)
-            if matches!(
-                e.kind(),
-                io::ErrorKind::NotFound | io::ErrorKind::ConnectionRefused
-            ) =>
-        {
-            return Ok(None);
-        }
-        Err(e) => return Err(e),
+    let Some(mut control) = connect_if_there(&serving_link(dir, port))? else {
+        return Ok(None);
     };
     control.set_read_timeout(Some(timeout))?;
     control.write_all(b"TAKEOVER\n")?;
@@ -121,6 +112,23 @@ pub fn take_over(dir: &Path, port: u16, timeout: Duration) -> io::Result<Option<
     Ok(Some(TakenOver { sockets, control }))
 }
 
+/// A connection to the control socket at `path`; None when no process serves it (no socket, or
+/// one left by a process gone).
+fn connect_if_there(path: &Path) -> io::Result<Option<UnixStream>> {
+    match UnixStream::connect(path) {
+        Ok(stream) => Ok(Some(stream)),
+        Err(e)
+            if matches!(
+                e.kind(),
+                io::ErrorKind::NotFound | io::ErrorKind::ConnectionRefused
+            ) =>
+        {
+            Ok(None)
+        }
+        Err(e) => Err(e),
+    }
+}
+
 fn invalid(line: &str) -> io::Error {
     io::Error::new(
         io::ErrorKind::InvalidData,
@@ -130,17 +138,8 @@ fn invalid(line: &str) -> io::Error {
 
 /// Passes a cancel key to process `pid`'s control socket; `Ok(false)` when it has none (gone).
 pub fn forward_cancel(dir: &Path, port: u16, pid: u32, key: (i32, i32)) -> io::Result<bool> {
-    let mut stream = match UnixStream::connect(socket_path(dir, port, pid)) {
-        Ok(stream) => stream,
-        Err(e)
-            if matches!(
-                e.kind(),
-                io::ErrorKind::NotFound | io::ErrorKind::ConnectionRefused
-            ) =>
-        {
-            return Ok(false);
-        }
-        Err(e) => return Err(e),
+    let Some(mut stream) = connect_if_there(&socket_path(dir, port, pid))? else {
+        return Ok(false);
     };
     stream.write_all(format!("CANCEL {} {}\n", key.0, key.1).as_bytes())?;
     Ok(true)
