@@ -251,6 +251,34 @@ fn bench_runs_every_strategy_and_writes_the_documented_json() {
         }
     }
     assert_eq!(by_name("primary").unwrap()["served_by_replica"], 0);
+    // pgpool-II beside it (scripts/install/proxy.sh installs it): `always` sends every read after
+    // the session's first write to the primary, so it is never stale and never uses a replica;
+    // `transaction` load-balances the next transaction's read to the standby. `dml_adaptive`
+    // either runs or is skipped with pgpool's own error (its "kind mismatch among backends").
+    let always = by_name("pgpool-always").expect("a pgpool-always row");
+    assert_eq!(
+        (
+            always["stale"].as_u64(),
+            always["served_by_replica"].as_u64()
+        ),
+        (Some(0), Some(0)),
+        "{always}"
+    );
+    let transaction = by_name("pgpool-transaction").expect("a pgpool-transaction row");
+    assert!(
+        transaction["served_by_replica"].as_u64() > Some(0),
+        "{transaction}"
+    );
+    assert!(by_name("pgpool-delay_threshold").is_some(), "{results:?}");
+    let skipped = doc["skipped"].as_array().unwrap();
+    assert!(
+        by_name("pgpool-dml_adaptive").is_some()
+            || skipped
+                .iter()
+                .any(|s| s["strategy"] == "pgpool-dml_adaptive"
+                    && s["reason"].as_str().unwrap().starts_with("pgpool-II: ")),
+        "pgpool-dml_adaptive: neither a row nor a reason: {skipped:?}"
+    );
     // Through the proxy every read is served by a replica or falls back to the primary, and the
     // proxy's own outcome counts come with the row.
     for name in [

@@ -7,6 +7,7 @@
 //! and the read-load experiment (reads on a replica stretch its replay).
 
 mod chart;
+mod pgpool;
 mod profile;
 mod proxy;
 mod read_load;
@@ -139,6 +140,32 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
     };
     for strategy in &runnable {
         let label = strategy.to_string();
+        if let Strategy::Pgpool(mode) = strategy {
+            let bar = progress(&args, &label, plan.ops);
+            match pgpool_row(*mode, &target, &mut sessions, plan, &bar).await {
+                Ok((samples, standby_selects)) => {
+                    bar.finish_and_clear();
+                    let mut row = report::summarize(&label, &samples);
+                    row.served_by_replica = standby_selects.min(row.ops);
+                    chart_series.push(chart::Series {
+                        label: format!("{label}: {}/{} stale", row.stale, row.ops),
+                        latencies_ms: samples
+                            .iter()
+                            .map(|s| s.read_path.as_secs_f64() * 1e3)
+                            .collect(),
+                    });
+                    results.push(row);
+                }
+                Err(e) => {
+                    bar.finish_and_clear();
+                    skipped.push(Skipped {
+                        strategy: label,
+                        reason: format!("pgpool-II: {e:#}"),
+                    });
+                }
+            }
+            continue;
+        }
         let bar = progress(&args, &label, plan.ops);
         let proxy = match (&proxy_setup, strategy.uses_proxy()) {
             (Some(setup), true) => Some(attach_proxy(setup, &mut sessions).await?),
@@ -215,6 +242,63 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// One `pgpool-<setting>` row: pgpool-II started for it, each worker on its own pgpool
+/// connection, warmed up first; the samples and how many of the row's reads pgpool's standbys
+/// served (its `select_cnt`, counted after the warm-up).
+async fn pgpool_row(
+    mode: pgpool::PgpoolMode,
+    target: &Target,
+    sessions: &mut [Session],
+    plan: Plan,
+    bar: &ProgressBar,
+) -> anyhow::Result<(Vec<workload::Sample>, usize)> {
+    let backend = |url: &str| -> anyhow::Result<pgpool::Backend> {
+        let config: tokio_postgres::Config = url.parse()?;
+        let host = match config.get_hosts().first() {
+            Some(tokio_postgres::config::Host::Tcp(host)) => host.clone(),
+            _ => anyhow::bail!("{url}: pgpool-II needs a TCP host"),
+        };
+        let port = config.get_ports().first().copied().unwrap_or(5432);
+        Ok(pgpool::Backend { host, port })
+    };
+    let replicas = target
+        .replica_urls()
+        .iter()
+        .map(|u| backend(u))
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    let primary = backend(target.primary_url())?;
+    let pgpool = pgpool::Pgpool::start(
+        mode,
+        target.primary_url(),
+        &primary,
+        &replicas,
+        sessions.len(),
+    )
+    .await?;
+    for session in sessions.iter_mut() {
+        session.pgpool = Some(pgpool.client().await?);
+    }
+    let strategy = Strategy::Pgpool(mode);
+    let warmup = Plan { ops: 0, ..plan };
+    let measured = Plan {
+        warmup_per_worker: 0,
+        ..plan
+    };
+    let result = async {
+        workload::run(&strategy, sessions, warmup, bar).await?;
+        let before = pgpool.standby_selects().await?;
+        let samples = workload::run(&strategy, sessions, measured, bar).await?;
+        let served = pgpool.standby_selects().await?.saturating_sub(before);
+        anyhow::Ok((samples, served as usize))
+    }
+    .await;
+    for session in sessions.iter_mut() {
+        session.pgpool = None;
+    }
+    drop(pgpool);
+    result
+}
+
 fn default_strategies() -> Vec<Strategy> {
     vec![
         Strategy::Primary,
@@ -230,6 +314,10 @@ fn default_strategies() -> Vec<Strategy> {
         Strategy::ProxyScope,
         Strategy::ProxyGlobal,
         Strategy::Floor,
+        Strategy::Pgpool(pgpool::PgpoolMode::Transaction),
+        Strategy::Pgpool(pgpool::PgpoolMode::Always),
+        Strategy::Pgpool(pgpool::PgpoolMode::DmlAdaptive),
+        Strategy::Pgpool(pgpool::PgpoolMode::DelayThreshold),
     ]
 }
 

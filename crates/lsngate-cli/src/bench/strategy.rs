@@ -11,6 +11,7 @@ use lsngate_core::probe::INSERT_POSITION_SQL;
 use lsngate_core::{Lsn, Verdict};
 use tokio_postgres::{Client, SimpleQueryMessage, Statement};
 
+use super::pgpool::{PgpoolClient, PgpoolMode};
 use super::proxy::ProxyClients;
 
 /// One strategy, as named on the command line.
@@ -50,6 +51,9 @@ pub enum Strategy {
     /// and again until it is there. Its read p50 is how long after COMMIT returned the replica
     /// first shows the row — the floor every exact strategy is measured against.
     Floor,
+    /// pgpool-II with load balancing and one of its read-your-writes settings: write, then read
+    /// on the same pgpool connection.
+    Pgpool(PgpoolMode),
 }
 
 impl std::str::FromStr for Strategy {
@@ -70,6 +74,17 @@ impl std::str::FromStr for Strategy {
             "floor" => Strategy::Floor,
             other => match other.strip_prefix("sleep:") {
                 Some(delay) => Strategy::Sleep(crate::duration::parse(delay)?),
+                None if other.starts_with("pgpool-") => {
+                    match PgpoolMode::parse(&other["pgpool-".len()..]) {
+                        Some(mode) => Strategy::Pgpool(mode),
+                        None => {
+                            return Err(format!(
+                                "unknown pgpool setting {other:?}; expected pgpool-transaction, \
+                                 pgpool-always, pgpool-dml_adaptive or pgpool-delay_threshold"
+                            ));
+                        }
+                    }
+                }
                 None => {
                     return Err(format!(
                         "unknown strategy {other:?}; expected one of: {}",
@@ -97,12 +112,13 @@ impl std::fmt::Display for Strategy {
             Strategy::ProxyScope => write!(f, "proxy-scope"),
             Strategy::ProxyGlobal => write!(f, "proxy-global"),
             Strategy::Floor => write!(f, "floor"),
+            Strategy::Pgpool(mode) => write!(f, "pgpool-{}", mode.name()),
         }
     }
 }
 
 impl Strategy {
-    pub const NAMES: &'static str = "primary, replica, sleep:<ms>, sync-on, remote-apply, waitfor, poll, lsngate, proxy-session, proxy-token, proxy-scope, proxy-global, floor";
+    pub const NAMES: &'static str = "primary, replica, sleep:<ms>, sync-on, remote-apply, waitfor, poll, lsngate, proxy-session, proxy-token, proxy-scope, proxy-global, floor, pgpool-transaction, pgpool-always, pgpool-dml_adaptive, pgpool-delay_threshold";
 
     /// The `synchronous_commit` a worker's primary session uses for this strategy's writes.
     /// `local` keeps the others as fast as plain asynchronous replication when the cluster has a
@@ -144,6 +160,8 @@ pub struct Session {
     pub replicas: Vec<Client>,
     /// Connections through the lsngate proxy, while a proxy strategy runs.
     pub proxy: Option<ProxyClients>,
+    /// The worker's pgpool-II connection, while a pgpool strategy runs.
+    pub pgpool: Option<PgpoolClient>,
     insert: Statement,
     read_primary: Statement,
     read_replica: Vec<Statement>,
@@ -176,9 +194,17 @@ impl Session {
             primary,
             replicas,
             proxy: None,
+            pgpool: None,
             read_replica,
             replayed,
         })
+    }
+
+    /// The worker's pgpool connection; an error when pgpool was not started.
+    fn pgpool(&self) -> anyhow::Result<&PgpoolClient> {
+        self.pgpool
+            .as_ref()
+            .ok_or_else(|| anyhow::anyhow!("no pgpool connection: pgpool-II was not started"))
     }
 
     /// The worker's proxy connections; an error when the proxy was not started.
@@ -301,6 +327,7 @@ pub async fn write(
         Strategy::ProxyToken => session.proxy()?.token_insert(payload).await?,
         Strategy::ProxyScope => session.proxy()?.scope_insert(payload).await?,
         Strategy::ProxyGlobal => session.proxy()?.global_insert(payload).await?,
+        Strategy::Pgpool(_) => session.pgpool()?.insert(payload).await?,
         _ => session.insert(payload).await?,
     };
     Ok((id, None))
@@ -338,6 +365,15 @@ pub async fn read_back(
         fallback: true,
     };
     Ok(match strategy {
+        Strategy::Pgpool(_) => {
+            // pgpool does not tell who served a read: counted from its SHOW pool_nodes instead.
+            let seen = session.pgpool()?.read(id).await?;
+            ReadResult {
+                stale: seen.as_deref() != Some(payload),
+                served_by_replica: false,
+                fallback: false,
+            }
+        }
         Strategy::Primary => {
             let seen = session.read_primary(id).await?;
             ReadResult {
