@@ -33,7 +33,8 @@ enum Command {
     /// Measure stale reads and read latency per strategy, side by side, on one cluster.
     Bench(bench::BenchArgs),
     /// Check read-your-writes, monotonic reads and write durability through a proxy or the
-    /// library, under faults, from a recorded history (exit status 1 on any violation).
+    /// library, under faults, from a recorded history (exit status 1 on any violation, 2 when
+    /// the run could not be done).
     Verify(verify::VerifyArgs),
     /// Explain where each replica's lag comes from (network/disk, replay, conflicts); with
     /// --advise, recommend a wait budget from the lag measured.
@@ -69,11 +70,17 @@ fn main() -> anyhow::Result<()> {
         Command::Bench(args) => runtime()?.block_on(bench::run(args)),
         Command::Lag(args) => runtime()?.block_on(lag::run(args)),
         Command::Verify(args) => {
-            // The cluster and the proxy are gone by the time run returns.
-            if !runtime()?.block_on(verify::run(args))? {
-                std::process::exit(1);
+            // The cluster and the proxy are gone by the time run returns. Exit status 1 means
+            // the history holds a violation; 2 that the run itself could not be done, so a
+            // script never reads a broken run as a checked one (or the other way round).
+            match runtime()?.block_on(verify::run(args)) {
+                Ok(true) => Ok(()),
+                Ok(false) => std::process::exit(1),
+                Err(error) => {
+                    eprintln!("Error: {error:?}");
+                    std::process::exit(2);
+                }
             }
-            Ok(())
         }
         Command::Proxy(args) => lsngate_proxy::main(*args),
         Command::Config(ConfigCommand::Import { file }) => import_pgbouncer(&file),

@@ -556,7 +556,8 @@ fn verify_refuses_faults_on_a_deployment_it_does_not_own() {
         "--faults",
         "kill",
     ]);
-    assert_eq!(output.status.code(), Some(1));
+    // 2, not 1: nothing was checked, so this must not read as a violation found.
+    assert_eq!(output.status.code(), Some(2));
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(
         stderr.contains("--faults needs the local cluster"),
@@ -673,7 +674,7 @@ fn verify_self_test_catches_eventual_library_reads_on_a_delayed_replica() {
 fn verify_the_library_refuses_global_mode_and_faults_on_a_deployment_it_does_not_own() {
     // Refused before anything starts: no cluster, no connection.
     let output = lsngate_status(&["verify", "--library", "--mode", "global"]);
-    assert_eq!(output.status.code(), Some(1));
+    assert_eq!(output.status.code(), Some(2));
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(
         stderr.contains("--mode global") && stderr.contains("no gate-wide commit floor"),
@@ -681,7 +682,7 @@ fn verify_the_library_refuses_global_mode_and_faults_on_a_deployment_it_does_not
     );
     assert!(stderr.contains("--mode universal"), "the fix: {stderr}");
     let output = lsngate_status(&["verify", "--library", "--faults", "pause,failover"]);
-    assert_eq!(output.status.code(), Some(1));
+    assert_eq!(output.status.code(), Some(2));
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(
         stderr.contains("fixed primary URL") && stderr.contains("drop --library"),
@@ -696,7 +697,7 @@ fn verify_the_library_refuses_global_mode_and_faults_on_a_deployment_it_does_not
         "--faults",
         "kill",
     ]);
-    assert_eq!(output.status.code(), Some(1));
+    assert_eq!(output.status.code(), Some(2));
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(
         stderr.contains("--faults needs the local cluster") && stderr.contains("--primary"),
@@ -850,7 +851,7 @@ echo "hook did $1 $2"
         "--fault-period",
         "1s",
     ]);
-    assert_eq!(output.status.code(), Some(1));
+    assert_eq!(output.status.code(), Some(2));
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(
         stderr.contains("inject delay") && stderr.contains("unknown fault delay"),
@@ -858,7 +859,7 @@ echo "hook did $1 $2"
     );
     // And a hook without faults, or on the local cluster, is refused before anything starts.
     let output = lsngate_status(&["verify", "--fault-hook", hook.to_str().unwrap()]);
-    assert_eq!(output.status.code(), Some(1));
+    assert_eq!(output.status.code(), Some(2));
     assert!(
         String::from_utf8_lossy(&output.stderr).contains("--fault-hook is for hosts you control"),
         "{output:?}"

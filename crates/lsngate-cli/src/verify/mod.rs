@@ -4,7 +4,8 @@
 //! library's `Gate` (over URLs it is given, or over the local cluster) — a seeded schedule
 //! injects faults into the local cluster's replicas, every operation goes into a history, and
 //! the checker says whether any read was stale or went back in time, whether any acknowledged
-//! write was lost or applied twice, and whether anything hung. Exit status 1 on any violation.
+//! write was lost or applied twice, and whether anything hung. Exit status 1 on any violation,
+//! 2 when the run itself could not be done.
 //!
 //! The pieces: [`workload`] (the clients), [`client`] (how they reach the target:
 //! [`proxy_client`], [`library_client`]), [`faults`] (the schedule), [`history`] (the records and
