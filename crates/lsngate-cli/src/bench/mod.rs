@@ -147,13 +147,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
                     bar.finish_and_clear();
                     let mut row = report::summarize(&label, &samples);
                     row.served_by_replica = standby_selects.min(row.ops);
-                    chart_series.push(chart::Series {
-                        label: format!("{label}: {}/{} stale", row.stale, row.ops),
-                        latencies_ms: samples
-                            .iter()
-                            .map(|s| s.read_path.as_secs_f64() * 1e3)
-                            .collect(),
-                    });
+                    chart_series.push(read_path_series(&row, &samples));
                     results.push(row);
                 }
                 Err(e) => {
@@ -181,13 +175,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
             }
             proxy.shutdown().await?;
         }
-        chart_series.push(chart::Series {
-            label: format!("{label}: {}/{} stale", row.stale, row.ops),
-            latencies_ms: samples
-                .iter()
-                .map(|s| s.read_path.as_secs_f64() * 1e3)
-                .collect(),
-        });
+        chart_series.push(read_path_series(&row, &samples));
         results.push(row);
     }
     report::print_results(&results);
@@ -297,6 +285,17 @@ async fn pgpool_row(
     }
     drop(pgpool);
     result
+}
+
+/// A row's read-path latencies for the chart, labelled with its stale count.
+fn read_path_series(row: &report::ResultRow, samples: &[workload::Sample]) -> chart::Series {
+    chart::Series {
+        label: format!("{}: {}/{} stale", row.strategy, row.stale, row.ops),
+        latencies_ms: samples
+            .iter()
+            .map(|s| s.read_path.as_secs_f64() * 1e3)
+            .collect(),
+    }
 }
 
 fn default_strategies() -> Vec<Strategy> {
