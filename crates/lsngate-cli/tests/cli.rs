@@ -367,6 +367,58 @@ fn bench_runs_every_strategy_and_writes_the_documented_json() {
     );
 }
 
+/// `bench --profile` measures every path and reads what the library adds over the same
+/// statements pipelined on a connection of its own (the rows and the two "over" lines).
+#[test]
+fn bench_profile_takes_the_library_paths_apart() {
+    let output = lsngate(&["bench", "--profile", "--ops", "40", "--quiet"]);
+    let table = String::from_utf8_lossy(&output.stdout);
+    // The default strategies configure a synchronous standby: the plain insert must not wait
+    // for it while the library's writes do not.
+    assert!(
+        table.contains("Every write path commits with synchronous_commit = local."),
+        "{table}"
+    );
+    for path in [
+        "insert (own connection)",
+        "insert, then position (2 round trips)",
+        "insert + position, pipelined (own connection)",
+        "library write_returning",
+        "replica read (own connection)",
+        "replica read + replay position, pipelined",
+        "library read, no token",
+    ] {
+        let line = table
+            .lines()
+            .find(|l| l.contains(&format!(" {path} ")))
+            .unwrap_or_else(|| panic!("no row for {path}: {table}"));
+        let p50: f64 = line
+            .split('┆')
+            .nth(2)
+            .and_then(|c| c.trim().strip_suffix("ms"))
+            .and_then(|c| c.parse().ok())
+            .unwrap_or_else(|| panic!("no p50 in {line:?}"));
+        assert!(p50 > 0.0, "{line}");
+    }
+    // The library's read after a token is one path counted in two rows, known or proved.
+    let rounds = |path: &str| -> usize {
+        let line = table.lines().find(|l| l.contains(path)).unwrap();
+        line.split('┆').nth(1).unwrap().trim().parse().unwrap()
+    };
+    assert_eq!(
+        rounds("library read after a token, known replayed")
+            + rounds("library read after a token, proved in flight"),
+        40,
+        "{table}"
+    );
+    assert!(
+        table.lines().any(|l| l
+            .starts_with("library write_returning over insert + position, pipelined")
+            && l.contains(" µs (")),
+        "no line for the library's write over the pipelined pair: {table}"
+    );
+}
+
 #[test]
 fn bench_against_an_existing_cluster_says_what_it_cannot_run() {
     let cluster = Cluster::start(&ClusterConfig::default().replicas(1)).unwrap();

@@ -186,10 +186,21 @@ fn settle(
     })
 }
 
-/// What [`read_behind`] returns: the answer to `before`, the read's rows and the position
-/// trailing them.
+/// What runs before the read in [`read_behind`].
+enum Before<'a> {
+    /// `WAIT FOR LSN ...` (a literal position: sent as a simple query, parsed each time).
+    Wait(&'a str),
+    /// [`REPLAY_SQL`], prepared once per connection like the trailing position.
+    Check,
+}
+
+/// The first row of an answer as owned text columns (`None` for NULL); empty without a row.
+type Columns = Vec<Option<String>>;
+
+/// What [`read_behind`] returns: the answer to the statement before the read, the read's rows
+/// and the position trailing them.
 type BehindResult = (
-    Result<Vec<SimpleQueryMessage>, tokio_postgres::Error>,
+    Result<Columns, tokio_postgres::Error>,
     Result<Vec<Row>, tokio_postgres::Error>,
     Option<Lsn>,
 );
@@ -198,17 +209,31 @@ type BehindResult = (
 /// Fails only when the position statement cannot be prepared (once per connection).
 async fn read_behind(
     conn: &mut Conn,
-    before: &str,
+    before: Before<'_>,
     sql: &str,
     params: Params<'_>,
 ) -> Result<BehindResult, tokio_postgres::Error> {
     prepare(conn, REPLAY_SQL).await?;
-    let trailing = conn.cached(REPLAY_SQL).expect("prepared above");
+    let replay = conn.cached(REPLAY_SQL).expect("prepared above");
     let cached = conn.cached(sql);
     let client = &conn.client;
+    // Each request leaves when its future is first polled: `join!` polls the statement before
+    // the read first, so the server runs it first.
+    let answer = async {
+        match before {
+            Before::Wait(wait) => client
+                .simple_query(wait)
+                .await
+                .map(|messages| owned(columns(&messages))),
+            Before::Check => client
+                .query(&replay, &[])
+                .await
+                .map(|rows| owned(rows.first().map(row_columns))),
+        }
+    };
     let (answer, (rows, position, fresh)) = join!(
-        client.simple_query(before),
-        read_then_position(client, cached, sql, params, &trailing)
+        answer,
+        read_then_position(client, cached, sql, params, &replay)
     );
     if let Some(statement) = fresh {
         conn.remember(sql, statement);
@@ -221,6 +246,17 @@ async fn read_behind(
     Ok((answer, rows, seen.replayed))
 }
 
+fn owned(row: Option<Vec<Option<&str>>>) -> Columns {
+    row.unwrap_or_default()
+        .into_iter()
+        .map(|c| c.map(str::to_string))
+        .collect()
+}
+
+fn borrowed(row: &Columns) -> Vec<Option<&str>> {
+    row.iter().map(Option::as_deref).collect()
+}
+
 /// PostgreSQL ≥ 19: `WAIT FOR LSN` + read + position in one flight. The read's rows are only
 /// fresh when the wait said `success`; otherwise they are returned for the stale policy.
 pub(crate) async fn wait_for_then_read(
@@ -231,9 +267,9 @@ pub(crate) async fn wait_for_then_read(
     params: Params<'_>,
 ) -> Result<Answer, tokio_postgres::Error> {
     let wait = probe::wait_for_sql(floor, timeout);
-    let (status, rows, seen) = read_behind(conn, &wait, sql, params).await?;
+    let (status, rows, seen) = read_behind(conn, Before::Wait(&wait), sql, params).await?;
     let status = status?;
-    let verdict = match Verdict::of_wait(first_row(&status).and_then(|r| r.get(0))) {
+    let verdict = match Verdict::of_wait(status.first().and_then(Option::as_deref)) {
         Verdict::NotYet { .. } => Verdict::NotYet { replayed: seen },
         verdict => verdict,
     };
@@ -242,7 +278,8 @@ pub(crate) async fn wait_for_then_read(
 
 /// PostgreSQL ≤ 18: check replay + read + position in one flight; if the check fails, poll
 /// with backoff until `deadline`, then read again (replay only moves forward on a running
-/// server, so a true check stays true for the following statement).
+/// server, so a true check stays true for the following statement). The check is the prepared
+/// [`REPLAY_SQL`]: bound and executed, never parsed or planned again.
 pub(crate) async fn poll_then_read(
     conn: &mut Conn,
     floor: Lsn,
@@ -250,13 +287,14 @@ pub(crate) async fn poll_then_read(
     sql: &str,
     params: Params<'_>,
 ) -> Result<Answer, tokio_postgres::Error> {
-    let (check, rows, seen) = read_behind(conn, REPLAY_SQL, sql, params).await?;
-    let check = replica_position(&check?);
+    let (check, rows, seen) = read_behind(conn, Before::Check, sql, params).await?;
+    let check = Replay::from_row(&borrowed(&check?));
     let first = Verdict::of_replay(check, floor);
     if !matches!(first, Verdict::NotYet { .. }) {
         return settle(rows, seen, first);
     }
     let replayed = check.replayed;
+    let replay = conn.cached(REPLAY_SQL).expect("prepared by read_behind");
     let mut backoff = lsngate_core::pace::ReplayBackoff::default();
     loop {
         let now = Instant::now();
@@ -264,7 +302,11 @@ pub(crate) async fn poll_then_read(
             return settle(rows, seen, Verdict::NotYet { replayed });
         }
         tokio::time::sleep(backoff.next_pause(deadline - now)).await;
-        let check = replica_position(&conn.client.simple_query(REPLAY_SQL).await?);
+        let answer = conn.client.query(&replay, &[]).await?;
+        let check = answer
+            .first()
+            .map(|row| Replay::from_row(&row_columns(row)))
+            .unwrap_or_default();
         match Verdict::of_replay(check, floor) {
             Verdict::Passed => return read(conn, sql, params, false).await,
             Verdict::NotInRecovery => return settle(rows, seen, Verdict::NotInRecovery),
@@ -289,13 +331,6 @@ fn row_columns(row: &Row) -> Vec<Option<&str>> {
 pub(crate) fn columns(messages: &[SimpleQueryMessage]) -> Option<Vec<Option<&str>>> {
     let row = first_row(messages)?;
     Some((0..row.len()).map(|i| row.get(i)).collect())
-}
-
-/// [`REPLAY_SQL`]'s answer (all unknown without a row).
-pub(crate) fn replica_position(messages: &[SimpleQueryMessage]) -> Replay {
-    columns(messages)
-        .map(|row| Replay::from_row(&row))
-        .unwrap_or_default()
 }
 
 /// [`COMMIT_POSITION_SQL`]'s answer.

@@ -7,7 +7,7 @@
 
 use std::time::{Duration, Instant};
 
-use lsngate_core::probe::INSERT_POSITION_SQL;
+use lsngate_core::probe::{INSERT_POSITION_SQL, REPLAY_SQL};
 use lsngate_core::{Lsn, Verdict};
 use tokio_postgres::{Client, SimpleQueryMessage, Statement};
 
@@ -167,6 +167,8 @@ pub struct Session {
     read_replica: Vec<Statement>,
     current_lsn: Statement,
     replayed: Vec<Statement>,
+    /// `lsngate_core::probe::REPLAY_SQL`, prepared on each replica connection.
+    replay_position: Vec<Statement>,
 }
 
 pub const INSERT: &str = "INSERT INTO lsngate_bench (payload) VALUES ($1) RETURNING id";
@@ -182,9 +184,11 @@ impl Session {
     ) -> anyhow::Result<Session> {
         let mut read_replica = Vec::new();
         let mut replayed = Vec::new();
+        let mut replay_position = Vec::new();
         for replica in &replicas {
             read_replica.push(replica.prepare(READ).await?);
             replayed.push(replica.prepare(REPLAYED).await?);
+            replay_position.push(replica.prepare(REPLAY_SQL).await?);
         }
         Ok(Session {
             gate,
@@ -197,6 +201,7 @@ impl Session {
             pgpool: None,
             read_replica,
             replayed,
+            replay_position,
         })
     }
 
@@ -212,6 +217,15 @@ impl Session {
         self.proxy
             .as_ref()
             .ok_or_else(|| anyhow::anyhow!("no proxy connections: the proxy was not started"))
+    }
+
+    /// The primary connection's `synchronous_commit`.
+    pub async fn synchronous_commit(&self) -> anyhow::Result<String> {
+        Ok(self
+            .primary
+            .query_one("SHOW synchronous_commit", &[])
+            .await?
+            .get(0))
     }
 
     pub async fn set_synchronous_commit(&self, value: &str) -> anyhow::Result<()> {
@@ -239,6 +253,22 @@ impl Session {
             .query_opt(&self.read_replica[replica], &[&id])
             .await?;
         Ok(row.map(|r| r.get(0)))
+    }
+
+    /// The plain replica read and the replay position after it, sent together on the worker's
+    /// own replica connection, as the library reads (the same two statements in one flight):
+    /// what the library's trailing position costs without the library around it.
+    pub async fn read_replica_with_position(
+        &self,
+        replica: usize,
+        id: i64,
+    ) -> anyhow::Result<(Option<String>, String)> {
+        let params: [&(dyn tokio_postgres::types::ToSql + Sync); 1] = [&id];
+        let (row, position) = tokio::join!(
+            self.replicas[replica].query_opt(&self.read_replica[replica], &params),
+            self.replicas[replica].query_one(&self.replay_position[replica], &[])
+        );
+        Ok((row?.map(|r| r.get(0)), position?.get(1)))
     }
 
     /// The plain insert and the position query sent together on the worker's own primary
