@@ -1393,11 +1393,7 @@ fn proxy_subcommand_splits_reads_passes_verify_and_stops_cleanly_on_sigterm() {
 
 /// A free loopback port.
 fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    lsngate_cluster::free_port().unwrap()
 }
 
 /// `SELECT <sql>` through psql as `user` with `password` on 127.0.0.1:`port`, retried for up to

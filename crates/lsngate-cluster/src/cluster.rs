@@ -542,8 +542,11 @@ fn on_off(on: bool) -> &'static str {
     if on { "on" } else { "off" }
 }
 
-/// A port free on 127.0.0.1 right now, never handed out twice by this process.
-pub(crate) fn free_port() -> Result<u16, Error> {
+/// A port free on 127.0.0.1 right now, never handed out twice by this process — also not to
+/// the kit's own servers: a test that picks a port for a process of its own through this cannot
+/// collide with a server another test in the same binary starts meanwhile (a port bound and
+/// released with `bind(":0")` is free for a moment, and once was taken so).
+pub fn free_port() -> Result<u16, Error> {
     static GIVEN: Mutex<Vec<u16>> = Mutex::new(Vec::new());
     let mut given = GIVEN.lock().unwrap_or_else(|e| e.into_inner());
     for _ in 0..50 {

@@ -29,7 +29,7 @@ use std::path::PathBuf;
 use std::sync::OnceLock;
 use std::time::Duration;
 
-pub use cluster::{Cluster, ClusterConfig, MANIFEST, Manifest, SyncMode};
+pub use cluster::{Cluster, ClusterConfig, MANIFEST, Manifest, SyncMode, free_port};
 pub use dir::default_cluster_dir;
 pub use forwarder::{Fault, Forwarder};
 pub use node::{Node, NodeSpec};

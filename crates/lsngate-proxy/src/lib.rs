@@ -153,7 +153,9 @@ pub async fn run_cli(args: ProxyArgs, config: Config) -> anyhow::Result<()> {
     };
     tracing::info!(listen = %config.listen, nodes = config.nodes.len(), "lsngate proxy listening");
     let proxy = Proxy::new(config);
-    *proxy.admin_socket.lock().expect("admin socket lock") = admin_socket;
+    if let Some(socket) = admin_socket {
+        proxy.adopt_admin_listener(socket);
+    }
     proxy.set_reload_source(Box::new(move || args.load()));
     let mut hangup = signal(SignalKind::hangup())?;
     let mut terminate = signal(SignalKind::terminate())?;

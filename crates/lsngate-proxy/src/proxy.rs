@@ -148,6 +148,14 @@ impl Proxy {
         })
     }
 
+    /// Serves the admin port on `listener`, already bound (to the config's `admin_listen`),
+    /// instead of binding that address when [`Proxy::serve`] starts: the socket a previous
+    /// process handed over, or one an embedding program bound itself so that no other process
+    /// can take the port between choosing it and serving it.
+    pub fn adopt_admin_listener(&self, listener: std::net::TcpListener) {
+        *self.admin_socket.lock().expect("admin socket lock") = Some(listener);
+    }
+
     /// Sets where [`Proxy::reload_from_source`] reads the config (the CLI's file and flags).
     pub fn set_reload_source(&self, source: ReloadFn) {
         *self.reload_source.lock().expect("reload lock") = Some(ReloadSource(source));

@@ -118,11 +118,7 @@ async fn redis_store_merges_by_max_expires_and_survives_a_layer_round_trip() {
 
 #[tokio::test]
 async fn unreachable_redis_is_an_error_naming_the_fix() {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let port = lsngate_cluster::free_port().unwrap();
     let error = RedisTokenStore::connect(&format!("redis://127.0.0.1:{port}/0"))
         .await
         .unwrap_err();

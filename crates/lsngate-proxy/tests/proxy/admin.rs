@@ -599,11 +599,7 @@ fn control_commands_run_from_psql() {
 fn reload_applies_a_changed_pool_size() {
     let cluster = shared_cluster();
     let dir = tempfile::tempdir().unwrap();
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let port = lsngate_cluster::free_port().unwrap();
     let config_path = dir.path().join("lsngate.toml");
     let write_config = |pool_size: usize| {
         let text = format!(

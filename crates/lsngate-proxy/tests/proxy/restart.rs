@@ -25,11 +25,7 @@ fn threaded() -> tokio::runtime::Runtime {
 
 /// A free TCP port on the loopback.
 fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    lsngate_cluster::free_port().unwrap()
 }
 
 /// A config file for a proxy on `port` with its control socket in `runtime`: one login `app`

@@ -31,11 +31,7 @@ fn login(port: u16, user: &str, password: &str) -> bool {
 fn sighup_reloads_users_and_sigterm_exits_cleanly() {
     let cluster = shared_cluster();
     let dir = tempfile::tempdir().unwrap();
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let port = lsngate_cluster::free_port().unwrap();
     let config_path = dir.path().join("lsngate.toml");
     let write_config = |users: &[(&str, &str)]| {
         let mut text = format!(

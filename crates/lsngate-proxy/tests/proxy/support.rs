@@ -46,11 +46,14 @@ impl TestProxy {
         let admin_listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let addr = std_listener.local_addr().unwrap();
         let admin = admin_listener.local_addr().unwrap();
-        drop(admin_listener);
         config.listen = addr;
         config.admin_listen = Some(admin);
         std_listener.set_nonblocking(true).unwrap();
         let proxy = Proxy::new(config);
+        // Served as bound: dropped and bound again by the proxy, the port was free for a
+        // moment, and a test server started in parallel could take it — then `/status`
+        // reached PostgreSQL, which reset the connection ("connection reset by peer").
+        proxy.adopt_admin_listener(admin_listener);
         let (stop, stop_rx) = watch::channel(false);
         let serving = Arc::clone(&proxy);
         let thread = std::thread::spawn(move || {
