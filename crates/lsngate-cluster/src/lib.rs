@@ -2,8 +2,9 @@
 //! 127.0.0.1. A product crate first: the `lsngate cluster` command and `lsngate bench` ship it;
 //! every test in the workspace runs against its servers too, and its fault helpers (pause
 //! replay, SIGSTOP, kill, promote, the `Forwarder` that delays, resets or blackholes a
-//! connection) serve both. Never a mock: every helper here starts, stops, pauses or promotes an
-//! actual server. (It was `lsngate-testkit` until 2026-12-04.)
+//! connection) serve both, and so does [`Pgpool`], the one place that knows how to run
+//! pgpool-II for the comparisons that put it beside lsngate. Never a mock: every helper here
+//! starts, stops, pauses or promotes an actual server. (It was `lsngate-testkit` until 2026-12-04.)
 //!
 //! ```no_run
 //! use lsngate_cluster::{Cluster, ClusterConfig};
