@@ -466,6 +466,49 @@ fn bench_against_an_existing_cluster_says_what_it_cannot_run() {
     }
 }
 
+/// The pgpool rows on a cluster the bench does not own: pgpool-II, started by the test kit,
+/// reaches the given primary and replica by their URLs; `always` never reads a replica after the
+/// session's write, so it is never stale.
+#[test]
+fn bench_pgpool_rows_run_against_an_existing_cluster() {
+    let cluster = Cluster::start(&ClusterConfig::default().replicas(1)).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("bench.json");
+    let output = lsngate(&[
+        "bench",
+        "--primary",
+        &cluster.primary_url(),
+        "--replica",
+        &cluster.replica_urls()[0],
+        "--ops",
+        "16",
+        "--workers",
+        "2",
+        "--strategies",
+        "pgpool-always,pgpool-transaction",
+        "--read-load",
+        "0",
+        "--quiet",
+        "--json",
+        json.to_str().unwrap(),
+    ]);
+    assert!(output.status.success(), "{output:?}");
+    let doc: Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let results = doc["results"].as_array().unwrap();
+    for name in ["pgpool-always", "pgpool-transaction"] {
+        let row = results
+            .iter()
+            .find(|r| r["strategy"] == name)
+            .unwrap_or_else(|| panic!("no {name} result: {doc}"));
+        assert_eq!(row["ops"], 16, "{row}");
+    }
+    let always = results
+        .iter()
+        .find(|r| r["strategy"] == "pgpool-always")
+        .unwrap();
+    assert_eq!(always["stale"], 0, "{always}");
+}
+
 #[test]
 fn verify_through_the_proxy_under_every_fault_finds_no_violation() {
     let dir = tempfile::tempdir().unwrap();

@@ -2,8 +2,9 @@
 //! 127.0.0.1. A product crate first: the `lsngate cluster` command and `lsngate bench` ship it;
 //! every test in the workspace runs against its servers too, and its fault helpers (pause
 //! replay, SIGSTOP, kill, promote, the `Forwarder` that delays, resets or blackholes a
-//! connection) serve both. Never a mock: every helper here starts, stops, pauses or promotes an
-//! actual server. (It was `lsngate-testkit` until 2026-12-04.)
+//! connection) serve both, and so does [`Pgpool`], the one place that knows how to run
+//! pgpool-II for the comparisons that put it beside lsngate. Never a mock: every helper here
+//! starts, stops, pauses or promotes an actual server. (It was `lsngate-testkit` until 2026-12-04.)
 //!
 //! ```no_run
 //! use lsngate_cluster::{Cluster, ClusterConfig};
@@ -21,6 +22,7 @@ mod forwarder;
 mod node;
 mod patroni;
 mod pgbin;
+mod pgpool;
 mod process;
 mod redis;
 mod tls;
@@ -37,7 +39,8 @@ pub use patroni::{
     ClusterMember, MemberSpec, PATRONI_MANIFEST, PatroniCluster, PatroniConfig, RestTls, TTL_S,
 };
 pub use pgbin::{BUNDLE_BIN, PG_BIN_ENV, PgBin};
-pub use process::SERVER_USER;
+pub use pgpool::{PGPOOL, Pgpool, PgpoolConfig};
+pub use process::{SERVER_USER, process_tree};
 pub use redis::RedisServer;
 pub use tls::{ClusterTls, Issued, TestCa};
 
@@ -87,6 +90,20 @@ pub enum Error {
         dir: PathBuf,
         /// Its owner's uid.
         owner: u32,
+    },
+    #[error(
+        "pgpool-II is not installed ({}); run scripts/install/proxy.sh, which installs Debian's pgpool2",
+        pgpool::PGPOOL
+    )]
+    /// pgpool-II, which the comparisons with it start, is not installed.
+    NoPgpool,
+    #[error("{url}: {why}")]
+    /// A server URL that cannot be used as asked.
+    BadUrl {
+        /// The URL.
+        url: String,
+        /// What is wrong with it, and what would do.
+        why: String,
     },
     #[error("{what}: {source}")]
     /// A file or process operation failed.

@@ -137,6 +137,43 @@ pub fn server_pids(data_dir: &Path) -> Vec<i32> {
     pids
 }
 
+/// `root` and every process descended from it (children, their children, ...), read from
+/// `/proc`: what a multi-process server such as pgpool-II is made of, for stopping it or for
+/// adding up the CPU it used. Empty when `root` is gone.
+pub fn process_tree(root: i32) -> Vec<i32> {
+    let parents: Vec<(i32, i32)> = std::fs::read_dir("/proc")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|entry| {
+            let pid = entry.file_name().to_string_lossy().parse::<i32>().ok()?;
+            let stat = std::fs::read_to_string(entry.path().join("stat")).ok()?;
+            // Fields after the parenthesised command name: state, ppid, ...
+            let ppid = stat
+                .rsplit_once(')')
+                .and_then(|(_, rest)| rest.split_whitespace().nth(1))
+                .and_then(|p| p.parse::<i32>().ok())?;
+            Some((pid, ppid))
+        })
+        .collect();
+    if !parents.iter().any(|&(pid, _)| pid == root) {
+        return Vec::new();
+    }
+    let mut tree = vec![root];
+    let mut i = 0;
+    while i < tree.len() {
+        let parent = tree[i];
+        tree.extend(
+            parents
+                .iter()
+                .filter(|&&(_, ppid)| ppid == parent)
+                .map(|&(pid, _)| pid),
+        );
+        i += 1;
+    }
+    tree
+}
+
 /// Sends `signal` to every process of the server in `data_dir`.
 pub fn signal_server(data_dir: &Path, signal: i32) -> usize {
     let pids = server_pids(data_dir);
@@ -150,6 +187,30 @@ pub fn signal_server(data_dir: &Path, signal: i32) -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_process_tree_holds_grandchildren() {
+        let mut shell = Command::new("sh")
+            .args(["-c", "sleep 30 & sh -c 'sleep 30; true' & wait"])
+            .spawn()
+            .unwrap();
+        let root = shell.id() as i32;
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        let mut tree = process_tree(root);
+        while tree.len() < 4 && std::time::Instant::now() < deadline {
+            std::thread::sleep(std::time::Duration::from_millis(20));
+            tree = process_tree(root);
+        }
+        for &pid in tree.iter().rev() {
+            // SAFETY: plain kill(2) on processes this test started.
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+        }
+        let _ = shell.wait();
+        // sh, its two children (a sleep, a sh) and that sh's sleep.
+        assert_eq!(tree.len(), 4, "{tree:?}");
+        assert_eq!(tree[0], root);
+        assert!(process_tree(root).is_empty());
+    }
 
     #[test]
     fn a_failed_program_s_stderr_and_stdout_stay_on_their_own_lines() {

@@ -10,6 +10,8 @@ use lsngate_cluster::{Cluster, ClusterConfig, Error, SyncMode, shared_cluster};
 
 #[path = "cluster/patroni.rs"]
 mod patroni;
+#[path = "cluster/pgpool.rs"]
+mod pgpool;
 
 const SETTLE: Duration = Duration::from_secs(30);
 

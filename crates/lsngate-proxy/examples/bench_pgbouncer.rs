@@ -1,16 +1,18 @@
 //! Benchmark (not a test): `pgbench -S` and a mixed read/write script against the primary
-//! directly, through Debian's PgBouncer (transaction mode) and through lsngate — primary only as
-//! a plain pooler (consistency eventual, the like-for-like comparison), primary + replica with
-//! plain read/write splitting, and primary + replica with causal reads (consistency session, the
-//! default) — same clients, one run side by side. Prints a table with TPS and latency ratios,
-//! then JSON.
+//! directly, through Debian's PgBouncer (transaction mode), through Debian's pgpool-II — primary
+//! only as a plain pooler (its connection cache on, a child process per client), and primary +
+//! replica with load balancing and `disable_load_balance_on_write = transaction` — and through
+//! lsngate — primary only as a plain pooler (consistency eventual, the like-for-like comparison),
+//! primary + replica with plain read/write splitting, and primary + replica with causal reads
+//! (consistency session, the default) — same clients, one run side by side. Prints a table with
+//! TPS and latency ratios, then JSON.
 //!
 //! `cargo run --release -p lsngate-proxy --example bench_pgbouncer -- [seconds] [clients] [proxy threads] [rounds] [all|poolers]`
 //!
 //! Each round runs every target once, interleaved (every other round in reverse order, each run
 //! after the replica caught up and both servers checkpointed); `poolers` runs only PgBouncer,
-//! lsngate as a plain pooler and the byte relay, and prints each median ratio to PgBouncer with a
-//! 95 % interval. The byte relay, in both modes, is the floor under any pooler: one thread
+//! pgpool-II and lsngate as plain poolers and the byte relay, and prints each median ratio to
+//! PgBouncer with a 95 % interval. The byte relay, in both modes, is the floor under any pooler: one thread
 //! relaying bytes between each client and a server connection of its own, nothing parsed or
 //! pooled. With
 //! `LSNGATE_PGO_BIN=target/pgo/lsngate` (built by scripts/build-pgo.sh) the plain pooler also runs
@@ -18,11 +20,15 @@
 //! build of the same code. The table shows medians over the rounds, ratios as medians of
 //! per-round ratios to PgBouncer, and the CPU time the pooler itself used per transaction (from
 //! /proc), which is far steadier than TPS on a machine where the pooler, pgbench and PostgreSQL
-//! share two cores.
-//! Needs pgbouncer (scripts/install/proxy.sh) and runs it as lsngate-cluster's server user.
+//! share two cores. pgpool-II is a parent and the children it forks, so its CPU is that of the
+//! whole process tree (and of children that exited, which their parent's `cutime` holds).
+//! Needs pgbouncer and pgpool-II (scripts/install/proxy.sh installs both; without either the
+//! program says so and exits with status 2) and runs them as lsngate-cluster's server user;
+//! pgpool is started by the test kit (`lsngate_cluster::Pgpool`), as `lsngate bench`'s pgpool
+//! rows are.
 //!
-//! Every pooler runs as its own process in its own session, as a service would: PgBouncer, and
-//! each lsngate as this program re-run with `serve-proxy CONFIG` (the same code as `lsngate proxy
+//! Every pooler runs as its own process in its own session, as a service would: PgBouncer,
+//! pgpool-II, and each lsngate as this program re-run with `serve-proxy CONFIG` (the same code as `lsngate proxy
 //! --config CONFIG`). The session matters: with the kernel's autogroup scheduling
 //! (`/proc/sys/kernel/sched_autogroup_enabled`), a pooler started in pgbench's session shares one
 //! CPU share with pgbench, and is preempted and kept waiting far more than one in its own.
@@ -32,7 +38,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use lsngate_cluster::{Cluster, ClusterConfig, SERVER_USER};
+use lsngate_cluster::{Cluster, ClusterConfig, Pgpool, PgpoolConfig, SERVER_USER, process_tree};
 
 const MIXED: &str = "\\set aid random(1, 100000 * :scale)
 SELECT abalance FROM pgbench_accounts WHERE aid = :aid;
@@ -47,6 +53,12 @@ const PLAIN_LSNGATE: &str = "lsngate (primary only)";
 /// The same plain pooler run by the binary `LSNGATE_PGO_BIN` names (scripts/build-pgo.sh builds
 /// it), when that is set.
 const PGO_LSNGATE: &str = "lsngate PGO build (primary only)";
+/// pgpool-II as a plain pooler in front of the primary: the like-for-like row beside PgBouncer.
+const PGPOOL_PRIMARY: &str = "pgpool-II (primary only)";
+/// pgpool-II balancing reads to the replica, its read-your-writes setting for transactions on:
+/// the row to read beside lsngate's split and causal ones.
+const PGPOOL_BALANCED: &str =
+    "pgpool-II (load balancing, disable_load_balance_on_write = transaction)";
 /// The floor under every pooler: bytes relayed, nothing parsed or pooled (see [`serve_relay`]).
 const RELAY: &str = "byte relay (the floor)";
 
@@ -60,10 +72,13 @@ struct Measured {
     cpu_us: Option<f64>,
 }
 
-/// User + system CPU ticks of one `/proc/.../stat` file.
+/// User + system CPU ticks of one `/proc/.../stat` file: the process's own, and those of its
+/// children that exited and were waited for (a pgpool child that ends takes its CPU time with
+/// it, into its parent's `cutime` and `cstime`).
 fn stat_ticks(path: &Path) -> u64 {
     let text = std::fs::read_to_string(path).unwrap_or_default();
-    // Fields after the parenthesised command name; utime and stime are fields 14 and 15.
+    // Fields after the parenthesised command name (the first is field 3); utime, stime, cutime
+    // and cstime are fields 14 to 17.
     let rest = text.rsplit_once(')').map(|(_, r)| r).unwrap_or("");
     let fields: Vec<&str> = rest.split_whitespace().collect();
     let field = |i: usize| {
@@ -72,15 +87,19 @@ fn stat_ticks(path: &Path) -> u64 {
             .and_then(|f| f.parse::<u64>().ok())
             .unwrap_or(0)
     };
-    field(11) + field(12)
+    field(11) + field(12) + field(13) + field(14)
 }
 
-/// CPU seconds used so far by a pooler process, all its threads together (0 for none).
+/// CPU seconds used so far by a pooler: its process, all threads together, and every process
+/// descended from it (pgpool-II's children; none for the others); 0 for no pooler.
 fn pooler_cpu(pooler: Option<u32>) -> f64 {
     let Some(pid) = pooler else {
         return 0.0;
     };
-    let ticks = stat_ticks(Path::new(&format!("/proc/{pid}/stat")));
+    let ticks: u64 = process_tree(pid as i32)
+        .into_iter()
+        .map(|pid| stat_ticks(Path::new(&format!("/proc/{pid}/stat"))))
+        .sum();
     ticks as f64 / unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64
 }
 
@@ -240,6 +259,24 @@ fn start_lsngate(
     (port, pooler)
 }
 
+/// pgpool-II before the cluster's primary, and its replica too when `balanced`, for `clients`
+/// pgbench clients, in a session of its own like the other poolers. Exits the program with
+/// pgpool's error (and its log's last lines) when it cannot start.
+fn start_pgpool(cluster: &Cluster, balanced: bool, clients: usize) -> Pgpool {
+    let replicas = if balanced {
+        cluster.replica_urls()
+    } else {
+        Vec::new()
+    };
+    let mut config = PgpoolConfig::new(&cluster.primary_url(), &replicas)
+        .map(|config| config.clients(clients).own_session())
+        .unwrap_or_else(|e| panic!("pgpool-II configuration: {e}"));
+    if balanced {
+        config = config.setting("disable_load_balance_on_write", "'transaction'");
+    }
+    Pgpool::start(&config).unwrap_or_else(|e| panic!("{e}"))
+}
+
 /// The byte relay in front of the primary: this program re-run as `serve-relay PORT
 /// BACKEND_PORT`, what it reports on its standard error passed on to the benchmark's.
 fn start_relay(primary_port: u16) -> (u16, Pooler) {
@@ -356,7 +393,7 @@ fn main() {
     let clients: usize = args.get(2).and_then(|s| s.parse().ok()).unwrap_or(8);
     let threads: usize = args.get(3).and_then(|s| s.parse().ok()).unwrap_or(1);
     let rounds: usize = args.get(4).and_then(|s| s.parse().ok()).unwrap_or(3);
-    // `poolers`: only PgBouncer and lsngate as a plain pooler, for many rounds of the one
+    // `poolers`: only PgBouncer, pgpool-II and lsngate as plain poolers, for many rounds of the
     // comparison that has a target.
     let only_poolers = match args.get(5).map(String::as_str) {
         None | Some("all") => false,
@@ -370,6 +407,11 @@ fn main() {
             "LSNGATE_PGO_BIN={}: no such file; build it with scripts/build-pgo.sh",
             bin.display()
         );
+    }
+    // pgpool-II's rows are part of the comparison: without it the table would silently lack them.
+    if let Err(e) = Pgpool::check_installed() {
+        eprintln!("bench_pgbouncer: {e}");
+        std::process::exit(2);
     }
     let pool = clients.min(16);
     let cluster = Cluster::start(&ClusterConfig::default().replicas(1)).expect("start cluster");
@@ -392,6 +434,9 @@ fn main() {
         start_lsngate(&cluster, &dir, true, "eventual", pool, threads, None);
     let (lsn_causal_port, lsn_causal) =
         start_lsngate(&cluster, &dir, true, "session", pool, threads, None);
+    let pgpool_primary = start_pgpool(&cluster, false, clients);
+    // Not started for `poolers`, which leaves it out.
+    let pgpool_balanced = (!only_poolers).then(|| start_pgpool(&cluster, true, clients));
     let (relay_port, relay) = start_relay(primary_port);
     let pgo_target = lsn_pgo
         .as_ref()
@@ -399,6 +444,11 @@ fn main() {
     let all_targets: Vec<(&'static str, u16, Option<u32>)> = [
         ("direct (primary)", primary_port, None),
         (PGBOUNCER, bouncer_port, Some(bouncer.0.id())),
+        (
+            PGPOOL_PRIMARY,
+            pgpool_primary.port(),
+            Some(pgpool_primary.pid()),
+        ),
         (PLAIN_LSNGATE, lsn_primary_port, Some(lsn_primary.0.id())),
     ]
     .into_iter()
@@ -414,12 +464,17 @@ fn main() {
             lsn_causal_port,
             Some(lsn_causal.0.id()),
         ),
-        (RELAY, relay_port, Some(relay.0.id())),
     ])
+    .chain(
+        pgpool_balanced
+            .as_ref()
+            .map(|pgpool| (PGPOOL_BALANCED, pgpool.port(), Some(pgpool.pid()))),
+    )
+    .chain([(RELAY, relay_port, Some(relay.0.id()))])
     .collect();
-    // The targets whose ratios to PgBouncer get an interval: the plain pooler in each build, and
-    // the floor that bounds what any pooler could gain.
-    let against_pgbouncer: Vec<&str> = [PLAIN_LSNGATE]
+    // The targets whose ratios to PgBouncer get an interval: the plain pooler in each build,
+    // pgpool-II's, and the floor that bounds what any pooler could gain.
+    let against_pgbouncer: Vec<&str> = [PGPOOL_PRIMARY, PLAIN_LSNGATE]
         .into_iter()
         .chain(lsn_pgo.as_ref().map(|_| PGO_LSNGATE))
         .chain([RELAY])
@@ -469,7 +524,7 @@ fn main() {
                 let cpu = pooler_cpu(pooler) - cpu_before;
                 let cpu_us = pooler.map(|_| cpu * 1e6 / (tps * seconds as f64));
                 eprintln!(
-                    "round {round} {workload:28} {target:30} tps {tps:10.1}  latency {latency_ms:7.3} ms  pooler CPU {:6.1} us/txn",
+                    "round {round} {workload:28} {target:40} tps {tps:10.1}  latency {latency_ms:7.3} ms  pooler CPU {:6.1} us/txn",
                     cpu_us.unwrap_or(0.0)
                 );
                 runs.push(Measured {
@@ -505,6 +560,7 @@ fn main() {
     }
     let results = medians(&runs);
     drop((bouncer, lsn_primary, lsn_pgo, lsn_split, lsn_causal, relay));
+    drop((pgpool_primary, pgpool_balanced));
     print_table(&runs, &results, clients, seconds, threads, rounds);
 }
 

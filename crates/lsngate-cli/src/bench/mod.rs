@@ -240,26 +240,10 @@ async fn pgpool_row(
     plan: Plan,
     bar: &ProgressBar,
 ) -> anyhow::Result<(Vec<workload::Sample>, usize)> {
-    let backend = |url: &str| -> anyhow::Result<pgpool::Backend> {
-        let config: tokio_postgres::Config = url.parse()?;
-        let host = match config.get_hosts().first() {
-            Some(tokio_postgres::config::Host::Tcp(host)) => host.clone(),
-            _ => anyhow::bail!("{url}: pgpool-II needs a TCP host"),
-        };
-        let port = config.get_ports().first().copied().unwrap_or(5432);
-        Ok(pgpool::Backend { host, port })
-    };
-    let replicas = target
-        .replica_urls()
-        .iter()
-        .map(|u| backend(u))
-        .collect::<anyhow::Result<Vec<_>>>()?;
-    let primary = backend(target.primary_url())?;
-    let pgpool = pgpool::Pgpool::start(
+    let pgpool = pgpool::PgpoolRow::start(
         mode,
         target.primary_url(),
-        &primary,
-        &replicas,
+        target.replica_urls(),
         sessions.len(),
     )
     .await?;
