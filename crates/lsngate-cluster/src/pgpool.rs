@@ -4,13 +4,13 @@
 //! temporary directory on free loopback ports, stopped when dropped. The one place that knows
 //! how to write its configuration and run it, so every comparison runs the same pgpool.
 
-use std::net::TcpListener;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use crate::Error;
+use crate::cluster::free_port;
 use crate::process::{self, RunAs};
 
 /// Where Debian's pgpool2 puts the server binary.
@@ -411,13 +411,6 @@ impl Drop for Pgpool {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
-}
-
-fn free_port() -> Result<u16, Error> {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|listener| listener.local_addr())
-        .map(|address| address.port())
-        .map_err(|e| Error::io("find a free port for pgpool-II", e))
 }
 
 /// Connects to pgpool and runs `SELECT 1`.

@@ -216,11 +216,7 @@ fn start_pooler(mut command: Command, port: u16, what: &str, stderr: Stdio) -> P
 }
 
 fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    lsngate_cluster::free_port().unwrap()
 }
 
 /// An lsngate proxy, with a config file written to `dir`: this program re-run as `serve-proxy
