@@ -188,3 +188,15 @@ pub struct ProxyOutcomes {
     /// The client got an error instead.
     pub error: u64,
 }
+
+impl ProxyOutcomes {
+    /// Adds another run's counts (the bench's rounds, each with a fresh proxy).
+    pub fn add(&mut self, other: ProxyOutcomes) {
+        self.replica += other.replica;
+        self.waited += other.waited;
+        self.fallback += other.fallback;
+        self.no_replica += other.no_replica;
+        self.stale += other.stale;
+        self.error += other.error;
+    }
+}

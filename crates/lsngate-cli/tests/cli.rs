@@ -191,9 +191,11 @@ fn bench_runs_every_strategy_and_writes_the_documented_json() {
         "cores",
         "workers",
         "ops",
+        "rounds",
     ] {
         assert!(!env[key].is_null(), "environment.{key} missing: {env}");
     }
+    assert_eq!(env["rounds"], 4, "the default rounds: {env}");
     let results = doc["results"].as_array().unwrap();
     let by_name = |name: &str| results.iter().find(|r| r["strategy"] == name);
     let major = PgBin::find(None).unwrap().major;

@@ -44,6 +44,12 @@ pub struct BenchArgs {
     /// Insert-then-read operations per strategy.
     #[arg(long, default_value_t = 1000)]
     ops: usize,
+    /// The main table's strategies run in this many rounds of --ops/rounds operations each,
+    /// every other round in reverse order, so a slow minute of the machine (a checkpoint, a
+    /// neighbour) weighs on every row alike and ratios between rows mean something (pgpool rows
+    /// run after the rounds, in one block each).
+    #[arg(long, default_value_t = 4)]
+    rounds: usize,
     /// Concurrent workers, each with its own connection to every node.
     #[arg(long, default_value_t = 8)]
     workers: usize,
@@ -105,6 +111,11 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
         args.ops > 0 && args.workers > 0,
         "--ops and --workers must be at least 1"
     );
+    anyhow::ensure!(
+        (1..=args.ops).contains(&args.rounds),
+        "--rounds must be between 1 and --ops ({}); it splits every strategy's operations",
+        args.ops
+    );
     let requested = if args.strategies.is_empty() {
         default_strategies()
     } else {
@@ -138,45 +149,70 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
         budget: args.timeout,
         warmup_per_worker: 3,
     };
-    for strategy in &runnable {
-        let label = strategy.to_string();
-        if let Strategy::Pgpool(mode) = strategy {
-            let bar = progress(&args, &label, plan.ops);
-            match pgpool_row(*mode, &target, &mut sessions, plan, &bar).await {
-                Ok((samples, standby_selects)) => {
-                    bar.finish_and_clear();
-                    let mut row = report::summarize(&label, &samples);
-                    row.served_by_replica = standby_selects.min(row.ops);
-                    chart_series.push(read_path_series(&row, &samples));
-                    results.push(row);
-                }
-                Err(e) => {
-                    bar.finish_and_clear();
-                    skipped.push(Skipped {
-                        strategy: label,
-                        reason: format!("pgpool-II: {e:#}"),
-                    });
-                }
-            }
-            continue;
-        }
-        let bar = progress(&args, &label, plan.ops);
-        let proxy = match (&proxy_setup, strategy.uses_proxy()) {
-            (Some(setup), true) => Some(attach_proxy(setup, &mut sessions).await?),
-            _ => None,
+    let (peers, own): (Vec<&Strategy>, Vec<&Strategy>) = runnable
+        .iter()
+        .partition(|s| matches!(s, Strategy::Pgpool(_)));
+    let mut measured: Vec<Measured> = own.iter().map(|_| Measured::default()).collect();
+    for round in 0..args.rounds {
+        let slice = Plan {
+            ops: round_ops(args.ops, args.rounds, round),
+            ..plan
         };
-        let samples = workload::run(strategy, &sessions, plan, &bar).await?;
-        bar.finish_and_clear();
-        let mut row = report::summarize(&label, &samples);
-        if let Some(proxy) = proxy {
-            row.proxy_outcomes = Some(proxy.outcomes());
-            for session in &mut sessions {
-                session.proxy = None;
-            }
-            proxy.shutdown().await?;
+        let mut order: Vec<usize> = (0..own.len()).collect();
+        if round % 2 == 1 {
+            order.reverse();
         }
-        chart_series.push(read_path_series(&row, &samples));
+        for index in order {
+            let strategy = own[index];
+            let label = format!("{strategy} {}/{}", round + 1, args.rounds);
+            let bar = progress(&args, &label, slice.ops);
+            let proxy = match (&proxy_setup, strategy.uses_proxy()) {
+                (Some(setup), true) => Some(attach_proxy(setup, &mut sessions).await?),
+                _ => None,
+            };
+            let samples = workload::run(strategy, &sessions, slice, &bar).await?;
+            bar.finish_and_clear();
+            let into = &mut measured[index];
+            into.samples.extend(samples);
+            if let Some(proxy) = proxy {
+                into.proxy_outcomes
+                    .get_or_insert_with(Default::default)
+                    .add(proxy.outcomes());
+                for session in &mut sessions {
+                    session.proxy = None;
+                }
+                proxy.shutdown().await?;
+            }
+        }
+    }
+    for (strategy, measured) in own.iter().zip(measured) {
+        let mut row = report::summarize(&strategy.to_string(), &measured.samples);
+        row.proxy_outcomes = measured.proxy_outcomes;
+        chart_series.push(read_path_series(&row, &measured.samples));
         results.push(row);
+    }
+    for strategy in peers {
+        let Strategy::Pgpool(mode) = strategy else {
+            continue;
+        };
+        let label = strategy.to_string();
+        let bar = progress(&args, &label, plan.ops);
+        match pgpool_row(*mode, &target, &mut sessions, plan, &bar).await {
+            Ok((samples, standby_selects)) => {
+                bar.finish_and_clear();
+                let mut row = report::summarize(&label, &samples);
+                row.served_by_replica = standby_selects.min(row.ops);
+                chart_series.push(read_path_series(&row, &samples));
+                results.push(row);
+            }
+            Err(e) => {
+                bar.finish_and_clear();
+                skipped.push(Skipped {
+                    strategy: label,
+                    reason: format!("pgpool-II: {e:#}"),
+                });
+            }
+        }
     }
     report::print_results(&results);
     report::print_skipped(&skipped);
@@ -228,6 +264,20 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
     }
     target.shutdown();
     Ok(())
+}
+
+/// One strategy's samples over the rounds, and its proxy's outcomes summed over them (a fresh
+/// proxy each round).
+#[derive(Default)]
+struct Measured {
+    samples: Vec<workload::Sample>,
+    proxy_outcomes: Option<crate::inproc_proxy::ProxyOutcomes>,
+}
+
+/// Operations in round `round` of `rounds`: `ops` split as evenly as it goes, the first rounds
+/// taking the remainder.
+fn round_ops(ops: usize, rounds: usize, round: usize) -> usize {
+    ops / rounds + usize::from(round < ops % rounds)
 }
 
 /// One `pgpool-<setting>` row: pgpool-II started for it, each worker on its own pgpool
@@ -412,4 +462,22 @@ fn progress(args: &BenchArgs, label: &str, ops: usize) -> ProgressBar {
     );
     bar.set_prefix(label.to_string());
     bar
+}
+
+#[cfg(test)]
+mod round_tests {
+    use super::round_ops;
+
+    #[test]
+    fn rounds_split_every_operation_once() {
+        for (ops, rounds) in [(1000, 4), (60, 4), (7, 3), (5, 5), (1, 1)] {
+            let slices: Vec<usize> = (0..rounds).map(|r| round_ops(ops, rounds, r)).collect();
+            assert_eq!(
+                slices.iter().sum::<usize>(),
+                ops,
+                "{ops} in {rounds}: {slices:?}"
+            );
+            assert!(slices.iter().max().unwrap() - slices.iter().min().unwrap() <= 1);
+        }
+    }
 }

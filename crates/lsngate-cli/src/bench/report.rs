@@ -49,6 +49,9 @@ pub struct Environment {
     pub cores: usize,
     pub workers: usize,
     pub ops: usize,
+    /// The main table's rounds (`--rounds`): each strategy's ops in this many slices,
+    /// interleaved with the other strategies'.
+    pub rounds: usize,
     pub budget_ms: f64,
     pub lsngate_version: String,
 }
@@ -136,7 +139,7 @@ pub fn round(ms: f64) -> f64 {
 
 pub fn print_environment(env: &Environment) {
     println!(
-        "PostgreSQL {} · {} · {} replica(s){} · apply delay {}ms · {} cores · {} workers · {} ops · wait budget {}ms",
+        "PostgreSQL {} · {} · {} replica(s){} · apply delay {}ms · {} cores · {} workers · {} ops in {} rounds · wait budget {}ms",
         env.server_version,
         env.cluster,
         env.replicas,
@@ -149,6 +152,7 @@ pub fn print_environment(env: &Environment) {
         env.cores,
         env.workers,
         env.ops,
+        env.rounds,
         env.budget_ms,
     );
 }

@@ -140,6 +140,7 @@ impl Target {
             cores: std::thread::available_parallelism().map_or(1, |n| n.get()),
             workers: args.workers,
             ops: args.ops,
+            rounds: args.rounds,
             budget_ms: args.timeout.as_secs_f64() * 1e3,
             lsngate_version: env!("CARGO_PKG_VERSION").into(),
         }
