@@ -421,9 +421,9 @@ fn bench_profile_takes_the_library_paths_apart() {
     );
 }
 
-#[test]
-fn bench_against_an_existing_cluster_says_what_it_cannot_run() {
-    let cluster = Cluster::start(&ClusterConfig::default().replicas(1)).unwrap();
+/// `lsngate bench` against `cluster` (not one it starts), 16 ops by 2 workers of `strategies`,
+/// no read-load run: its stdout and its `--json` document.
+fn bench_existing(cluster: &Cluster, strategies: &str) -> (String, Value) {
     let dir = tempfile::tempdir().unwrap();
     let json = dir.path().join("bench.json");
     let output = lsngate(&[
@@ -437,14 +437,21 @@ fn bench_against_an_existing_cluster_says_what_it_cannot_run() {
         "--workers",
         "2",
         "--strategies",
-        "primary,sync-on,poll,proxy-session,proxy-token",
+        strategies,
         "--read-load",
         "0",
         "--quiet",
         "--json",
         json.to_str().unwrap(),
     ]);
-    let text = String::from_utf8_lossy(&output.stdout);
+    let doc = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    (String::from_utf8_lossy(&output.stdout).into_owned(), doc)
+}
+
+#[test]
+fn bench_against_an_existing_cluster_says_what_it_cannot_run() {
+    let cluster = Cluster::start(&ClusterConfig::default().replicas(1)).unwrap();
+    let (text, doc) = bench_existing(&cluster, "primary,sync-on,poll,proxy-session,proxy-token");
     assert!(
         text.contains("skipped sync-on: the primary has no synchronous standby"),
         "{text}"
@@ -455,7 +462,6 @@ fn bench_against_an_existing_cluster_says_what_it_cannot_run() {
         "no sweep on an existing cluster unless asked"
     );
     // The proxy strategies run there too: the bench's proxy points at the given URLs.
-    let doc: Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
     for name in ["proxy-session", "proxy-token"] {
         let row = doc["results"]
             .as_array()
@@ -474,28 +480,7 @@ fn bench_against_an_existing_cluster_says_what_it_cannot_run() {
 #[test]
 fn bench_pgpool_rows_run_against_an_existing_cluster() {
     let cluster = Cluster::start(&ClusterConfig::default().replicas(1)).unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let json = dir.path().join("bench.json");
-    let output = lsngate(&[
-        "bench",
-        "--primary",
-        &cluster.primary_url(),
-        "--replica",
-        &cluster.replica_urls()[0],
-        "--ops",
-        "16",
-        "--workers",
-        "2",
-        "--strategies",
-        "pgpool-always,pgpool-transaction",
-        "--read-load",
-        "0",
-        "--quiet",
-        "--json",
-        json.to_str().unwrap(),
-    ]);
-    assert!(output.status.success(), "{output:?}");
-    let doc: Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let (_, doc) = bench_existing(&cluster, "pgpool-always,pgpool-transaction");
     let results = doc["results"].as_array().unwrap();
     for name in ["pgpool-always", "pgpool-transaction"] {
         let row = results

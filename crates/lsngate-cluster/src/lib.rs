@@ -40,7 +40,7 @@ pub use patroni::{
 };
 pub use pgbin::{BUNDLE_BIN, PG_BIN_ENV, PgBin};
 pub use pgpool::{PGPOOL, Pgpool, PgpoolConfig};
-pub use process::{SERVER_USER, process_tree};
+pub use process::{SERVER_USER, in_own_session, process_tree};
 pub use redis::RedisServer;
 pub use tls::{ClusterTls, Issued, TestCa};
 

@@ -4,7 +4,6 @@
 //! temporary directory on free loopback ports, stopped when dropped. The one place that knows
 //! how to write its configuration and run it, so every comparison runs the same pgpool.
 
-use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -262,15 +261,7 @@ impl Pgpool {
             .stdout(Stdio::null())
             .stderr(log);
         if config.own_session {
-            // SAFETY: setsid is async-signal-safe, the one call made between fork and exec.
-            unsafe {
-                command.pre_exec(|| {
-                    if libc::setsid() == -1 {
-                        return Err(std::io::Error::last_os_error());
-                    }
-                    Ok(())
-                });
-            }
+            process::in_own_session(&mut command);
         }
         let child = command
             .spawn()

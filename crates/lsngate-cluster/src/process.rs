@@ -74,6 +74,22 @@ impl RunAs {
     }
 }
 
+/// Makes `command` start its process in a session of its own (`setsid` between fork and exec),
+/// as a service manager would start a server: not in the caller's process group or terminal
+/// session, and, with the kernel's autogroup scheduling, not sharing the caller's CPU share.
+pub fn in_own_session(command: &mut Command) {
+    use std::os::unix::process::CommandExt;
+    // SAFETY: setsid is async-signal-safe, the one call made between fork and exec.
+    unsafe {
+        command.pre_exec(|| {
+            if libc::setsid() == -1 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+}
+
 /// Runs `command`, turning a failure into an error that carries its output.
 pub fn run(mut command: Command, what: &str) -> Result<Output, Error> {
     let output = command.output().map_err(|e| {

@@ -33,7 +33,6 @@
 //! (`/proc/sys/kernel/sched_autogroup_enabled`), a pooler started in pgbench's session shares one
 //! CPU share with pgbench, and is preempted and kept waiting far more than one in its own.
 
-use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
@@ -191,15 +190,7 @@ impl Drop for Pooler {
 /// Starts a pooler as its own process in its own session (see the top of this file), its
 /// standard error to `stderr`, and waits until it accepts connections on `port`.
 fn start_pooler(mut command: Command, port: u16, what: &str, stderr: Stdio) -> Pooler {
-    // SAFETY: setsid is async-signal-safe, the one call made between fork and exec.
-    unsafe {
-        command.pre_exec(|| {
-            if libc::setsid() == -1 {
-                return Err(std::io::Error::last_os_error());
-            }
-            Ok(())
-        });
-    }
+    lsngate_cluster::in_own_session(&mut command);
     let child = command
         .stdout(Stdio::null())
         .stderr(stderr)
