@@ -44,6 +44,7 @@ const SAME: &[(&str, &str, bool)] = &[
     ),
     ("reserve_pool_size", "reserve_pool_size", false),
     ("reserve_pool_timeout", "reserve_pool_timeout_ms", true),
+    ("stats_period", "stats_period_ms", true),
 ];
 
 /// PgBouncer settings lsngate has no use for, with why (not an error: the proxy works without).
@@ -78,7 +79,6 @@ const MOOT: &[(&str, &str)] = &[
         "log_pooler_errors",
         "lsngate logs at the level LSNGATE_LOG sets",
     ),
-    ("stats_period", "lsngate's /metrics and SHOW STATS are live"),
     (
         "server_reset_query",
         "lsngate resets server connections itself (DISCARD ALL for pinned sessions, settings re-applied per client)",
@@ -525,6 +525,7 @@ max_db_client_connections = 300
 max_user_client_connections = 200
 reserve_pool_size = 5
 reserve_pool_timeout = 2.5
+stats_period = 30
 client_tls_sslmode = verify-full
 
 [users]
@@ -552,6 +553,7 @@ app_rw = pool_mode=session
             "max_user_client_connections = 200  # max_user_client_connections",
             "reserve_pool_size = 5  # reserve_pool_size",
             "reserve_pool_timeout_ms = 2500  # reserve_pool_timeout",
+            "stats_period_ms = 30000  # stats_period",
         ] {
             assert!(toml.contains(line), "{line} in:\n{toml}");
         }

@@ -13,6 +13,8 @@ const LAYERS: &[(&str, u8)] = &[
     ("runtime", 0),
     ("tally", 0),
     ("traffic", 0),
+    // SHOW STATS' totals and periods, over `traffic`'s readings.
+    ("stats", 0),
     ("whatif", 0),
     ("socket", 1),
     ("timer", 1),

@@ -51,6 +51,7 @@ pub(crate) mod proxy;
 mod serve;
 pub(crate) mod socket;
 pub(crate) mod statement;
+pub(crate) mod stats;
 pub(crate) mod tally;
 pub(crate) mod timer;
 pub(crate) mod topology;

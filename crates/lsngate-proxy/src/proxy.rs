@@ -82,6 +82,9 @@ pub struct Proxy {
     pub(crate) logins: crate::logins::Logins,
     /// Queries, transactions and bytes per database, for SHOW STATS.
     pub(crate) traffic: crate::traffic::TrafficByDatabase,
+    /// Every database's totals at the ends of the last two `stats_period_ms`, for SHOW STATS'
+    /// averages; the sampler in `serve` ends the periods.
+    pub(crate) stats_periods: Mutex<crate::stats::Periods>,
     /// Where a reload reads the config from (RELOAD on the admin console, SIGHUP).
     reload_source: Mutex<Option<ReloadSource>>,
     /// How the proxy stops, if it does: set by signals, SHUTDOWN on the admin console and a
@@ -139,6 +142,7 @@ impl Proxy {
             registry: crate::clients::Clients::default(),
             logins: crate::logins::Logins::default(),
             traffic: crate::traffic::TrafficByDatabase::default(),
+            stats_periods: Mutex::new(crate::stats::Periods::default()),
             reload_source: Mutex::new(None),
             drain: tokio::sync::watch::channel(Drain::Serving).0,
             listening: Mutex::new(Vec::new()),
@@ -251,6 +255,25 @@ impl Proxy {
             config.connect_timeout,
             stop,
         ));
+    }
+
+    /// Every database's totals now, for SHOW STATS: checkouts and their queueing from the
+    /// pools, queries, transactions and bytes from the client sessions' counters.
+    pub(crate) fn database_stats(
+        &self,
+    ) -> std::collections::BTreeMap<String, crate::stats::DatabaseStats> {
+        let mut by_database: std::collections::BTreeMap<String, crate::stats::DatabaseStats> =
+            Default::default();
+        for pool in self.nodes.pools_of(None) {
+            let activity = pool.activity();
+            let entry = by_database.entry(pool.database().to_string()).or_default();
+            entry.assignments += activity.assignments;
+            entry.wait_us += activity.waited_us;
+        }
+        for (database, traffic) in self.traffic.totals() {
+            by_database.entry(database).or_default().traffic = traffic;
+        }
+        by_database
     }
 
     /// Connected clients right now.

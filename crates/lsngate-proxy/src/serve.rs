@@ -80,6 +80,23 @@ impl Proxy {
                 }
             }
         });
+        let (sampled, mut stop) = (Arc::clone(&self), shutdown.clone());
+        tokio::spawn(async move {
+            // SHOW STATS' periods: the first begins now, each ends after the stats_period_ms
+            // the config says when it began (a reload applies from the next period on).
+            loop {
+                let totals = sampled.database_stats();
+                sampled
+                    .stats_periods
+                    .lock()
+                    .expect("stats lock")
+                    .ended(std::time::Instant::now(), totals);
+                tokio::select! {
+                    _ = crate::timer::sleep(sampled.config().stats_period) => {}
+                    _ = stop.changed() => if *stop.borrow() { return },
+                }
+            }
+        });
         let mut listening = vec![listener.as_fd().try_clone_to_owned()?];
         if let Some(admin) = config.admin_listen {
             let inherited = self.admin_socket.lock().expect("admin socket lock").take();

@@ -51,6 +51,8 @@ pub const SERVER_LIFETIME_MS: u64 = 3_600_000;
 /// `shutdown_timeout_ms`: how long a stopping proxy waits for its clients (PgBouncer waits
 /// without a bound; systemd's default stop timeout is 90 s).
 pub const SHUTDOWN_TIMEOUT_MS: u64 = 30_000;
+/// `stats_period_ms`: PgBouncer's `stats_period` (60 s).
+pub const STATS_PERIOD_MS: u64 = 60_000;
 /// `max_message_size`: the codec's own ceiling.
 pub const MAX_MESSAGE_SIZE: usize = crate::net::DEFAULT_MAX_MESSAGE_LEN;
 /// `retry_buffer_size`: 1 MiB.
@@ -136,6 +138,7 @@ mod tests {
             ("server_lifetime_ms", SERVER_LIFETIME_MS.to_string()),
             ("max_message_size", MAX_MESSAGE_SIZE.to_string()),
             ("shutdown_timeout_ms", SHUTDOWN_TIMEOUT_MS.to_string()),
+            ("stats_period_ms", STATS_PERIOD_MS.to_string()),
             ("retry_buffer_size", RETRY_BUFFER_SIZE.to_string()),
             ("consistency", Consistency::default().to_string()),
             ("wait_timeout_ms", WAIT_TIMEOUT_MS.to_string()),
@@ -191,7 +194,7 @@ mod tests {
                 checked += 1;
             }
         }
-        assert_eq!(checked, 32, "every flag with a value default is checked");
+        assert_eq!(checked, 33, "every flag with a value default is checked");
     }
 
     /// The README's `### Config file` example, as TOML.
@@ -272,7 +275,7 @@ mod tests {
             }
         }
         assert_eq!(
-            checked, 32,
+            checked, 33,
             "every flag with a value default is in the README's table"
         );
     }

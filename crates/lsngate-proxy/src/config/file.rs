@@ -131,6 +131,11 @@ pub struct FileConfig {
     /// new process); past it the clients left get 57P01 and the process exits [default: 30000].
     #[arg(long)]
     pub shutdown_timeout_ms: Option<u64>,
+    /// Milliseconds over which SHOW STATS and SHOW STATS_AVERAGES average (PgBouncer's
+    /// stats_period): each avg_* column is the last complete period's; until the first one
+    /// ends, the time since the proxy started [default: 60000].
+    #[arg(long)]
+    pub stats_period_ms: Option<u64>,
     /// Directory of the proxy's control socket (`lsngate-PORT.PID.sock`, with the link
     /// `lsngate-PORT.sock` to the one taking new clients): a new process started with --takeover
     /// takes the listening sockets over through it, and cancel requests reach the process

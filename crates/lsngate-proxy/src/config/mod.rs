@@ -84,6 +84,9 @@ pub enum ConfigError {
     /// A causal-read setting is invalid.
     #[error("invalid {key}: {why}")]
     Causal { key: &'static str, why: String },
+    /// Another setting is out of its range.
+    #[error("invalid {key}: {why}")]
+    Setting { key: &'static str, why: String },
     /// The topology keys are unusable.
     #[error("invalid topology settings: {0}")]
     Topology(String),
@@ -183,6 +186,8 @@ pub struct Config {
     pub max_message_size: usize,
     /// How long a stopping proxy waits for its clients.
     pub shutdown_timeout: Duration,
+    /// The period SHOW STATS averages over.
+    pub stats_period: Duration,
     /// Where the control socket is (online restart, cancel forwarding); None = no control socket.
     pub runtime_dir: Option<PathBuf>,
     /// Replica reply bytes held back for a transparent 25006 re-run.
@@ -309,6 +314,16 @@ impl Config {
                 file.shutdown_timeout_ms
                     .unwrap_or(defaults::SHUTDOWN_TIMEOUT_MS),
             ),
+            stats_period: match file.stats_period_ms.unwrap_or(defaults::STATS_PERIOD_MS) {
+                0 => {
+                    return Err(ConfigError::Setting {
+                        key: "stats_period_ms",
+                        why: "must be at least 1 (milliseconds); PgBouncer's default is 60000"
+                            .into(),
+                    });
+                }
+                ms => Duration::from_millis(ms),
+            },
             runtime_dir: file.runtime_dir.clone(),
             retry_buffer_size: file
                 .retry_buffer_size

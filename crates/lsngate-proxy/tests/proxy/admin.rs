@@ -778,6 +778,62 @@ fn show_stats_counts_queries_transactions_and_bytes() {
     assert!(mean_query_us > 0, "{row:?}");
 }
 
+/// STATS_AVERAGES' (query_count per second, query_time per query) for `database`.
+fn averages(proxy: &TestProxy, database: &str) -> (u64, u64) {
+    let rows = table(&console(proxy, "SHOW STATS_AVERAGES"));
+    let row = rows
+        .iter()
+        .find(|r| r["database"] == database)
+        .unwrap_or_else(|| panic!("no STATS_AVERAGES row for {database}: {rows:?}"));
+    (
+        row["query_count"].parse().unwrap(),
+        row["query_time"].parse().unwrap(),
+    )
+}
+
+/// The averages are the last complete stats_period's, as PgBouncer's: a period with traffic
+/// shows it, an idle one after it shows zeros while the totals keep everything. (They used to
+/// be over the time since the proxy started, so an idle proxy kept showing its past load.)
+#[test]
+fn show_stats_averages_cover_the_last_stats_period() {
+    let mut file = console_config();
+    file.stats_period_ms = Some(300);
+    let proxy = TestProxy::with(file);
+    let config = table(&console(&proxy, "SHOW CONFIG"));
+    let row = config
+        .iter()
+        .find(|r| r["key"] == "stats_period_ms")
+        .unwrap();
+    assert_eq!(row["value"], "300", "{row:?}");
+    // Traffic until a whole period with queries in it has ended (bounded, not timed).
+    let batch = ["SELECT 1"; 40];
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let busy = loop {
+        let (ok, _, stderr) = psql(&proxy, "app", "postgres", &batch);
+        assert!(ok, "{stderr}");
+        let (per_second, query_us) = averages(&proxy, "postgres");
+        if per_second > 0 && query_us > 0 {
+            break (per_second, query_us);
+        }
+        assert!(Instant::now() < deadline, "no period with traffic in 30 s");
+    };
+    // Then nothing: within a few periods the averages fall to zero, the totals stay.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while averages(&proxy, "postgres") != (0, 0) {
+        assert!(
+            Instant::now() < deadline,
+            "after {busy:?} the averages never fell to zero on an idle proxy: {:?}",
+            averages(&proxy, "postgres")
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let (total_queries, ..) = query_stats(&proxy, "postgres");
+    assert!(
+        total_queries >= 40,
+        "the totals keep the past: {total_queries}"
+    );
+}
+
 #[test]
 fn set_changes_the_connection_limits_of_the_running_proxy() {
     let proxy = TestProxy::with(console_config());

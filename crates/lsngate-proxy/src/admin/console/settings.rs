@@ -252,6 +252,11 @@ pub fn rows(config: &Config) -> Vec<[String; 4]> {
             defaults::SHUTDOWN_TIMEOUT_MS.to_string(),
         ),
         (
+            "stats_period_ms",
+            config.stats_period.as_millis().to_string(),
+            defaults::STATS_PERIOD_MS.to_string(),
+        ),
+        (
             "runtime_dir",
             config
                 .runtime_dir

@@ -279,55 +279,9 @@ enum StatsView {
     Averages,
 }
 
-/// One database's figures for the stats tables, in PgBouncer's order and units (bytes,
-/// microseconds).
-#[derive(Debug, Default, Clone, Copy)]
-struct DatabaseStats {
-    assignments: u64,
-    traffic: crate::traffic::TrafficTotals,
-    wait_us: u64,
-}
-
-impl DatabaseStats {
-    /// (server_assignment_count, xact_count, query_count, received, sent, xact_time,
-    /// query_time, wait_time) as totals.
-    fn totals(&self) -> [u64; 8] {
-        let t = &self.traffic;
-        [
-            self.assignments,
-            t.transactions,
-            t.queries,
-            t.received,
-            t.sent,
-            t.transaction_us,
-            t.query_us,
-            self.wait_us,
-        ]
-    }
-
-    /// The same as averages over `seconds` of counting: counts and bytes per second, times per
-    /// transaction, per query and per server assignment.
-    fn averages(&self, seconds: f64) -> [u64; 8] {
-        let per_second = |n: u64| (n as f64 / seconds.max(1.0)).round() as u64;
-        let mean = |sum: u64, count: u64| sum.checked_div(count).unwrap_or(0);
-        let t = &self.traffic;
-        [
-            per_second(self.assignments),
-            per_second(t.transactions),
-            per_second(t.queries),
-            per_second(t.received),
-            per_second(t.sent),
-            mean(t.transaction_us, t.transactions),
-            mean(t.query_us, t.queries),
-            mean(self.wait_us, self.assignments),
-        ]
-    }
-}
-
 /// Per database: server assignments (checkouts), transactions, queries, bytes and the time
 /// they took and queued, as PgBouncer's SHOW STATS / STATS_TOTALS / STATS_AVERAGES name them.
-/// Averages are over the time since the proxy started (PgBouncer's over its last
-/// `stats_period`).
+/// Averages are over the last complete `stats_period_ms` (see `crate::stats`).
 fn stats(proxy: &Proxy, view: StatsView) -> Table {
     const NAMES: [&str; 8] = [
         "server_assignment_count",
@@ -368,22 +322,18 @@ fn stats(proxy: &Proxy, view: StatsView) -> Table {
         }
     }
     let mut table = Table::new(&columns);
-    let mut by_database: std::collections::BTreeMap<String, DatabaseStats> = Default::default();
-    for pool in proxy.nodes.pools_of(None) {
-        let activity = pool.activity();
-        let entry = by_database.entry(pool.database().to_string()).or_default();
-        entry.assignments += activity.assignments;
-        entry.wait_us += activity.waited_us;
-    }
-    for (database, traffic) in proxy.traffic.totals() {
-        by_database.entry(database).or_default().traffic = traffic;
-    }
-    let seconds = proxy.traffic.since.elapsed().as_secs_f64();
+    let by_database = proxy.database_stats();
+    let averages = proxy.stats_periods.lock().expect("stats lock").averages(
+        &by_database,
+        proxy.traffic.since,
+        std::time::Instant::now(),
+    );
     for (database, figures) in by_database {
+        let average = averages.get(&database).copied().unwrap_or_default();
         let values: Vec<u64> = match view {
-            StatsView::Both => [figures.totals(), figures.averages(seconds)].concat(),
+            StatsView::Both => [figures.totals(), average].concat(),
             StatsView::Totals => figures.totals().to_vec(),
-            StatsView::Averages => figures.averages(seconds).to_vec(),
+            StatsView::Averages => average.to_vec(),
         };
         let mut row = vec![text(database)];
         row.extend(values.into_iter().map(text));
