@@ -103,13 +103,26 @@ impl ReplayBook {
     /// [`SERVER_FORGOTTEN_AFTER`] of `now`; `None` when none was, or one of them has no position.
     pub fn slot_replayed(&self, slot: usize, now: Duration) -> Option<Lsn> {
         let mut positions = self
-            .seen
-            .get(&slot)?
-            .iter()
-            .filter(|(_, seen)| now.saturating_sub(**seen) < SERVER_FORGOTTEN_AFTER)
-            .map(|(server, _)| self.replayed.get(server).copied());
+            .recent(slot, now)
+            .map(|server| self.replayed.get(server).copied());
         let first = positions.next()??;
         positions.try_fold(first, |low, p| p.map(|p| low.min(p)))
+    }
+
+    /// Whether more than one server reported behind `slot` within [`SERVER_FORGOTTEN_AFTER`] of
+    /// `now` (a load balancer in front of several, or a restart just now).
+    pub fn several_servers(&self, slot: usize, now: Duration) -> bool {
+        self.recent(slot, now).nth(1).is_some()
+    }
+
+    /// The servers seen behind `slot` within [`SERVER_FORGOTTEN_AFTER`] of `now`.
+    fn recent(&self, slot: usize, now: Duration) -> impl Iterator<Item = &ServerId> {
+        self.seen
+            .get(&slot)
+            .into_iter()
+            .flatten()
+            .filter(move |(_, seen)| now.saturating_sub(**seen) < SERVER_FORGOTTEN_AFTER)
+            .map(|(server, _)| server)
     }
 
     /// Distinct servers ever seen behind `slot` (more than one: a load balancer, or restarts).
@@ -187,7 +200,15 @@ mod tests {
             "an address fronting two servers routes on the lower one"
         );
         assert_eq!(book.servers_seen(0), 2);
+        assert!(book.several_servers(0, S(1)));
+        assert!(
+            !book.several_servers(0, S(1) + SERVER_FORGOTTEN_AFTER),
+            "not once both went quiet"
+        );
+        book.observe_replayed(0, &b, lsn(80), S(10));
+        assert!(!book.several_servers(0, S(11)), "B alone lately");
         assert_eq!(book.slot_replayed(1, S(1)), None, "nothing seen there");
+        assert!(!book.several_servers(1, S(1)));
     }
 
     #[test]

@@ -91,6 +91,13 @@ impl Watcher {
         self.replay_seen.notify_waiters();
     }
 
+    /// Whether more than one server answered behind node `node` lately (a load balancer, or a
+    /// restart): what a read there saw is then known only from a position taken behind it.
+    pub fn several_servers(&self, node: usize) -> bool {
+        let now = self.since_origin(Instant::now());
+        lock(&self.book).several_servers(node, now)
+    }
+
     /// The node monitor's connection reached `server`.
     pub fn observe_monitored(&self, node: usize, server: &ServerId) {
         lock(&self.nodes).entry(node).or_default().monitored = Some(server.clone());

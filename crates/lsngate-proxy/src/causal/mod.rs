@@ -211,9 +211,7 @@ impl Causal {
         for attempt in 0..2 {
             if slot.is_none() {
                 let node = nodes.primary().ok_or_else(|| {
-                    anyhow::anyhow!(
-                        "no primary is reachable to read its WAL position (consistency universal)"
-                    )
+                    anyhow::anyhow!("no primary is reachable to read its WAL position")
                 })?;
                 let conn = BackendConn::connect(
                     node.index,

@@ -18,7 +18,9 @@ pub enum Duty {
     Prepare,
     /// The wait (or replay check) in front of a replica read.
     Verdict,
-    /// The replay position after a replica read: the client's next floor.
+    /// The replay position after a replica read, the client's next floor: only where the
+    /// server's identity is unknown or the address fronts several servers (elsewhere the read's
+    /// server stands for it, `ClientFloors::served`).
     Served,
     /// The insert position after a primary flight (a commit, or a read there).
     Position {

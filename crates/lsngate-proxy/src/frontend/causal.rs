@@ -1,11 +1,13 @@
-//! Causal reads, client side: each client's floor (its own commits, the positions its reads were
-//! served at, floors it set), where a read goes for it, and what happens when a replica cannot
-//! show the floor in time. The proxy segments themselves (a wait in front of a read, a position
+//! Causal reads, client side: each client's floor (its own commits, the primary's position behind
+//! its primary reads, floors it set), the replica server its last read ran on (what keeps its
+//! reads monotonic without a position, [`ClientFloors::served`]), where a read goes for it, and
+//! what happens when a replica cannot show the floor in time. The proxy segments themselves (a wait in front of a read, a position
 //! behind a commit) are added by `flight.rs`; their answers arrive here from `replies.rs`.
 //!
 //! A read is only ever re-run when it is a read: a standalone read-only statement outside a
 //! transaction block (or a `BEGIN READ ONLY`), whose replica answer was discarded unseen.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use lsngate_core::probe::{REPLAY_SQL, wait_for_sql};
@@ -16,8 +18,9 @@ use super::error::ClientError;
 use super::flight::Route;
 use super::plan::{Plan, SessionView, plan};
 use super::session::Session;
-use crate::backend::Target;
+use crate::backend::replay::ServerId;
 use crate::backend::timeline::Need;
+use crate::backend::{NodeState, Target};
 use crate::causal::{Floor, Outcome, SQLSTATE_GUARDED, SQLSTATE_NOT_CAUGHT_UP};
 use crate::config::{Consistency, Level};
 use crate::net::backend::build;
@@ -34,8 +37,15 @@ const GRACE: Duration = Duration::from_millis(100);
 pub struct ClientFloors {
     /// The client's consistency mode.
     pub mode: Consistency,
-    /// Raised by the client's commits and by the position each read was served at.
+    /// Raised by the client's commits, by the primary's position behind each primary read, and
+    /// when a read leaves the server of [`ClientFloors::served`].
     pub auto: Option<Floor>,
+    /// The replica server the client's last replica read ran on, until a position taken on the
+    /// primary after it covers it. No position is taken behind a replica read: replay only rises
+    /// on a running server (a restarted one is a new [`ServerId`]), so the next read on the same
+    /// server sees at least as much. A read placed on any other server first raises `auto` to
+    /// the primary's position (`Session::settle_served`), which that server cannot have passed.
+    pub served: Option<ServedOn>,
     /// Set by `SET lsngate.min_lsn` or the startup options.
     pub explicit: Option<Floor>,
     /// The causal scope set by `SET lsngate.scope` or the startup options (see `scopes.rs`).
@@ -52,10 +62,50 @@ pub struct ClientFloors {
     pub commit_unknown: bool,
 }
 
+/// Where a replica read ran (see [`ClientFloors::served`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServedOn {
+    /// The node (config index) it was placed on.
+    pub node: usize,
+    /// The server its connection reached (never unknown).
+    pub server: ServerId,
+    /// When the client's reads came to this server: they stay at most [`STICKY_FOR`].
+    pub since: Instant,
+}
+
+/// How long a client's reads stay on one replica server with nothing taken behind them: the
+/// first read after it carries the replay position behind it, as its floor, and the next read is
+/// placed afresh (the least busy replica that has that position, else the closest), so a
+/// replica that comes back, or one less busy, gets its share of long-lived clients' reads.
+pub const STICKY_FOR: Duration = Duration::from_secs(1);
+
 impl ClientFloors {
     /// The floor a read needs from the client's own state (without global/universal).
     pub fn own(&self) -> Option<Floor> {
         Floor::merge(self.auto, self.explicit)
+    }
+
+    /// A replica read goes to `server` through node `node` (`several`: the node showed more than
+    /// one server lately). Returns whether the replay position must be read behind it (its
+    /// answer raises the floor): where the server is unknown, behind an address that fronts
+    /// several servers (reads move between them on their own, and a mark would cost each move the
+    /// primary's position), and once the client's reads have stayed [`STICKY_FOR`] on this
+    /// server, which frees the next read to move. Otherwise the server is marked
+    /// ([`ClientFloors::served`]) and nothing is read behind it.
+    pub fn replica_read_sent(&mut self, node: usize, server: &ServerId, several: bool) -> bool {
+        let since = match self.served.take() {
+            Some(on) if on.server == *server => on.since,
+            _ => Instant::now(),
+        };
+        if server.is_unknown() || several || since.elapsed() >= STICKY_FOR {
+            return true;
+        }
+        self.served = Some(ServedOn {
+            node,
+            server: server.clone(),
+            since,
+        });
+        false
     }
 }
 
@@ -204,6 +254,20 @@ impl Session {
                 }
             }
         }
+        // Reads stay on the server of the client's last replica read while it serves: anywhere
+        // else they would first need the primary's position (a round trip).
+        let sticky = self.sticky_node();
+        if sticky.is_none()
+            && let Err(e) = self.settle_served().await
+        {
+            tracing::warn!(
+                "the client's last read ran on a replica it cannot read again, and the primary cannot be asked for a position past it ({e}); reading the primary"
+            );
+            self.record_read(Outcome::NoReplica);
+            return self
+                .dispatch_to(flight, class, Route::to(Some(Target::Primary)))
+                .await;
+        }
         let floor = match self.read_floor(statement_floor).await {
             Ok(floor) => floor,
             Err(e) => {
@@ -216,19 +280,24 @@ impl Session {
         let bounded = lag_bound.max_bytes.is_some() || lag_bound.max_lag.is_some();
         if floor.is_none() && !bounded {
             // Any healthy replica will do (no watcher lookups on this path).
-            let node = self.proxy.nodes.pick(Target::Replica);
+            let node = sticky
+                .clone()
+                .or_else(|| self.proxy.nodes.pick(Target::Replica));
             let outcome = match &node {
                 Some(n) if n.role() == crate::backend::Role::Replica => Outcome::Replica,
                 _ => Outcome::NoReplica,
             };
-            self.record_read(outcome);
             let route = match node.filter(|_| outcome == Outcome::Replica) {
                 Some(node) => Route {
                     target: Some(Target::Replica),
                     node: Some(node),
                     read: None,
+                    count: Some(outcome),
                 },
-                None => Route::to(Some(Target::Primary)),
+                None => Route {
+                    count: Some(outcome),
+                    ..Route::to(Some(Target::Primary))
+                },
             };
             return self.dispatch_to(flight, class, route).await;
         }
@@ -241,7 +310,13 @@ impl Session {
             Some(floor) => Need::Floor(floor.timeline),
             None => Need::Any,
         };
-        let replicas = causal.watcher.replicas(&self.proxy.nodes, need, bounded);
+        let mut replicas = causal.watcher.replicas(&self.proxy.nodes, need, bounded);
+        if let Some(sticky) = &sticky
+            && replicas.iter().any(|(n, _)| n.index == sticky.index)
+        {
+            // Only there: this read may wait on it rather than move (see `sticky_node`).
+            replicas.retain(|(n, _)| n.index == sticky.index);
+        }
         let states: Vec<_> = replicas.iter().map(|(_, s)| *s).collect();
         // A flight ending in Flush (Parse/Describe before a later Bind/Execute/Sync) cannot be
         // discarded and re-run: it waits first (`send_flight`) and never falls back by policy.
@@ -268,11 +343,11 @@ impl Session {
             }
             Decision::Replica { index, .. } if floor.is_none() => {
                 // No floor, only a lag bound: nothing to wait for.
-                self.record_read(Outcome::Replica);
                 let route = Route {
                     target: Some(Target::Replica),
                     node: Some(replicas[index].0.clone()),
                     read: None,
+                    count: Some(Outcome::Replica),
                 };
                 self.dispatch_to(read.flight, read.class, route).await
             }
@@ -295,6 +370,7 @@ impl Session {
                     target: Some(Target::Replica),
                     node,
                     read,
+                    count: None,
                 };
                 self.dispatch_to(flight, class, route).await
             }
@@ -435,7 +511,8 @@ impl Session {
         Ok(())
     }
 
-    /// The client committed (or read on the primary) at `floor`.
+    /// The client committed (or read on the primary) at `floor`: a position taken after its
+    /// last replica read, so past what that read saw (`ClientFloors::served`).
     pub(super) async fn on_position(
         &mut self,
         floor: Floor,
@@ -443,6 +520,7 @@ impl Session {
     ) -> Result<(), ClientError> {
         if self.floors.mode.tracks_positions() {
             self.floors.auto = Floor::merge(self.floors.auto, Some(floor));
+            self.floors.served = None;
         }
         if wrote {
             self.floors.commit = Some(floor);
@@ -461,12 +539,49 @@ impl Session {
         Ok(())
     }
 
-    /// A replica read was served at `lsn` (the replay position right after it).
+    /// A replica read was served at `lsn` (the replay position right after it), where its
+    /// server's identity was unknown and no [`ServedOn`] could stand for it.
     pub(super) fn on_served(&mut self, lsn: Lsn) {
         if !self.floors.mode.tracks_positions() {
             return;
         }
         self.floors.auto = Floor::merge(self.floors.auto, Some(Floor::at(lsn)));
+    }
+
+    /// The node of the client's last replica read ([`ClientFloors::served`]) while it still
+    /// serves reads and its monitor still reaches that same server: the next read goes there,
+    /// and needs nothing of the last one. `None` without such a read, or once the mode does not
+    /// keep reads monotonic.
+    fn sticky_node(&self) -> Option<Arc<NodeState>> {
+        let served = self.floors.served.as_ref()?;
+        if !self.floors.mode.tracks_positions() {
+            return None;
+        }
+        let node = self.proxy.nodes.get(served.node)?;
+        let same_server = self
+            .proxy
+            .causal
+            .watcher
+            .monitors(served.node, &served.server);
+        (same_server && self.proxy.nodes.serves(&node, Need::Any)).then_some(node)
+    }
+
+    /// Before a read on a server other than that of the client's last replica read: the
+    /// primary's position now, which no replica had passed when that read ran, becomes part of
+    /// the client's floor and the mark goes. Nothing to do without the mark (or in a mode that
+    /// does not keep reads monotonic); an error when the primary cannot be asked (the mark stays).
+    pub(super) async fn settle_served(&mut self) -> anyhow::Result<()> {
+        if self.floors.served.is_none() || !self.floors.mode.tracks_positions() {
+            return Ok(());
+        }
+        let primary = self
+            .proxy
+            .causal
+            .primary_position(&self.proxy.nodes, self.config.connect_timeout)
+            .await?;
+        self.floors.auto = Floor::merge(self.floors.auto, Some(primary));
+        self.floors.served = None;
+        Ok(())
     }
 
     /// Tells the client whether the answers it gets are fresh (only on change).
@@ -590,6 +705,7 @@ impl Session {
                     target: Some(Target::Replica),
                     node: Some(node),
                     read: None,
+                    count: None,
                 };
                 self.dispatch_to(read.flight, read.class, route).await
             }
@@ -599,6 +715,7 @@ impl Session {
                     target: Some(Target::Replica),
                     node: Some(node),
                     read: None,
+                    count: None,
                 };
                 self.dispatch_to(read.flight, read.class, route).await
             }
@@ -638,4 +755,47 @@ pub enum Settled {
     NotYet,
     /// The replica failed or went silent; the backend was dropped.
     Lost,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_stay_on_a_marked_server_and_take_a_position_when_they_must_move() {
+        let (a, b) = (ServerId::from("7/1/a:1"), ServerId::from("7/1/b:1"));
+        let mut floors = ClientFloors::default();
+        assert!(
+            !floors.replica_read_sent(0, &a, false),
+            "a first read marks its server"
+        );
+        let since = floors.served.as_ref().expect("marked").since;
+        assert!(!floors.replica_read_sent(0, &a, false));
+        assert_eq!(
+            floors.served.as_ref().map(|on| on.since),
+            Some(since),
+            "the same server keeps when the reads came to it"
+        );
+        assert!(!floors.replica_read_sent(1, &b, false));
+        let on = floors.served.clone().expect("marked");
+        assert_eq!(
+            (on.node, on.server),
+            (1, b.clone()),
+            "another server is marked anew"
+        );
+        // A second on one server: this read takes the position, and the mark goes.
+        floors.served.as_mut().expect("marked").since = Instant::now() - STICKY_FOR;
+        assert!(floors.replica_read_sent(1, &b, false));
+        assert_eq!(floors.served, None);
+        assert!(
+            floors.replica_read_sent(0, &a, true),
+            "an address that fronts several servers takes the position"
+        );
+        assert_eq!(floors.served, None);
+        assert!(
+            floors.replica_read_sent(0, &ServerId::default(), false),
+            "an unknown server takes the position"
+        );
+        assert_eq!(floors.served, None);
+    }
 }

@@ -17,6 +17,7 @@ use super::preparation::settings_sql;
 use super::session::Session;
 use crate::backend::{NodeState, PooledConn, Role, Target};
 use crate::causal::sql::{Probe, probe_segment, wait_for};
+use crate::causal::{Floor, Outcome};
 use crate::net::backend::TxStatus;
 use crate::net::sqlstate;
 use crate::net::{ErrorFields, FrontendMessage};
@@ -31,6 +32,9 @@ pub struct Route {
     pub node: Option<Arc<NodeState>>,
     /// The causal read this flight is, when routed by floor.
     pub read: Option<CausalRead>,
+    /// How the read ended, counted when the flight is sent (a read routed by floor is counted
+    /// by its wait instead).
+    pub count: Option<Outcome>,
 }
 
 impl Route {
@@ -154,7 +158,56 @@ impl Session {
         {
             return self.no_backend(e, segment_ends(&flight)).await;
         }
+        let mut route = route;
+        if route.node.is_some() && self.left_served_server() {
+            // Routing meant the server of the client's last replica read, and the connection
+            // reached another (restarted, or behind a load balancer): its floor first.
+            if let Err(e) = self.settle_served().await {
+                tracing::warn!(
+                    "a read moved to another replica server and the primary cannot be asked for a position past the client's last read ({e}); reading the primary"
+                );
+                self.release_backend();
+                let primary = Route {
+                    count: Some(Outcome::NoReplica),
+                    ..Route::to(Some(Target::Primary))
+                };
+                return Box::pin(self.dispatch_to(flight, class, primary)).await;
+            }
+            let floor = self.floors.own();
+            route.count = None;
+            route.read = Some(match route.read {
+                Some(read) => CausalRead {
+                    floor: Floor::merge(read.floor, floor),
+                    ..read
+                },
+                None => CausalRead {
+                    floor,
+                    flight: flight.clone(),
+                    class,
+                },
+            });
+        }
+        if let Some(outcome) = route.count {
+            self.record_read(outcome);
+        }
         self.send_flight(flight, class, route.read).await
+    }
+
+    /// Whether the attached replica connection, outside a transaction, reached another server
+    /// than the client's last replica read ran on (`ClientFloors::served`), in a mode that keeps
+    /// reads monotonic.
+    fn left_served_server(&self) -> bool {
+        let Some(attached) = self.backend.as_ref() else {
+            return false;
+        };
+        attached.target == Target::Replica
+            && self.status == TxStatus::Idle
+            && self.floors.mode.tracks_positions()
+            && self
+                .floors
+                .served
+                .as_ref()
+                .is_some_and(|s| s.server != attached.conn.facts.server)
     }
 
     /// Whether the replies due on the attached connection `b` must come in before `flight` is
@@ -600,8 +653,17 @@ impl Session {
             let owed = !attached.copy.closed && std::mem::take(&mut attached.position_owed);
             let probe = match attached.target {
                 Target::Replica if standalone_read || ends_block || read.is_some() => {
-                    attached.expect.push_back(Owner::Proxy(Duty::Served));
-                    Some(probe_segment(Probe::Replay, &mut attached.conn.prepared))
+                    let node = attached.conn.node;
+                    let several = self.proxy.causal.watcher.several_servers(node);
+                    if self
+                        .floors
+                        .replica_read_sent(node, &attached.conn.facts.server, several)
+                    {
+                        attached.expect.push_back(Owner::Proxy(Duty::Served));
+                        Some(probe_segment(Probe::Replay, &mut attached.conn.prepared))
+                    } else {
+                        None
+                    }
                 }
                 Target::Primary
                     if ends_block

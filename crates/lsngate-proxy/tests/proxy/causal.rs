@@ -706,6 +706,9 @@ fn reads_never_go_backwards_across_replicas_with_different_lag() {
                     backwards += 1;
                 }
                 last = last.max(n);
+                // Over 3 s: a session's reads stay on one replica for a second at most, then
+                // move with the replay position taken behind one read (`STICKY_FOR`).
+                tokio::time::sleep(Duration::from_millis(10)).await;
             }
             backwards
         })
@@ -716,6 +719,110 @@ fn reads_never_go_backwards_across_replicas_with_different_lag() {
     writer.join().unwrap();
     println!("reads that went backwards: eventual {control}/300, session {session}/300");
     assert_eq!(session, 0, "session mode keeps reads monotonic");
+    cluster.replica(0).set_apply_delay(Duration::ZERO).unwrap();
+}
+
+/// No position is taken behind a replica read: the session's reads stay on that server, and a
+/// read that must move (the server died) first raises the session's floor to the primary's
+/// position. Here the session reads the up-to-date replica1 while a writer counts up, replica1
+/// is killed, and every read after it lands on replica0, 2 s behind: none may show a lower
+/// count than the reads before the kill. Without the floor taken on the move, the reads on
+/// replica0 went back up to 2 s of counts.
+#[test]
+fn a_read_that_must_leave_its_replica_sees_no_less_than_the_reads_before() {
+    let cluster = Cluster::start(&ClusterConfig::default().replicas(2)).unwrap();
+    cluster.wait_streaming(Duration::from_secs(30)).unwrap();
+    let t = unique("moved");
+    cluster
+        .primary()
+        .sql(&format!(
+            "CREATE TABLE {t} (id int PRIMARY KEY, n bigint); INSERT INTO {t} VALUES (1, 0)"
+        ))
+        .unwrap();
+    caught_up(&cluster);
+    // Far longer than the proxy takes to notice the kill and move: the moved reads come while
+    // replica0 is still well behind what replica1 had shown.
+    cluster
+        .replica(0)
+        .set_apply_delay(Duration::from_secs(2))
+        .unwrap();
+    // A budget no replay of 2 s exceeds, so the moved reads wait on replica0 (a fallback to the
+    // primary would pass too, and prove less).
+    let proxy = proxy_with(&cluster, |f| f.wait_timeout_ms = Some(20_000));
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let writer = {
+        let (url, stop, t) = (cluster.primary().conninfo(), stop.clone(), t.clone());
+        std::thread::spawn(move || {
+            rt().block_on(async {
+                let client = connect(&url).await;
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    client
+                        .batch_execute(&format!("UPDATE {t} SET n = n + 1 WHERE id = 1"))
+                        .await
+                        .unwrap();
+                    tokio::time::sleep(Duration::from_millis(2)).await;
+                }
+            })
+        })
+    };
+    let (port0, port1) = (
+        cluster.replica(0).port() as i32,
+        cluster.replica(1).port() as i32,
+    );
+    let conninfo = format!(
+        "{} options='-c lsngate.consistency=session'",
+        proxy.conninfo()
+    );
+    let read_sql = format!("SELECT n, inet_server_port() FROM {t} WHERE id = 1");
+    let (before, after, backwards) = rt().block_on(async {
+        // A session whose reads run on replica1 (the first replica a session reads on is a
+        // random pick; a session keeps it).
+        let mut client = None;
+        for _ in 0..40 {
+            let c = connect(&conninfo).await;
+            let row = c.query_one(&read_sql, &[]).await.unwrap();
+            if row.get::<_, i32>(1) == port1 {
+                client = Some(c);
+                break;
+            }
+        }
+        let client = client.expect("no session of 40 read on replica1");
+        let (mut last, mut backwards, mut before, mut after) = (0i64, Vec::new(), 0, 0);
+        for i in 0..200 {
+            if i == 100 {
+                cluster.replica(1).kill().unwrap();
+            }
+            let row = client
+                .query_one(&read_sql, &[])
+                .await
+                .expect("the read survives the replica's death");
+            let (n, port): (i64, i32) = (row.get(0), row.get(1));
+            if n < last {
+                backwards.push(format!("read {i} on port {port}: {n} after {last}"));
+            }
+            last = last.max(n);
+            match port {
+                p if p == port1 => before += 1,
+                p if p == port0 => after += 1,
+                _ => {}
+            }
+        }
+        (before, after, backwards)
+    });
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    writer.join().unwrap();
+    println!(
+        "reads on replica1 {before}, on replica0 {after}, backwards {}: {:?}; {}",
+        backwards.len(),
+        backwards.first(),
+        proxy.status()["causal"]["outcomes"]
+    );
+    assert!(
+        before >= 100,
+        "the session left replica1 before it died ({before} reads there)"
+    );
+    assert!(after > 0, "no read reached replica0 after the kill");
+    assert!(backwards.is_empty(), "reads went backwards: {backwards:?}");
     cluster.replica(0).set_apply_delay(Duration::ZERO).unwrap();
 }
 

@@ -664,3 +664,124 @@ fn a_write_that_could_not_reach_the_primary_is_reported_not_sent() {
     );
     drop(forwarder);
 }
+
+/// A replica address that starts reaching another server (a load balancer or virtual IP moved)
+/// while the node's monitor and a pooled connection still reach the old one: the session's last
+/// read ran on the old server, and its next read gets a connection to the new one through the
+/// same node. No position is taken behind a replica read, so the proxy must see, on the
+/// connection itself, that the server changed, and take the primary's position as the floor
+/// first. Here the new server is 2 s behind the old one and a writer counts up: no read may show
+/// a lower count than the reads before the move. (Another client holds the connection to the
+/// old server in a read-only block, and a third makes the pool open one to the new server.)
+#[test]
+fn a_replica_address_that_moves_to_a_server_behind_gives_no_read_that_goes_back() {
+    let cluster = Cluster::start(&ClusterConfig::default().replicas(2)).unwrap();
+    cluster.wait_streaming(Duration::from_secs(30)).unwrap();
+    let t = unique("vip");
+    cluster
+        .primary()
+        .sql(&format!(
+            "CREATE TABLE {t} (id int PRIMARY KEY, n bigint); INSERT INTO {t} VALUES (1, 0)"
+        ))
+        .unwrap();
+    cluster.wait_caught_up(Duration::from_secs(30)).unwrap();
+    cluster
+        .replica(0)
+        .set_apply_delay(Duration::from_secs(2))
+        .unwrap();
+    let forwarder = lsngate_cluster::Forwarder::start(cluster.replica(1).port()).unwrap();
+    // The address is the proxy's only replica; its monitor does not look again during the run.
+    let mut file = file_config(&cluster);
+    let replica1 = &cluster.replica_urls()[1];
+    file.replicas = vec![replica1.replace(
+        &format!(":{}/", cluster.replica(1).port()),
+        &format!(":{}/", forwarder.port()),
+    )];
+    file.health_interval_ms = Some(60_000);
+    file.wait_timeout_ms = Some(20_000);
+    let proxy = TestProxy::with(file);
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let writer = {
+        let (url, stop, t) = (cluster.primary().conninfo(), stop.clone(), t.clone());
+        std::thread::spawn(move || {
+            rt().block_on(async {
+                let client = connect(&url).await;
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    client
+                        .batch_execute(&format!("UPDATE {t} SET n = n + 1 WHERE id = 1"))
+                        .await
+                        .unwrap();
+                    tokio::time::sleep(Duration::from_millis(2)).await;
+                }
+            })
+        })
+    };
+    let (port0, port1) = (
+        cluster.replica(0).port() as i32,
+        cluster.replica(1).port() as i32,
+    );
+    let read_sql = format!("SELECT n, inet_server_port() FROM {t} WHERE id = 1");
+    let conninfo = format!(
+        "{} options='-c lsngate.consistency=session'",
+        proxy.conninfo()
+    );
+    let (ports, backwards) = rt().block_on(async {
+        let client = connect(&conninfo).await;
+        // Prepared once: each read is then one flight, the first on the new server included
+        // (an unnamed statement's Parse would be a flight of its own there, ahead of the read).
+        let read = client.prepare(&read_sql).await.unwrap();
+        let (holder, opener) = (connect(&conninfo).await, connect(&conninfo).await);
+        let (mut last, mut backwards, mut ports) = (0i64, Vec::new(), Vec::new());
+        for i in 0..200 {
+            if i == 100 {
+                forwarder.set_target(cluster.replica(0).port());
+                holder.batch_execute("BEGIN READ ONLY").await.unwrap();
+                let held: i32 = holder
+                    .query_one("SELECT inet_server_port()", &[])
+                    .await
+                    .unwrap()
+                    .get(0);
+                assert_eq!(held, port1, "the idle connection to the old server is held");
+                opener
+                    .batch_execute("BEGIN READ ONLY; SELECT 1; COMMIT")
+                    .await
+                    .unwrap();
+            }
+            let row = client
+                .query_one(&read, &[])
+                .await
+                .expect("the read survives the move");
+            let (n, port): (i64, i32) = (row.get(0), row.get(1));
+            if n < last {
+                backwards.push(format!("read {i} on port {port}: {n} after {last}"));
+            }
+            last = last.max(n);
+            ports.push(port);
+        }
+        holder.batch_execute("COMMIT").await.unwrap();
+        (ports, backwards)
+    });
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    writer.join().unwrap();
+    let on = |port: i32, reads: &[i32]| reads.iter().filter(|&&p| p == port).count();
+    println!(
+        "before the move: {} on replica1; after: {} on replica0, {} elsewhere; backwards {}: {:?}; {}",
+        on(port1, &ports[..100]),
+        on(port0, &ports[100..]),
+        100 - on(port0, &ports[100..]),
+        backwards.len(),
+        backwards.first(),
+        proxy.status()["causal"]["outcomes"]
+    );
+    assert_eq!(
+        on(port1, &ports[..100]),
+        100,
+        "replica1 served before the move"
+    );
+    assert!(
+        on(port0, &ports[100..]) > 0,
+        "no read reached the server behind"
+    );
+    assert!(backwards.is_empty(), "reads went backwards: {backwards:?}");
+    cluster.replica(0).set_apply_delay(Duration::ZERO).unwrap();
+}
