@@ -658,65 +658,40 @@ fn after_a_failover_old_floors_read_the_new_primary_and_an_orphaned_replica_serv
 fn reads_never_go_backwards_across_replicas_with_different_lag() {
     let cluster = Cluster::start(&ClusterConfig::default().replicas(2)).unwrap();
     cluster.wait_streaming(Duration::from_secs(30)).unwrap();
-    let t = unique("monotonic");
-    cluster
-        .primary()
-        .sql(&format!(
-            "CREATE TABLE {t} (id int PRIMARY KEY, n bigint); INSERT INTO {t} VALUES (1, 0)"
-        ))
-        .unwrap();
-    caught_up(&cluster);
+    let counter = Counter::start(&cluster);
     cluster
         .replica(0)
         .set_apply_delay(Duration::from_millis(150))
         .unwrap();
     let proxy = proxy_with(&cluster, |_| {});
-    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let writer = {
-        let (url, stop, t) = (cluster.primary().conninfo(), stop.clone(), t.clone());
-        std::thread::spawn(move || {
-            rt().block_on(async {
-                let client = connect(&url).await;
-                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
-                    client
-                        .batch_execute(&format!("UPDATE {t} SET n = n + 1 WHERE id = 1"))
-                        .await
-                        .unwrap();
-                    tokio::time::sleep(Duration::from_millis(2)).await;
-                }
-            })
-        })
-    };
     let backwards = |mode: &'static str| {
         let conninfo = format!(
             "{} options='-c lsngate.consistency={mode}'",
             proxy.conninfo()
         );
-        let t = t.clone();
+        let t = counter.table.clone();
         rt().block_on(async move {
             let client = connect(&conninfo).await;
             let select = client
-                .prepare(&format!("SELECT n FROM {t} WHERE id = 1"))
+                .prepare(&format!(
+                    "SELECT n, inet_server_port() FROM {t} WHERE id = 1"
+                ))
                 .await
                 .unwrap();
-            let (mut last, mut backwards) = (0i64, 0);
-            for _ in 0..300 {
-                let n: i64 = client.query_one(&select, &[]).await.unwrap().get(0);
-                if n < last {
-                    backwards += 1;
-                }
-                last = last.max(n);
+            let mut backwards = Backwards::default();
+            for i in 0..300 {
+                let row = client.query_one(&select, &[]).await.unwrap();
+                backwards.read(i, row.get(1), row.get(0));
                 // Over 3 s: a session's reads stay on one replica for a second at most, then
                 // move with the replay position taken behind one read (`STICKY_FOR`).
                 tokio::time::sleep(Duration::from_millis(10)).await;
             }
-            backwards
+            backwards.seen.len()
         })
     };
     let control = backwards("eventual");
     let session = backwards("session");
-    stop.store(true, std::sync::atomic::Ordering::Relaxed);
-    writer.join().unwrap();
+    counter.stop();
     println!("reads that went backwards: eventual {control}/300, session {session}/300");
     assert_eq!(session, 0, "session mode keeps reads monotonic");
     cluster.replica(0).set_apply_delay(Duration::ZERO).unwrap();
@@ -732,14 +707,7 @@ fn reads_never_go_backwards_across_replicas_with_different_lag() {
 fn a_read_that_must_leave_its_replica_sees_no_less_than_the_reads_before() {
     let cluster = Cluster::start(&ClusterConfig::default().replicas(2)).unwrap();
     cluster.wait_streaming(Duration::from_secs(30)).unwrap();
-    let t = unique("moved");
-    cluster
-        .primary()
-        .sql(&format!(
-            "CREATE TABLE {t} (id int PRIMARY KEY, n bigint); INSERT INTO {t} VALUES (1, 0)"
-        ))
-        .unwrap();
-    caught_up(&cluster);
+    let counter = Counter::start(&cluster);
     // Far longer than the proxy takes to notice the kill and move: the moved reads come while
     // replica0 is still well behind what replica1 had shown.
     cluster
@@ -749,22 +717,6 @@ fn a_read_that_must_leave_its_replica_sees_no_less_than_the_reads_before() {
     // A budget no replay of 2 s exceeds, so the moved reads wait on replica0 (a fallback to the
     // primary would pass too, and prove less).
     let proxy = proxy_with(&cluster, |f| f.wait_timeout_ms = Some(20_000));
-    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let writer = {
-        let (url, stop, t) = (cluster.primary().conninfo(), stop.clone(), t.clone());
-        std::thread::spawn(move || {
-            rt().block_on(async {
-                let client = connect(&url).await;
-                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
-                    client
-                        .batch_execute(&format!("UPDATE {t} SET n = n + 1 WHERE id = 1"))
-                        .await
-                        .unwrap();
-                    tokio::time::sleep(Duration::from_millis(2)).await;
-                }
-            })
-        })
-    };
     let (port0, port1) = (
         cluster.replica(0).port() as i32,
         cluster.replica(1).port() as i32,
@@ -773,7 +725,10 @@ fn a_read_that_must_leave_its_replica_sees_no_less_than_the_reads_before() {
         "{} options='-c lsngate.consistency=session'",
         proxy.conninfo()
     );
-    let read_sql = format!("SELECT n, inet_server_port() FROM {t} WHERE id = 1");
+    let read_sql = format!(
+        "SELECT n, inet_server_port() FROM {} WHERE id = 1",
+        counter.table
+    );
     let (before, after, backwards) = rt().block_on(async {
         // A session whose reads run on replica1 (the first replica a session reads on is a
         // random pick; a session keeps it).
@@ -787,7 +742,7 @@ fn a_read_that_must_leave_its_replica_sees_no_less_than_the_reads_before() {
             }
         }
         let client = client.expect("no session of 40 read on replica1");
-        let (mut last, mut backwards, mut before, mut after) = (0i64, Vec::new(), 0, 0);
+        let (mut backwards, mut before, mut after) = (Backwards::default(), 0, 0);
         for i in 0..200 {
             if i == 100 {
                 cluster.replica(1).kill().unwrap();
@@ -797,20 +752,16 @@ fn a_read_that_must_leave_its_replica_sees_no_less_than_the_reads_before() {
                 .await
                 .expect("the read survives the replica's death");
             let (n, port): (i64, i32) = (row.get(0), row.get(1));
-            if n < last {
-                backwards.push(format!("read {i} on port {port}: {n} after {last}"));
-            }
-            last = last.max(n);
+            backwards.read(i, port, n);
             match port {
                 p if p == port1 => before += 1,
                 p if p == port0 => after += 1,
                 _ => {}
             }
         }
-        (before, after, backwards)
+        (before, after, backwards.seen)
     });
-    stop.store(true, std::sync::atomic::Ordering::Relaxed);
-    writer.join().unwrap();
+    counter.stop();
     println!(
         "reads on replica1 {before}, on replica0 {after}, backwards {}: {:?}; {}",
         backwards.len(),

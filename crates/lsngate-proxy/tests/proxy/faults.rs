@@ -677,14 +677,7 @@ fn a_write_that_could_not_reach_the_primary_is_reported_not_sent() {
 fn a_replica_address_that_moves_to_a_server_behind_gives_no_read_that_goes_back() {
     let cluster = Cluster::start(&ClusterConfig::default().replicas(2)).unwrap();
     cluster.wait_streaming(Duration::from_secs(30)).unwrap();
-    let t = unique("vip");
-    cluster
-        .primary()
-        .sql(&format!(
-            "CREATE TABLE {t} (id int PRIMARY KEY, n bigint); INSERT INTO {t} VALUES (1, 0)"
-        ))
-        .unwrap();
-    cluster.wait_caught_up(Duration::from_secs(30)).unwrap();
+    let counter = Counter::start(&cluster);
     cluster
         .replica(0)
         .set_apply_delay(Duration::from_secs(2))
@@ -700,27 +693,14 @@ fn a_replica_address_that_moves_to_a_server_behind_gives_no_read_that_goes_back(
     file.health_interval_ms = Some(60_000);
     file.wait_timeout_ms = Some(20_000);
     let proxy = TestProxy::with(file);
-    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let writer = {
-        let (url, stop, t) = (cluster.primary().conninfo(), stop.clone(), t.clone());
-        std::thread::spawn(move || {
-            rt().block_on(async {
-                let client = connect(&url).await;
-                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
-                    client
-                        .batch_execute(&format!("UPDATE {t} SET n = n + 1 WHERE id = 1"))
-                        .await
-                        .unwrap();
-                    tokio::time::sleep(Duration::from_millis(2)).await;
-                }
-            })
-        })
-    };
     let (port0, port1) = (
         cluster.replica(0).port() as i32,
         cluster.replica(1).port() as i32,
     );
-    let read_sql = format!("SELECT n, inet_server_port() FROM {t} WHERE id = 1");
+    let read_sql = format!(
+        "SELECT n, inet_server_port() FROM {} WHERE id = 1",
+        counter.table
+    );
     let conninfo = format!(
         "{} options='-c lsngate.consistency=session'",
         proxy.conninfo()
@@ -731,7 +711,7 @@ fn a_replica_address_that_moves_to_a_server_behind_gives_no_read_that_goes_back(
         // (an unnamed statement's Parse would be a flight of its own there, ahead of the read).
         let read = client.prepare(&read_sql).await.unwrap();
         let (holder, opener) = (connect(&conninfo).await, connect(&conninfo).await);
-        let (mut last, mut backwards, mut ports) = (0i64, Vec::new(), Vec::new());
+        let (mut backwards, mut ports) = (Backwards::default(), Vec::new());
         for i in 0..200 {
             if i == 100 {
                 forwarder.set_target(cluster.replica(0).port());
@@ -752,17 +732,13 @@ fn a_replica_address_that_moves_to_a_server_behind_gives_no_read_that_goes_back(
                 .await
                 .expect("the read survives the move");
             let (n, port): (i64, i32) = (row.get(0), row.get(1));
-            if n < last {
-                backwards.push(format!("read {i} on port {port}: {n} after {last}"));
-            }
-            last = last.max(n);
+            backwards.read(i, port, n);
             ports.push(port);
         }
         holder.batch_execute("COMMIT").await.unwrap();
-        (ports, backwards)
+        (ports, backwards.seen)
     });
-    stop.store(true, std::sync::atomic::Ordering::Relaxed);
-    writer.join().unwrap();
+    counter.stop();
     let on = |port: i32, reads: &[i32]| reads.iter().filter(|&&p| p == port).count();
     println!(
         "before the move: {} on replica1; after: {} on replica0, {} elsewhere; backwards {}: {:?}; {}",

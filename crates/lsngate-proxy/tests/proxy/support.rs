@@ -300,3 +300,75 @@ pub fn wait_primary_known(proxy: &TestProxy, port: u16) {
         std::thread::sleep(Duration::from_millis(50));
     }
 }
+
+/// A table with one row (`id` 1) whose `n` a thread counts up on the primary every 2 ms until
+/// [`Counter::stop`]: what the monotonic-read tests read (a read showing a lower `n` than an
+/// earlier one went back in time).
+pub struct Counter {
+    /// The table's name.
+    pub table: String,
+    stop: Arc<std::sync::atomic::AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Counter {
+    /// Creates the table (replicas caught up with it) and starts counting.
+    pub fn start(cluster: &Cluster) -> Counter {
+        let table = unique("counter");
+        cluster
+            .primary()
+            .sql(&format!(
+                "CREATE TABLE {table} (id int PRIMARY KEY, n bigint); INSERT INTO {table} VALUES (1, 0)"
+            ))
+            .unwrap();
+        caught_up(cluster);
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let thread = {
+            let (url, stop, sql) = (
+                cluster.primary().conninfo(),
+                stop.clone(),
+                format!("UPDATE {table} SET n = n + 1 WHERE id = 1"),
+            );
+            std::thread::spawn(move || {
+                rt().block_on(async {
+                    let client = connect(&url).await;
+                    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                        client.batch_execute(&sql).await.unwrap();
+                        tokio::time::sleep(Duration::from_millis(2)).await;
+                    }
+                })
+            })
+        };
+        Counter {
+            table,
+            stop,
+            thread: Some(thread),
+        }
+    }
+
+    /// Stops counting (a failed update fails the test here).
+    pub fn stop(mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        if let Some(thread) = self.thread.take() {
+            thread.join().expect("the counting thread failed");
+        }
+    }
+}
+
+/// Reads that showed a lower count than an earlier one, as `read I on port P: N after M`.
+#[derive(Default)]
+pub struct Backwards {
+    last: i64,
+    pub seen: Vec<String>,
+}
+
+impl Backwards {
+    /// Read `i` on the server at `port` showed `n`.
+    pub fn read(&mut self, i: usize, port: i32, n: i64) {
+        if n < self.last {
+            self.seen
+                .push(format!("read {i} on port {port}: {n} after {}", self.last));
+        }
+        self.last = self.last.max(n);
+    }
+}
