@@ -1,8 +1,9 @@
 //! Causal reads, client side: each client's floor (its own commits, the primary's position behind
 //! its primary reads, floors it set), the replica server its last read ran on (what keeps its
 //! reads monotonic without a position, [`ClientFloors::served`]), where a read goes for it, and
-//! what happens when a replica cannot show the floor in time. The proxy segments themselves (a wait in front of a read, a position
-//! behind a commit) are added by `flight.rs`; their answers arrive here from `replies.rs`.
+//! what happens when a replica cannot show the floor in time. The proxy segments themselves (a
+//! wait in front of a read, a position behind a commit) are added by `flight.rs`; their answers
+//! arrive here from `replies.rs`.
 //!
 //! A read is only ever re-run when it is a read: a standalone read-only statement outside a
 //! transaction block (or a `BEGIN READ ONLY`), whose replica answer was discarded unseen.
