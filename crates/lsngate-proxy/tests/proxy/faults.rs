@@ -644,6 +644,11 @@ fn a_write_that_could_not_reach_the_primary_is_reported_not_sent() {
     });
     rt().block_on(async {
         let client = connect(&proxy.conninfo()).await;
+        // The pool's clock is the coarse one (a tick of a few milliseconds): a connection given
+        // back within the tick it opened in is not yet past a 1 ms lifetime, and the write
+        // reused the login's (CI, 2026-12-05, on a fast machine). Past a few ticks, the checkout
+        // closes it.
+        tokio::time::sleep(Duration::from_millis(50)).await;
         forwarder.set(lsngate_cluster::Fault::Reset);
         let insert = format!("INSERT INTO {t} VALUES (1)");
         let refused = client
