@@ -656,13 +656,7 @@ fn after_a_failover_old_floors_read_the_new_primary_and_an_orphaned_replica_serv
 
 #[test]
 fn reads_never_go_backwards_across_replicas_with_different_lag() {
-    let cluster = Cluster::start(&ClusterConfig::default().replicas(2)).unwrap();
-    cluster.wait_streaming(Duration::from_secs(30)).unwrap();
-    let counter = Counter::start(&cluster);
-    cluster
-        .replica(0)
-        .set_apply_delay(Duration::from_millis(150))
-        .unwrap();
+    let (cluster, counter) = Counter::on_two_replicas(Duration::from_millis(150));
     let proxy = proxy_with(&cluster, |_| {});
     let backwards = |mode: &'static str| {
         let conninfo = format!(
@@ -705,15 +699,9 @@ fn reads_never_go_backwards_across_replicas_with_different_lag() {
 /// replica0 went back up to 2 s of counts.
 #[test]
 fn a_read_that_must_leave_its_replica_sees_no_less_than_the_reads_before() {
-    let cluster = Cluster::start(&ClusterConfig::default().replicas(2)).unwrap();
-    cluster.wait_streaming(Duration::from_secs(30)).unwrap();
-    let counter = Counter::start(&cluster);
     // Far longer than the proxy takes to notice the kill and move: the moved reads come while
     // replica0 is still well behind what replica1 had shown.
-    cluster
-        .replica(0)
-        .set_apply_delay(Duration::from_secs(2))
-        .unwrap();
+    let (cluster, counter) = Counter::on_two_replicas(Duration::from_secs(2));
     // A budget no replay of 2 s exceeds, so the moved reads wait on replica0 (a fallback to the
     // primary would pass too, and prove less).
     let proxy = proxy_with(&cluster, |f| f.wait_timeout_ms = Some(20_000));

@@ -680,13 +680,7 @@ fn a_write_that_could_not_reach_the_primary_is_reported_not_sent() {
 /// old server in a read-only block, and a third makes the pool open one to the new server.)
 #[test]
 fn a_replica_address_that_moves_to_a_server_behind_gives_no_read_that_goes_back() {
-    let cluster = Cluster::start(&ClusterConfig::default().replicas(2)).unwrap();
-    cluster.wait_streaming(Duration::from_secs(30)).unwrap();
-    let counter = Counter::start(&cluster);
-    cluster
-        .replica(0)
-        .set_apply_delay(Duration::from_secs(2))
-        .unwrap();
+    let (cluster, counter) = Counter::on_two_replicas(Duration::from_secs(2));
     let forwarder = lsngate_cluster::Forwarder::start(cluster.replica(1).port()).unwrap();
     // The address is the proxy's only replica; its monitor does not look again during the run.
     let mut file = file_config(&cluster);

@@ -312,6 +312,17 @@ pub struct Counter {
 }
 
 impl Counter {
+    /// A cluster of a primary and two streaming replicas, counting, with replica0 held `behind`
+    /// (its `recovery_min_apply_delay`): what a read moving between the replicas may go back by.
+    pub fn on_two_replicas(behind: Duration) -> (Cluster, Counter) {
+        let cluster =
+            Cluster::start(&lsngate_cluster::ClusterConfig::default().replicas(2)).unwrap();
+        cluster.wait_streaming(Duration::from_secs(30)).unwrap();
+        let counter = Counter::start(&cluster);
+        cluster.replica(0).set_apply_delay(behind).unwrap();
+        (cluster, counter)
+    }
+
     /// Creates the table (replicas caught up with it) and starts counting.
     pub fn start(cluster: &Cluster) -> Counter {
         let table = unique("counter");
