@@ -157,6 +157,14 @@ enum ServerStream {
     Memory(tokio::io::DuplexStream),
 }
 
+/// A new stamp for a connection's reported values: unique in the process, so a session that
+/// has compared its client's values with one stamp's needs not compare them again while its
+/// own are unchanged, whichever pooled connection carries it.
+fn reported_stamp() -> u64 {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+}
+
 /// An authenticated server connection.
 #[derive(Debug)]
 pub struct BackendConn {
@@ -185,8 +193,9 @@ pub struct BackendConn {
     /// since): PostgreSQL reports a `GUC_REPORT` setting only when its value differs from the one
     /// it last reported on the connection, so this is what the server takes the other end to know.
     pub reported: HashMap<String, String>,
-    /// Bumped at every change of `reported`.
-    pub reported_version: u64,
+    /// Names this connection's `reported` as it is now: a stamp no other connection of the
+    /// process has, taken anew at every change (see [`reported_stamp`]).
+    pub reported_stamp: u64,
     /// When the connection was opened, for `server_lifetime`.
     pub opened: super::clock::Coarse,
     /// Which server this is and its WAL layout, learned right after login.
@@ -654,7 +663,7 @@ impl BackendConn {
                     && self.reported.get(&name) != Some(&value)
                 {
                     self.reported.insert(name, value);
-                    self.reported_version += 1;
+                    self.reported_stamp = reported_stamp();
                 }
                 Ok(frame)
             }
@@ -850,7 +859,7 @@ impl BackendConn {
             unnamed: None,
             applied: Settings::new(),
             reported: HashMap::new(),
-            reported_version: 0,
+            reported_stamp: reported_stamp(),
             facts: ServerFacts::default(),
             opened: super::clock::Coarse::now(),
             severable: None,

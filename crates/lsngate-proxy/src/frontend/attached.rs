@@ -258,9 +258,6 @@ pub struct Attached {
     /// statements (see `statement::may_reset_in_parts`): the client's next flight waits for the
     /// read-back behind it, and for the startup values applied again (`Session::on_resync`).
     pub reset_in_doubt: bool,
-    /// The `conn.reported_version` the client's reported values were last compared with (see
-    /// `Session::report_changes`); none yet on a fresh attachment.
-    pub reported_seen: Option<u64>,
     /// A statement that pins the session (SQL `PREPARE`, `LISTEN`, `DECLARE`) was sent and the
     /// session pinned, but the server has not said it ran: the last client segment of its flight
     /// (see `segments_done`). If that segment ends without the statement's CommandComplete (the
@@ -307,7 +304,6 @@ impl Attached {
             segments_sent: 0,
             unconfirmed: VecDeque::new(),
             reset_rewritten: None,
-            reported_seen: None,
             reset_tags: VecDeque::new(),
             reset_in_doubt: false,
             pin_unconfirmed: None,

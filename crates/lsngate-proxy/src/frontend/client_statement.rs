@@ -40,9 +40,56 @@ impl ClientStatement {
     pub fn identity(&self) -> &str {
         &self.identity
     }
+
+    /// Whether a Parse of `param_types` and `query` defines this statement: the same identity,
+    /// compared without building it.
+    pub fn is(&self, param_types: &[u32], query: &str) -> bool {
+        crate::net::same(&self.param_types, param_types)
+            && crate::net::same_text(&self.query, query)
+    }
 }
 
-/// The identity of a statement parsed with `param_types` and `query`.
+/// The identity of a statement parsed with `param_types` and `query`: `[23, 25]|text`. Built
+/// for every Parse a client sends, so by hand rather than through `format!`.
 pub fn statement_identity(param_types: &[u32], query: &str) -> String {
-    format!("{param_types:?}|{query}")
+    let mut identity = String::with_capacity(query.len() + 3 + 12 * param_types.len());
+    identity.push('[');
+    for (i, oid) in param_types.iter().enumerate() {
+        if i > 0 {
+            identity.push_str(", ");
+        }
+        push_decimal(&mut identity, *oid);
+    }
+    identity.push_str("]|");
+    identity.push_str(query);
+    identity
+}
+
+fn push_decimal(out: &mut String, mut n: u32) {
+    let mut digits = [0u8; 10];
+    let mut at = digits.len();
+    loop {
+        at -= 1;
+        digits[at] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    out.extend(digits[at..].iter().map(|&d| char::from(d)));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::statement_identity;
+
+    #[test]
+    fn an_identity_is_the_parameter_types_then_the_text() {
+        for types in [&[][..], &[0], &[23, 25], &[u32::MAX, 10, 1_000_000]] {
+            assert_eq!(
+                statement_identity(types, "SELECT $1"),
+                format!("{types:?}|SELECT $1")
+            );
+        }
+    }
 }

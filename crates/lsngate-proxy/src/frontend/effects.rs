@@ -13,8 +13,8 @@ use super::pipeline::Unconfirmed;
 use super::preparation::{all_dropped, all_in_doubt, settings_sql};
 use super::session::Session;
 use crate::backend::Settings;
-use crate::net::FrontendMessage;
 use crate::net::backend::TxStatus;
+use crate::net::{FrontendMessage, NameKey};
 use crate::statement::{Class, session_set, setting_reset};
 
 /// [`Attached::reset_tags`] entries for a flight: per Execute whether its portal (bound in this
@@ -78,10 +78,10 @@ impl Session {
         for (m, statement) in flight.iter().zip(self.statement_per_message(flight)) {
             match m {
                 FrontendMessage::Bind { portal, .. } => {
-                    portals.insert(portal.as_str(), statement);
+                    portals.insert(NameKey(portal), statement);
                 }
                 FrontendMessage::Execute { portal, .. } => {
-                    if let Some(Some(s)) = portals.get(portal.as_str())
+                    if let Some(Some(s)) = portals.get(&NameKey(portal))
                         && changes_state(s.class)
                     {
                         effects.push((s.class, s.query.clone()));
@@ -111,11 +111,11 @@ impl Session {
         for (m, statement) in flight.iter().zip(statements).skip(tail) {
             match m {
                 FrontendMessage::Bind { portal, .. } => {
-                    portals.insert(portal.as_str(), statement);
+                    portals.insert(NameKey(portal), statement);
                 }
                 FrontendMessage::Execute { portal, .. } => {
                     let begins = portals
-                        .get(portal.as_str())
+                        .get(&NameKey(portal))
                         .copied()
                         .flatten()
                         .is_some_and(|s| matches!(s.class, Class::Begin { .. }));

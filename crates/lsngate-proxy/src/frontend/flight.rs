@@ -278,14 +278,14 @@ impl Session {
         let mut bound = HashSet::new();
         flight.iter().all(|m| match m {
             FrontendMessage::Bind { portal, .. } => {
-                bound.insert(portal.as_str());
+                bound.insert(crate::net::NameKey(portal));
                 true
             }
             FrontendMessage::Execute { portal, .. }
             | FrontendMessage::Describe {
                 kind: b'P',
                 name: portal,
-            } => bound.contains(portal.as_str()),
+            } => bound.contains(&crate::net::NameKey(portal)),
             _ => true,
         })
     }

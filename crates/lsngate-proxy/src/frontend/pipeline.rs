@@ -14,7 +14,7 @@
 use std::collections::HashMap;
 
 use super::client_statement::ClientStatement;
-use crate::net::FrontendMessage;
+use crate::net::{FrontendMessage, NameKey, same_text};
 
 /// What the messages of the flight being assembled changed in the client's view.
 #[derive(Debug, Default, Clone)]
@@ -29,7 +29,7 @@ pub struct FlightLog {
 impl FlightLog {
     /// Records the value of `name` before the flight first touches it.
     pub fn touch(&mut self, name: &str, current: Option<&ClientStatement>) {
-        if !self.before.iter().any(|(n, _)| n == name) {
+        if !self.before.iter().any(|(n, _)| same_text(n, name)) {
             self.before.push((name.to_string(), current.cloned()));
         }
     }
@@ -78,26 +78,25 @@ pub fn statements_at<'a>(
     flight: &[FrontendMessage],
 ) -> (Vec<At<'a>>, Option<Kept<'a>>) {
     // The flight's own changes so far, by name; untouched names are what they were before it.
-    let mut now: HashMap<&str, Option<&'a ClientStatement>> = HashMap::new();
+    let mut now: HashMap<NameKey<'_>, Option<&'a ClientStatement>> = HashMap::new();
     let mut all_gone = false;
     let mut parsed = log.parsed.iter();
     // Portals bound in this flight to DEALLOCATE ALL (kept only for those).
     let mut deallocating: Vec<&str> = Vec::new();
     let before = |name: &str| -> Option<&'a ClientStatement> {
-        match log.before.iter().find(|(n, _)| n == name) {
+        match log.before.iter().find(|(n, _)| same_text(n, name)) {
             Some((_, s)) => s.as_ref(),
             None if name.is_empty() => unnamed,
             None => statements.get(name),
         }
     };
-    let lookup =
-        |now: &HashMap<&str, Option<&'a ClientStatement>>, all_gone: bool, name: &str| match now
-            .get(name)
-        {
-            Some(s) => *s,
-            None if all_gone && !name.is_empty() => None,
-            None => before(name),
-        };
+    let lookup = |now: &HashMap<NameKey<'_>, Option<&'a ClientStatement>>,
+                  all_gone: bool,
+                  name: &str| match now.get(&NameKey(name)) {
+        Some(s) => *s,
+        None if all_gone && !name.is_empty() => None,
+        None => before(name),
+    };
     let mut at = Vec::with_capacity(flight.len());
     for m in flight {
         let here = match m {
@@ -106,9 +105,10 @@ pub fn statements_at<'a>(
                 query,
                 param_types,
             } => {
-                let identity = super::client_statement::statement_identity(param_types, query);
                 let own = match parsed.next() {
-                    Some((name, s)) if name == statement && s.identity() == identity => Some(s),
+                    Some((name, s)) if same_text(name, statement) && s.is(param_types, query) => {
+                        Some(s)
+                    }
                     _ => None,
                 };
                 let held = lookup(&now, all_gone, statement);
@@ -119,15 +119,15 @@ pub fn statements_at<'a>(
                     }
                     // No record of this Parse (a flight re-run later): the view already has
                     // what it defined.
-                    (None, Some(held)) if !statement.is_empty() && held.identity() != identity => {
+                    (None, Some(held)) if !statement.is_empty() && !held.is(param_types, query) => {
                         At::Duplicate(held)
                     }
                     (None, held) => {
-                        now.insert(statement.as_str(), held);
+                        now.insert(NameKey(statement), held);
                         held.map_or(At::Nothing, At::Statement)
                     }
                     (Some(own), _) => {
-                        now.insert(statement.as_str(), Some(own));
+                        now.insert(NameKey(statement), Some(own));
                         At::Statement(own)
                     }
                 }
@@ -136,7 +136,7 @@ pub fn statements_at<'a>(
                 portal, statement, ..
             } => {
                 let s = lookup(&now, all_gone, statement);
-                deallocating.retain(|p| p != portal);
+                deallocating.retain(|p| !same_text(p, portal));
                 if s.is_some_and(deallocates_all) {
                     deallocating.push(portal.as_str());
                 }
@@ -149,21 +149,23 @@ pub fn statements_at<'a>(
             FrontendMessage::Close { kind: b'S', name } => {
                 // The statement it closes, if the client holds one there.
                 let s = lookup(&now, all_gone, name);
-                now.insert(name.as_str(), None);
+                now.insert(NameKey(name), None);
                 s.map_or(At::Nothing, At::Statement)
             }
             FrontendMessage::Close { kind: b'P', name } => {
-                deallocating.retain(|p| p != name);
+                deallocating.retain(|p| !same_text(p, name));
                 At::Nothing
             }
-            FrontendMessage::Execute { portal, .. } if deallocating.contains(&portal.as_str()) => {
-                now.retain(|name, _| name.is_empty());
+            FrontendMessage::Execute { portal, .. }
+                if deallocating.iter().any(|p| same_text(p, portal)) =>
+            {
+                now.retain(|name, _| name.0.is_empty());
                 all_gone = true;
                 At::DeallocateAll
             }
             FrontendMessage::Query(_) => {
                 // A simple Query drops the unnamed statement.
-                now.insert("", None);
+                now.insert(NameKey(""), None);
                 At::Nothing
             }
             _ => At::Nothing,
@@ -172,8 +174,8 @@ pub fn statements_at<'a>(
     }
     let after = all_gone.then(|| {
         now.iter()
-            .filter(|(name, _)| !name.is_empty())
-            .filter_map(|(name, s)| s.map(|s| (name.to_string(), s)))
+            .filter(|(name, _)| !name.0.is_empty())
+            .filter_map(|(name, s)| s.map(|s| (name.0.to_string(), s)))
             .collect()
     });
     (at, after)
@@ -218,12 +220,12 @@ pub fn replay(log: &FlightLog, pending: &[FrontendMessage], name: &str) -> Optio
     let mut held = log
         .before
         .iter()
-        .find(|(n, _)| n == name)
+        .find(|(n, _)| same_text(n, name))
         .and_then(|(_, s)| s.clone());
-    let mut defs = log.parsed.iter().filter(|(n, _)| n == name);
+    let mut defs = log.parsed.iter().filter(|(n, _)| same_text(n, name));
     for m in pending {
         match m {
-            FrontendMessage::Parse { statement, .. } if statement == name => {
+            FrontendMessage::Parse { statement, .. } if same_text(statement, name) => {
                 let def = defs.next();
                 if held.is_none() {
                     held = def.map(|(_, s)| s.clone());
@@ -232,7 +234,7 @@ pub fn replay(log: &FlightLog, pending: &[FrontendMessage], name: &str) -> Optio
             FrontendMessage::Close {
                 kind: b'S',
                 name: n,
-            } if n == name => held = None,
+            } if same_text(n, name) => held = None,
             _ => {}
         }
     }

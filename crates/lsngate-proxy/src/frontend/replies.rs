@@ -49,6 +49,10 @@ const SERVER_FACTS: &[&str] = &[
     "integer_datetimes",
 ];
 
+/// How many connections' reported values a session remembers its client's covering (see
+/// `Session::reported_covers`): about a pool's worth.
+const REPORTED_COVERS: usize = 64;
+
 /// Replies to the client's statements that need no decision by the proxy: relayed byte for byte.
 /// (Not ParameterStatus: see `Session::report_changes`.)
 fn relayed_as_is(tag: u8) -> bool {
@@ -85,21 +89,32 @@ impl Session {
     /// the client's session's (the proxy makes it carry exactly the client's settings), so the
     /// client hears of exactly the changes a direct connection would report.
     pub(super) fn report_changes(&mut self) {
-        let Some(b) = self.backend.as_mut() else {
+        let Some(b) = self.backend.as_ref() else {
             return;
         };
-        if b.reported_seen == Some(b.conn.reported_version) {
+        let stamp = b.conn.reported_stamp;
+        if self.reported_covers.contains(&stamp) {
             return;
         }
-        b.reported_seen = Some(b.conn.reported_version);
+        let mut told = false;
         for (name, value) in &b.conn.reported {
-            if SERVER_FACTS.contains(&name.as_str()) || self.reported.get(name) == Some(value) {
+            if SERVER_FACTS.contains(&name.as_str())
+                || self
+                    .reported
+                    .get(name)
+                    .is_some_and(|v| crate::net::same_text(v, value))
+            {
                 continue;
             }
             self.io
                 .queue(&crate::net::backend::build::parameter_status(name, value));
             self.reported.insert(name.clone(), value.clone());
+            told = true;
         }
+        if told || self.reported_covers.len() >= REPORTED_COVERS {
+            self.reported_covers.clear();
+        }
+        self.reported_covers.push(stamp);
     }
 
     /// Relays replies until none are due. Not into a COPY FROM STDIN the client has not ended

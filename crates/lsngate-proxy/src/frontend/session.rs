@@ -117,6 +117,9 @@ pub struct Session {
     /// The ParameterStatus values the client was told, at login and since (see
     /// `Session::report_changes`).
     pub(super) reported: HashMap<String, String>,
+    /// Stamps (`BackendConn::reported_stamp`) of connections whose reported values all equal
+    /// the client's, checked since `reported` last changed: `report_changes` skips them.
+    pub(super) reported_covers: Vec<u64>,
     shutdown: watch::Receiver<bool>,
     /// Its entry in the client registry: KILL_CLIENT and KILL on the admin console fire it.
     client: Option<Arc<crate::clients::ClientEntry>>,
@@ -224,6 +227,7 @@ impl Session {
             reset_rewritten: None,
             skip_to_sync: false,
             reported,
+            reported_covers: Vec::new(),
             shutdown,
             client: Some(client),
         })
@@ -277,6 +281,7 @@ impl Session {
             reset_rewritten: None,
             skip_to_sync: false,
             reported: HashMap::new(),
+            reported_covers: Vec::new(),
             shutdown: watch::channel(false).1,
             client: None,
         }
@@ -745,12 +750,15 @@ impl Session {
         }
         let used = self.flight_statements(&flight);
         // Portals bound in this flight are what their statement is; others what they were.
-        let mut bound: HashMap<&str, bool> = HashMap::new();
+        let mut bound: HashMap<crate::net::NameKey<'_>, bool> = HashMap::new();
         let mut portals_local = false;
         for (m, s) in flight.iter().zip(self.statement_per_message(&flight)) {
             match m {
                 FrontendMessage::Bind { portal, .. } => {
-                    bound.insert(portal.as_str(), s.is_some_and(|s| s.local.is_some()));
+                    bound.insert(
+                        crate::net::NameKey(portal),
+                        s.is_some_and(|s| s.local.is_some()),
+                    );
                 }
                 FrontendMessage::Execute { portal, .. }
                 | FrontendMessage::Describe {
@@ -758,7 +766,7 @@ impl Session {
                     name: portal,
                 } => {
                     portals_local |= bound
-                        .get(portal.as_str())
+                        .get(&crate::net::NameKey(portal))
                         .copied()
                         .unwrap_or_else(|| self.local_portals.contains_key(portal.as_str()));
                 }

@@ -71,7 +71,7 @@ impl Session {
                 flight[..at].iter().rev().find_map(|b| match b {
                     FrontendMessage::Bind {
                         portal, statement, ..
-                    } if portal == name => Some(statement.as_str()),
+                    } if crate::net::same_text(portal, name) => Some(statement.as_str()),
                     _ => None,
                 })
             };

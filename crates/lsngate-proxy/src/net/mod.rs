@@ -211,6 +211,41 @@ impl<'a> Fields<'a> {
     }
 }
 
+/// Whether two strings off the wire are equal — statement and portal names, parameter values —
+/// without handing glibc's `memcmp` an empty string. An empty `String` points at the dangling
+/// address 1, and `str`'s `==` calls `memcmp` even for length 0: glibc's AVX-512 `memcmp` then
+/// issues a masked load from that unmapped page, which the CPU completes through a
+/// fault-suppression assist. On the Xeon this was measured on, one such comparison took 119 ns
+/// against 2.5 ns for one byte, and the unnamed statement and portal (`""`) are what most
+/// drivers use: before this, `memcmp` was 12% of the proxy's CPU under pgbench.
+/// The same holds for any slice of integers (a Parse's parameter types): see [`same`].
+#[inline]
+pub fn same_text(a: &str, b: &str) -> bool {
+    same(a.as_bytes(), b.as_bytes())
+}
+
+/// Slice equality that never calls `memcmp` for two empty slices (see [`same_text`]).
+#[inline]
+pub fn same<T: PartialEq>(a: &[T], b: &[T]) -> bool {
+    a.len() == b.len() && (a.is_empty() || a == b)
+}
+
+/// A map key for a name off the wire, compared with [`same_text`].
+#[derive(Debug, Clone, Copy, Eq)]
+pub struct NameKey<'a>(pub &'a str);
+
+impl PartialEq for NameKey<'_> {
+    fn eq(&self, other: &Self) -> bool {
+        same_text(self.0, other.0)
+    }
+}
+
+impl std::hash::Hash for NameKey<'_> {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.0.hash(state)
+    }
+}
+
 /// Appends a NUL-terminated string.
 pub(crate) fn put_cstr(out: &mut BytesMut, s: &str) {
     out.put_slice(s.as_bytes());
@@ -221,6 +256,31 @@ pub(crate) fn put_cstr(out: &mut BytesMut, s: &str) {
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    proptest! {
+        /// `same_text` is `==`, and a `NameKey` map finds what a `&str` map finds, empty
+        /// names (a `String::new()`, dangling pointer and all) included.
+        #[test]
+        fn same_text_is_equality(a in "[ab]{0,3}", b in "[ab]{0,3}") {
+            let (a, b) = (a.clone(), b.clone());
+            prop_assert_eq!(same_text(&a, &b), a == b);
+            prop_assert_eq!(same(a.as_bytes(), b.as_bytes()), a == b);
+            let map: std::collections::HashMap<NameKey<'_>, u8> = [(NameKey(a.as_str()), 1)].into();
+            prop_assert_eq!(map.contains_key(&NameKey(&b)), a == b);
+        }
+    }
+
+    #[test]
+    fn empty_strings_from_anywhere_are_the_same_text() {
+        let parsed = String::from_utf8(Vec::new()).unwrap();
+        for empty in [String::new(), String::with_capacity(8), parsed] {
+            assert!(same_text(&empty, ""));
+            assert!(same_text("", &empty));
+            assert!(!same_text(&empty, "x"));
+        }
+        assert!(same::<u32>(&[], &Vec::new()));
+        assert!(!same(&[23u32][..], &[]));
+    }
 
     #[test]
     fn incomplete_frame_waits_and_consumes_nothing() {
