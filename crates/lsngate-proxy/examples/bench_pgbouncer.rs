@@ -7,7 +7,11 @@
 //! (consistency session, the default) — same clients, one run side by side. Prints a table with
 //! TPS and latency ratios, then JSON.
 //!
-//! `cargo run --release -p lsngate-proxy --example bench_pgbouncer -- [seconds] [clients] [proxy threads] [rounds] [all|poolers]`
+//! `cargo run --release -p lsngate-proxy --example bench_pgbouncer -- [seconds] [clients] [proxy threads] [rounds] [all|poolers] [simple|extended]`
+//!
+//! The last argument is pgbench's `-M`: `simple` (the default) sends each statement as a simple
+//! Query; `extended` as Parse/Bind/Describe/Execute/Sync of the unnamed statement, as most drivers
+//! do (JDBC, psycopg 3, asyncpg, pgx, node-postgres with parameters).
 //!
 //! Each round runs every target once, interleaved (every other round in reverse order, each run
 //! after the replica caught up and both servers checkpointed); `poolers` runs only PgBouncer,
@@ -387,6 +391,11 @@ fn main() {
         Some("poolers") => true,
         Some(other) => panic!("targets {other:?}: use `all` (the default) or `poolers`"),
     };
+    let protocol = match args.get(6).map(String::as_str) {
+        None | Some("simple") => "simple",
+        Some("extended") => "extended",
+        Some(other) => panic!("protocol {other:?}: use `simple` (the default) or `extended`"),
+    };
     let pgo_bin = std::env::var_os("LSNGATE_PGO_BIN").map(PathBuf::from);
     if let Some(bin) = &pgo_bin {
         assert!(
@@ -477,7 +486,7 @@ fn main() {
     let workloads: [(&'static str, Vec<&str>); 2] = [
         (
             "select-only (-S)",
-            vec!["-n", "-S", "-M", "simple", "-c", &c, "-j", "2", "-T", &t],
+            vec!["-n", "-S", "-M", protocol, "-c", &c, "-j", "2", "-T", &t],
         ),
         (
             "mixed 3 reads + 1 update",
@@ -485,7 +494,7 @@ fn main() {
                 "-n",
                 &script_arg,
                 "-M",
-                "simple",
+                protocol,
                 "-c",
                 &c,
                 "-j",
@@ -548,7 +557,7 @@ fn main() {
     let results = medians(&runs);
     drop((bouncer, lsn_primary, lsn_pgo, lsn_split, lsn_causal, relay));
     drop((pgpool_primary, pgpool_balanced));
-    print_table(&runs, &results, clients, seconds, threads, rounds);
+    print_table(&runs, &results, clients, seconds, threads, rounds, protocol);
 }
 
 /// Lets the replica replay everything and checkpoints both servers, so each run starts from the
@@ -643,9 +652,10 @@ fn print_table(
     seconds: u64,
     threads: usize,
     rounds: usize,
+    protocol: &str,
 ) {
     println!(
-        "\npgbench, {clients} clients, {seconds} s per run, medians of {rounds} interleaved rounds (every other one in reverse order, the replica caught up and both servers checkpointed before each run), scale 10, -M simple, loopback, 2 cores shared by everything, each pooler a process in its own session, lsngate on {threads} runtime thread(s); ratios are medians of the per-round ratios to PgBouncer's run of the same round\n"
+        "\npgbench, {clients} clients, {seconds} s per run, medians of {rounds} interleaved rounds (every other one in reverse order, the replica caught up and both servers checkpointed before each run), scale 10, -M {protocol}, loopback, 2 cores shared by everything, each pooler a process in its own session, lsngate on {threads} runtime thread(s); ratios are medians of the per-round ratios to PgBouncer's run of the same round\n"
     );
     println!(
         "| workload | target | TPS | avg latency | pooler CPU per txn | TPS vs pgbouncer | latency vs pgbouncer | CPU vs pgbouncer |"
