@@ -218,6 +218,20 @@ impl Session {
         }
     }
 
+    /// A read no replica can be chosen for because the primary, which would say where it may
+    /// go, cannot be asked (`why`): it runs on the primary, counted as finding no replica.
+    async fn read_primary_unplaced(
+        &mut self,
+        flight: Vec<FrontendMessage>,
+        class: Option<Class>,
+        why: &str,
+    ) -> Result<(), ClientError> {
+        tracing::warn!("{why}; reading the primary");
+        self.record_read(Outcome::NoReplica);
+        self.dispatch_to(flight, class, Route::to(Some(Target::Primary)))
+            .await
+    }
+
     async fn dispatch_read(
         &mut self,
         flight: Vec<FrontendMessage>,
@@ -245,13 +259,10 @@ impl Session {
                     self.on_position(floor, true).await?;
                 }
                 Err(e) => {
-                    tracing::warn!(
-                        "the position of the client's last commit is unknown and the primary cannot be asked ({e}); reading the primary"
+                    let why = format!(
+                        "the position of the client's last commit is unknown and the primary cannot be asked ({e})"
                     );
-                    self.record_read(Outcome::NoReplica);
-                    return self
-                        .dispatch_to(flight, class, Route::to(Some(Target::Primary)))
-                        .await;
+                    return self.read_primary_unplaced(flight, class, &why).await;
                 }
             }
         }
@@ -261,13 +272,10 @@ impl Session {
         if sticky.is_none()
             && let Err(e) = self.settle_served().await
         {
-            tracing::warn!(
-                "the client's last read ran on a replica it cannot read again, and the primary cannot be asked for a position past it ({e}); reading the primary"
+            let why = format!(
+                "the client's last read ran on a replica it cannot read again, and the primary cannot be asked for a position past it ({e})"
             );
-            self.record_read(Outcome::NoReplica);
-            return self
-                .dispatch_to(flight, class, Route::to(Some(Target::Primary)))
-                .await;
+            return self.read_primary_unplaced(flight, class, &why).await;
         }
         let floor = match self.read_floor(statement_floor).await {
             Ok(floor) => floor,
