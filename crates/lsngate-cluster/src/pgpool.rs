@@ -19,7 +19,7 @@ pub const PGPOOL: &str = "/usr/sbin/pgpool";
 /// a statistics connection (`SHOW pool_nodes`) while every client is connected.
 const SPARE_CHILDREN: usize = 4;
 
-/// How long [`Pgpool::start`] waits for pgpool to answer a query.
+/// How long [`Pgpool::start`] waits for pgpool to answer and know the primary.
 const START_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// One PostgreSQL server in pgpool's backend list.
@@ -218,7 +218,8 @@ impl Pgpool {
         }
     }
 
-    /// Starts pgpool as `config` says and returns once it answers a query (at most 30 s).
+    /// Starts pgpool as `config` says and returns once it answers and has found the primary
+    /// (at most 30 s).
     ///
     /// Run as root, pgpool runs as the server user ([`crate::SERVER_USER`]) when there is one,
     /// as PostgreSQL does, so that it is not a root service in a comparison with poolers that
@@ -278,8 +279,10 @@ impl Pgpool {
         Ok(pgpool)
     }
 
-    /// Polls with `SELECT 1` until pgpool answers, it exits, or [`START_TIMEOUT`] passes. A
-    /// query, not a TCP connect: pgpool listens before it has found the primary.
+    /// Polls with `SHOW pool_nodes` until pgpool answers and names a primary, it exits, or
+    /// [`START_TIMEOUT`] passes. Not a TCP connect, nor any query: pgpool forks the children
+    /// that serve clients before it looks for the primary, and until it has found one it calls
+    /// every node a standby.
     fn wait_answering(&mut self) -> Result<(), Error> {
         let deadline = Instant::now() + START_TIMEOUT;
         let login = self.login.clone();
@@ -298,7 +301,7 @@ impl Pgpool {
                             Ok(None) => {}
                             Err(e) => return Err(format!("cannot wait for it: {e}")),
                         }
-                        let error = match runtime.block_on(select_one(&login)) {
+                        let error = match runtime.block_on(primary_found(&login)) {
                             Ok(()) => return Ok(()),
                             Err(e) => e,
                         };
@@ -404,22 +407,36 @@ impl Drop for Pgpool {
     }
 }
 
-/// Connects to pgpool and runs `SELECT 1`.
-async fn select_one(login: &tokio_postgres::Config) -> Result<(), String> {
+/// Connects to pgpool and asks which nodes it knows (`SHOW pool_nodes`): ready once one of
+/// them is the primary.
+async fn primary_found(login: &tokio_postgres::Config) -> Result<(), String> {
     let connect = login.connect(tokio_postgres::NoTls);
     let (client, connection) = tokio::time::timeout(Duration::from_secs(5), connect)
         .await
         .map_err(|_| "no answer within 5 s".to_string())?
         .map_err(|e| e.to_string())?;
     let connection = tokio::spawn(connection);
-    let result = client
-        .simple_query("SELECT 1")
-        .await
-        .map(drop)
-        .map_err(|e| e.to_string());
+    let result = client.simple_query("SHOW pool_nodes").await;
     drop(client);
     let _ = connection.await;
-    result
+    let roles: Vec<String> = result
+        .map_err(|e| e.to_string())?
+        .iter()
+        .filter_map(|message| match message {
+            tokio_postgres::SimpleQueryMessage::Row(row) => row.get("role").map(str::to_string),
+            _ => None,
+        })
+        .collect();
+    if roles.iter().any(|role| role == "primary") {
+        Ok(())
+    } else {
+        Err(format!(
+            "it answers but has not found the primary yet (SHOW pool_nodes roles: {}); it \
+             searches with sr_check_user and sr_check_database, which must be able to log in \
+             to every node",
+            roles.join(", ")
+        ))
+    }
 }
 
 #[cfg(test)]
