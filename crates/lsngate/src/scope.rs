@@ -5,6 +5,11 @@
 //! `lsngate:scope:<name>`, see [`lsngate_store::SCOPE_PREFIX`]), so a Rust service using this
 //! library and services in other languages behind proxies on the same Redis share scopes.
 //!
+//! Reads through one [`Scope`] value never go back in time: it keeps a [`Session`] of its own,
+//! raised by its writes and by what its reads saw, and each read waits for the scope's floor and
+//! that session's. A `Scope` made per request keeps a request's reads in order; keep one per
+//! user (or carry its [`Scope::session_floor`]) to keep them in order across requests.
+//!
 //! A scope with no floor in the store (never written under, expired, or the store did not
 //! answer) is read as the proxy reads it: after the primary's current position, which is past
 //! every write ever made under it — never stale, at the cost of a primary round trip; that
@@ -20,12 +25,15 @@ use crate::error::Error;
 use crate::flight::Params;
 use crate::gate::Gate;
 use crate::read::Read;
+use crate::session::Session;
 use crate::write::Written;
 
-/// Read-your-writes under one scope name, over a [`Gate`] and a shared [`TokenStore`]. Cheap;
-/// make one per request.
+/// Read-your-writes under one scope name, over a [`Gate`] and a shared [`TokenStore`], and
+/// monotonic reads through this value. Cheap; make one per request, or keep one per user.
 pub struct Scope {
     gate: Gate,
+    /// What this value's own writes and reads have raised its floor to.
+    session: Session,
     name: ScopeName,
     store: Arc<dyn TokenStore>,
     ttl: Duration,
@@ -54,6 +62,7 @@ impl Gate {
         let name = ScopeName::parse(name).map_err(|e| Error::Config(e.to_string()))?;
         Ok(Scope {
             gate: self.clone(),
+            session: self.session(),
             name,
             store,
             ttl,
@@ -68,7 +77,8 @@ impl Scope {
     }
 
     /// What a read under the scope must see: the store's floor, else the primary's current
-    /// position (saved as the floor).
+    /// position (saved as the floor). Reads through this value also wait for
+    /// [`Scope::session_floor`].
     pub async fn floor(&self) -> Result<Token, Error> {
         match self.store.load(self.name.as_str()).await {
             Ok(Some(token)) => return Ok(token),
@@ -84,10 +94,16 @@ impl Scope {
         Ok(primary)
     }
 
-    /// Reads at or after the scope's floor.
+    /// What this value's own writes and the reads it made have seen; `None` before any.
+    pub fn session_floor(&self) -> Option<Token> {
+        self.session.floor()
+    }
+
+    /// Reads at or after the scope's floor and everything this value's earlier reads saw, then
+    /// raises [`Scope::session_floor`] to what the read saw.
     pub async fn query(&self, sql: &str, params: Params<'_>) -> Result<Read, Error> {
         let floor = self.floor().await?;
-        self.gate.read().after(floor).query(sql, params).await
+        self.session.query_after(Some(floor), sql, params).await
     }
 
     /// [`Gate::write`], then raises the scope's floor in the store to the commit token. When the
@@ -100,8 +116,10 @@ impl Scope {
     }
 
     /// Raises the scope's floor to `token`, a commit made under the scope some other way
-    /// ([`Gate::transaction`], [`crate::WriteTx::commit`]).
+    /// ([`Gate::transaction`], [`crate::WriteTx::commit`]); this value's reads wait for it even
+    /// when the store cannot be told.
     pub async fn committed(&self, token: Token) -> Result<(), Error> {
+        self.session.observe(token);
         self.store
             .save(self.name.as_str(), token, self.ttl)
             .await

@@ -52,19 +52,28 @@ impl Session {
 
     /// Reads at or after the floor, then raises the floor to what the read saw.
     pub async fn query(&self, sql: &str, params: Params<'_>) -> Result<Read, Error> {
-        let read = self
-            .gate
-            .read()
-            .after(self.floor())
-            .query(sql, params)
-            .await?;
+        self.query_after(None, sql, params).await
+    }
+
+    /// Reads at or after the floor and `also` (a floor from elsewhere, a scope's), then raises
+    /// the floor to what the read saw.
+    pub(crate) async fn query_after(
+        &self,
+        also: Option<Token>,
+        sql: &str,
+        params: Params<'_>,
+    ) -> Result<Read, Error> {
+        let floor = match (self.floor(), also) {
+            (Some(own), Some(also)) => Some(own.merge(also)),
+            (own, also) => own.or(also),
+        };
+        let read = self.gate.read().after(floor).query(sql, params).await?;
         if !read.served.stale
             && let Some(seen) = read.served.seen
         {
-            let timeline = self.floor().and_then(|t| t.timeline);
             self.observe(Token {
                 lsn: seen,
-                timeline,
+                timeline: floor.and_then(|t| t.timeline),
                 expires_at: None,
             });
         }

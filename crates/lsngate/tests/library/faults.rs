@@ -783,3 +783,72 @@ async fn an_orphan_ahead_of_the_fork_point_serves_no_read() {
     assert_eq!(read.served.by, ServedBy::Primary, "{:?}", read.served);
     assert_eq!(read.served.fallback, Some(FallbackReason::TimelineChanged));
 }
+
+/// Found by `lsngate verify --library --mode scope` under SIGSTOP (seed 20261229091, 19; and on
+/// 15): a read under a scope showed version 159 on one replica, and the next read under the same
+/// scope showed 158 on another that was behind it but past the scope's floor. A scope's reads
+/// waited only for the scope's floor, never for what its own earlier reads had seen.
+///
+/// Here replica 0 stops replaying between a write under the scope (n = 1, both replicas have it)
+/// and a write outside it (n = 2, only replica 1 has it): reads after the scope's floor alone
+/// rotate over both and go back from 2 to 1 (the control); reads through one `Scope` never do.
+#[tokio::test]
+async fn reads_under_one_scope_never_go_back_to_a_replica_behind_what_they_saw() {
+    let cluster = Cluster::start(&ClusterConfig::default().replicas(2)).unwrap();
+    cluster
+        .primary()
+        .sql("CREATE TABLE scoped (id int PRIMARY KEY, n int); INSERT INTO scoped VALUES (1, 0)")
+        .unwrap();
+    let gate = support::gate(&cluster, |c| c.budget(Duration::from_millis(200))).await;
+    let store: Arc<dyn lsngate_store::TokenStore> =
+        Arc::new(lsngate_store::MemoryTokenStore::new());
+    let scope = gate
+        .scope("user:1", Arc::clone(&store), Duration::from_secs(600))
+        .unwrap();
+    scope
+        .write("UPDATE scoped SET n = 1 WHERE id = 1", &[])
+        .await
+        .unwrap();
+    let position = cluster.primary().position().unwrap();
+    for replica in cluster.replicas() {
+        replica.wait_replayed(&position, HANG).unwrap();
+    }
+    cluster.replica(0).pause_replay().unwrap();
+    gate.write("UPDATE scoped SET n = 2 WHERE id = 1", &[])
+        .await
+        .unwrap();
+    let position = cluster.primary().position().unwrap();
+    cluster.replica(1).wait_replayed(&position, HANG).unwrap();
+    let sql = "SELECT n FROM scoped WHERE id = 1";
+    let backwards = |values: &[i32]| {
+        values
+            .iter()
+            .enumerate()
+            .filter(|(i, n)| values[..*i].iter().any(|before| before > n))
+            .count()
+    };
+    let floor = scope.floor().await.unwrap();
+    let mut control = Vec::new();
+    for _ in 0..20 {
+        let read = gate.read().after(floor).query(sql, &[]).await.unwrap();
+        control.push(read.rows[0].get::<_, i32>(0));
+    }
+    println!("after the scope's floor alone: {control:?}");
+    assert!(
+        backwards(&control) > 0,
+        "the setup must be able to show a regression: {control:?}"
+    );
+    let mut scoped = Vec::new();
+    for _ in 0..20 {
+        let read = scope.query(sql, &[]).await.unwrap();
+        scoped.push(read.rows[0].get::<_, i32>(0));
+    }
+    println!("through the scope: {scoped:?}");
+    assert!(scoped.contains(&2), "a read saw the newer row: {scoped:?}");
+    assert_eq!(
+        backwards(&scoped),
+        0,
+        "a scope read went back in time: {scoped:?}"
+    );
+    cluster.replica(0).resume_replay().unwrap();
+}
