@@ -83,6 +83,10 @@ pub struct Causal {
     guard: SharedGuard,
     origin: Instant,
     global: Mutex<Option<Floor>>,
+    /// Commits acknowledged through the proxy whose position was lost (counted from 1), and
+    /// the highest count a primary position raising `global` has covered since.
+    global_unknown: AtomicU64,
+    global_unknown_covered: AtomicU64,
     universal: tokio::sync::Mutex<Option<(u64, Floor)>>,
     universal_started: AtomicU64,
     universal_conn: tokio::sync::Mutex<Option<BackendConn>>,
@@ -99,6 +103,8 @@ impl Causal {
             guard: SharedGuard::new(config.guard),
             origin: Instant::now(),
             global: Mutex::new(None),
+            global_unknown: AtomicU64::new(0),
+            global_unknown_covered: AtomicU64::new(0),
             universal: tokio::sync::Mutex::new(None),
             universal_started: AtomicU64::new(0),
             universal_conn: tokio::sync::Mutex::new(None),
@@ -176,7 +182,30 @@ impl Causal {
         *global = Floor::merge(*global, Some(floor));
     }
 
-    /// Every commit made through this proxy so far.
+    /// A commit acknowledged through the proxy whose position was lost: the proxy-wide floor
+    /// misses it until [`Causal::global_covered`] raises it with a primary position taken after
+    /// this call.
+    pub fn committed_unknown(&self) {
+        self.global_unknown.fetch_add(1, Ordering::SeqCst);
+    }
+
+    /// When some commit of unknown position is not yet under the proxy-wide floor: the mark to
+    /// hand to [`Causal::global_covered`] with a primary position taken after this call.
+    pub fn global_uncovered(&self) -> Option<u64> {
+        let marked = self.global_unknown.load(Ordering::SeqCst);
+        (self.global_unknown_covered.load(Ordering::SeqCst) < marked).then_some(marked)
+    }
+
+    /// Raises the proxy-wide floor to `floor`, a primary position taken after
+    /// [`Causal::global_uncovered`] gave `mark`: past every commit of unknown position up to it.
+    pub fn global_covered(&self, mark: u64, floor: Floor) {
+        self.committed(floor);
+        self.global_unknown_covered
+            .fetch_max(mark, Ordering::SeqCst);
+    }
+
+    /// Every commit made through this proxy so far (see [`Causal::global_uncovered`] for those
+    /// whose position was lost).
     pub fn global_floor(&self) -> Option<Floor> {
         *self.global.lock().expect("global lock")
     }

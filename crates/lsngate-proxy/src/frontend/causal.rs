@@ -81,6 +81,13 @@ pub struct ServedOn {
 pub const STICKY_FOR: Duration = Duration::from_secs(1);
 
 impl ClientFloors {
+    /// The client's commit was acknowledged and its position lost ([`ClientFloors::commit_unknown`]):
+    /// its next read asks the primary for one, and so does the next `global` read of any client.
+    pub fn commit_lost(&mut self, causal: &crate::causal::Causal) {
+        self.commit_unknown = true;
+        causal.committed_unknown();
+    }
+
     /// The floor a read needs from the client's own state (without global/universal).
     pub fn own(&self) -> Option<Floor> {
         Floor::merge(self.auto, self.explicit)
@@ -261,6 +268,25 @@ impl Session {
                 Err(e) => {
                     let why = format!(
                         "the position of the client's last commit is unknown and the primary cannot be asked ({e})"
+                    );
+                    return self.read_primary_unplaced(flight, class, &why).await;
+                }
+            }
+        }
+        if self.floors.mode.level == Level::Global
+            && let Some(mark) = self.proxy.causal.global_uncovered()
+        {
+            // Some client's commit has no position: any the primary reports now is past it.
+            let primary = self
+                .proxy
+                .causal
+                .primary_position(&self.proxy.nodes, self.config.connect_timeout)
+                .await;
+            match primary {
+                Ok(floor) => self.proxy.causal.global_covered(mark, floor),
+                Err(e) => {
+                    let why = format!(
+                        "a commit acknowledged through the proxy has an unknown position and the primary cannot be asked ({e})"
                     );
                     return self.read_primary_unplaced(flight, class, &why).await;
                 }

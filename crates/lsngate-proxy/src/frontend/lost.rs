@@ -61,7 +61,7 @@ impl Session {
                     tracing::warn!(
                         "commit position lost and the primary unreachable: {e}; the client's reads go to the primary until it answers"
                     );
-                    self.floors.commit_unknown = true;
+                    self.floors.commit_lost(&self.proxy.causal);
                 }
             }
         }

@@ -712,7 +712,7 @@ impl Session {
                 let lsn = text(0).and_then(|t| Lsn::parse(&t).ok());
                 if lsn.is_none() && wrote {
                     tracing::warn!(node = %attached.conn.address, "no position after a commit; the client's next read asks the primary for one");
-                    self.floors.commit_unknown = true;
+                    self.floors.commit_lost(causal);
                 }
                 let facts = &attached.conn.facts;
                 let floor = lsn.map(|lsn| Floor {

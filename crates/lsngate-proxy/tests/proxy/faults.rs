@@ -529,6 +529,81 @@ fn a_commit_whose_position_was_lost_with_the_primary_is_never_read_stale() {
     cluster.replica(0).resume_replay().unwrap();
 }
 
+/// Found by `lsngate verify --mode global` (16 clients on 2 keys, a fault every second, seed
+/// 20261206300 on 19: 1,974 violations in one run, not replayed since), then read in the code: a
+/// commit whose position was lost with the primary made only its own client's reads go to the
+/// primary. In `global` every client's read is owed every write acknowledged through the proxy
+/// before it began, and the proxy-wide floor the other clients read after did not include that
+/// commit, so another client read a replica that lacked it. Such a read must see the write or
+/// fail, never miss it.
+#[test]
+fn in_global_mode_a_commit_whose_position_was_lost_is_never_read_stale_by_another_client() {
+    let cluster = Cluster::start(&ClusterConfig::default()).unwrap();
+    cluster.wait_streaming(Duration::from_secs(30)).unwrap();
+    let t = unique("lostglobal");
+    cluster
+        .primary()
+        .sql(&format!("CREATE TABLE {t} (id int PRIMARY KEY)"))
+        .unwrap();
+    caught_up(&cluster);
+    let forwarder = lsngate_cluster::Forwarder::start(cluster.primary().port()).unwrap();
+    forwarder.spare("lsngate-proxy-monitor");
+    let mut file = file_config(&cluster);
+    file.primary = Some(format!(
+        "postgres://postgres@127.0.0.1:{}/postgres",
+        forwarder.port()
+    ));
+    file.consistency = Some("global".into());
+    file.wait_timeout_ms = Some(200);
+    let proxy = TestProxy::with(file);
+    rt().block_on(async {
+        let writer = connect(&proxy.conninfo()).await;
+        let reader = connect(&proxy.conninfo()).await;
+        writer
+            .batch_execute(&format!("INSERT INTO {t} VALUES (1)"))
+            .await
+            .unwrap();
+        caught_up(&cluster);
+        let read = format!("SELECT count(*) FROM {t} WHERE id = 2");
+        // The reader has read once on the replica: its next read needs nothing new of its own.
+        let row = reader.query_one(&read, &[]).await.unwrap();
+        assert_eq!(row.get::<_, i64>(0), 0);
+        cluster.replica(0).pause_replay().unwrap();
+        forwarder.set(lsngate_cluster::Fault::CutAfterReady);
+        writer
+            .batch_execute(&format!("INSERT INTO {t} VALUES (2)"))
+            .await
+            .expect("the insert's own replies arrived: it is acknowledged");
+        match reader.query_one(&read, &[]).await {
+            Ok(row) => assert_eq!(
+                row.get::<_, i64>(0),
+                1,
+                "another client missed a write acknowledged before its read began"
+            ),
+            Err(e) => println!("read while the primary is unreachable: {e}"),
+        }
+        forwarder.set(lsngate_cluster::Fault::None);
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            match reader.query_one(&read, &[]).await {
+                Ok(row) => {
+                    assert_eq!(
+                        row.get::<_, i64>(0),
+                        1,
+                        "another client missed a write acknowledged before its read began"
+                    );
+                    break;
+                }
+                Err(e) => {
+                    assert!(Instant::now() < deadline, "the read never succeeded: {e}");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+            }
+        }
+    });
+    cluster.replica(0).resume_replay().unwrap();
+}
+
 /// Found while making "nothing was sent" errors 08001: a statement in a transaction block whose
 /// server connection died before the statement was sent (the proxy's own round trip to parse a
 /// prepared statement the connection lacked met the dead connection) got an error and
