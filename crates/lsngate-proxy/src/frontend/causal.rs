@@ -253,25 +253,8 @@ impl Session {
             // slots rely on that (a failed wait drops every reply due and re-runs that one read).
             self.drain().await?;
         }
-        if self.floors.commit_unknown {
-            // Any position the primary reports now is past that commit.
-            let primary = self
-                .proxy
-                .causal
-                .primary_position(&self.proxy.nodes, self.config.connect_timeout)
-                .await;
-            match primary {
-                Ok(floor) => {
-                    self.floors.commit_unknown = false;
-                    self.on_position(floor, true).await?;
-                }
-                Err(e) => {
-                    let why = format!(
-                        "the position of the client's last commit is unknown and the primary cannot be asked ({e})"
-                    );
-                    return self.read_primary_unplaced(flight, class, &why).await;
-                }
-            }
+        if let Err(why) = self.settle_commit_unknown().await? {
+            return self.read_primary_unplaced(flight, class, &why).await;
         }
         if self.floors.mode.level == Level::Global
             && let Some(mark) = self.proxy.causal.global_uncovered()
@@ -544,6 +527,32 @@ impl Session {
         }
         self.io.flush().await?;
         Ok(())
+    }
+
+    /// When the client's last commit has no position ([`ClientFloors::commit_unknown`]), asks the
+    /// primary for one, which is past that commit, and takes it as the commit's (reported like
+    /// any commit position). The inner `Err` says why it is still unknown.
+    pub(super) async fn settle_commit_unknown(
+        &mut self,
+    ) -> Result<Result<(), String>, ClientError> {
+        if !self.floors.commit_unknown {
+            return Ok(Ok(()));
+        }
+        let primary = self
+            .proxy
+            .causal
+            .primary_position(&self.proxy.nodes, self.config.connect_timeout)
+            .await;
+        match primary {
+            Ok(floor) => {
+                self.floors.commit_unknown = false;
+                self.on_position(floor, true).await?;
+                Ok(Ok(()))
+            }
+            Err(e) => Ok(Err(format!(
+                "the position of the client's last commit is unknown and the primary cannot be asked ({e})"
+            ))),
+        }
     }
 
     /// The client committed (or read on the primary) at `floor`: a position taken after its

@@ -113,6 +113,14 @@ fn show(session: &Session, name: &str) -> Result<String, Refused> {
             .map(|s| s.to_string())
             .unwrap_or_default(),
         "floor" => text(floors.own()),
+        "commit_lsn" | "commit_token" if floors.commit_unknown => {
+            return Err((
+                sqlstate::OBJECT_NOT_IN_PREREQUISITE_STATE,
+                format!(
+                    "lsngate.{name} is unknown: the client's last commit went through, but its position was lost with the primary connection and the primary cannot be asked now; SHOW it again once the primary answers (the previous commit's position does not cover this commit)"
+                ),
+            ));
+        }
         "commit_lsn" => text(floors.commit),
         "commit_token" => floors
             .commit
@@ -199,6 +207,9 @@ impl Session {
     ) -> Result<(), ClientError> {
         // Earlier replies first, and with them any commit position SHOW must report.
         self.drain().await?;
+        // A commit whose position was lost gets one now if the primary answers (SHOW refuses
+        // to name it otherwise); the reason it stays unknown is SHOW's to give.
+        let _ = self.settle_commit_unknown().await?;
         // In an aborted block the server refuses it, unless unsynced messages in front of it
         // end the block (`END` over the extended protocol): then the server's answer to a
         // stand-in says which, and a SET takes effect only if the block has ended.
@@ -260,6 +271,7 @@ impl Session {
             return Ok(None);
         }
         self.drain().await?;
+        let _ = self.settle_commit_unknown().await?;
         let mut answer = Vec::new();
         for command in commands {
             match self.run_command(&command) {
@@ -293,6 +305,7 @@ impl Session {
         flight: Vec<FrontendMessage>,
     ) -> Result<(), ClientError> {
         self.drain().await?;
+        let _ = self.settle_commit_unknown().await?;
         let command_of = |session: &Session, statement: &str| {
             let s = if statement.is_empty() {
                 session.unnamed.as_ref()

@@ -604,6 +604,107 @@ fn in_global_mode_a_commit_whose_position_was_lost_is_never_read_stale_by_anothe
     cluster.replica(0).resume_replay().unwrap();
 }
 
+/// Read in the code after the global-mode finding above: after a commit whose position was lost
+/// with the primary, `SHOW lsngate.commit_lsn` answered the client's *previous* commit's position,
+/// a token that does not cover the commit just made. Handed to another connection, it let that
+/// connection read a replica that lacked the write. The answer must be a position past the
+/// commit, or an error saying it is unknown.
+#[test]
+fn after_a_commit_whose_position_was_lost_commit_lsn_never_names_the_previous_commit() {
+    let cluster = Cluster::start(&ClusterConfig::default()).unwrap();
+    cluster.wait_streaming(Duration::from_secs(30)).unwrap();
+    let t = unique("losttoken");
+    cluster
+        .primary()
+        .sql(&format!("CREATE TABLE {t} (id int PRIMARY KEY)"))
+        .unwrap();
+    caught_up(&cluster);
+    let forwarder = lsngate_cluster::Forwarder::start(cluster.primary().port()).unwrap();
+    forwarder.spare("lsngate-proxy-monitor");
+    let mut file = file_config(&cluster);
+    file.primary = Some(format!(
+        "postgres://postgres@127.0.0.1:{}/postgres",
+        forwarder.port()
+    ));
+    file.consistency = Some("token".into());
+    file.wait_timeout_ms = Some(200);
+    let proxy = TestProxy::with(file);
+    rt().block_on(async {
+        let writer = connect(&proxy.conninfo()).await;
+        writer
+            .batch_execute(&format!("INSERT INTO {t} VALUES (1)"))
+            .await
+            .unwrap();
+        let first = show(&writer, "SHOW lsngate.commit_lsn").await;
+        caught_up(&cluster);
+        cluster.replica(0).pause_replay().unwrap();
+        forwarder.set(lsngate_cluster::Fault::CutAfterReady);
+        writer
+            .batch_execute(&format!("INSERT INTO {t} VALUES (2)"))
+            .await
+            .expect("the insert's own replies arrived: it is acknowledged");
+        match writer.simple_query("SHOW lsngate.commit_lsn").await {
+            Ok(messages) => {
+                let shown = messages.iter().find_map(|m| match m {
+                    tokio_postgres::SimpleQueryMessage::Row(row) => row.get(0).map(str::to_string),
+                    _ => None,
+                });
+                assert_ne!(
+                    shown.as_deref(),
+                    Some(first.as_str()),
+                    "the previous commit's position stands for a commit past it"
+                );
+            }
+            Err(e) => println!("commit_lsn while the primary is unreachable: {e}"),
+        }
+        forwarder.set(lsngate_cluster::Fault::None);
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let token = loop {
+            match writer.simple_query("SHOW lsngate.commit_lsn").await {
+                Ok(messages) => {
+                    break messages
+                        .iter()
+                        .find_map(|m| match m {
+                            tokio_postgres::SimpleQueryMessage::Row(row) => {
+                                row.get(0).map(str::to_string)
+                            }
+                            _ => None,
+                        })
+                        .unwrap_or_default();
+                }
+                Err(e) => {
+                    assert!(
+                        Instant::now() < deadline,
+                        "commit_lsn never known again: {e}"
+                    );
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+            }
+        };
+        assert_ne!(
+            token, first,
+            "the previous commit's position stands for a commit past it"
+        );
+        // Another connection reading after the token sees the write (the replica, paused
+        // before it, cannot serve the read).
+        let reader = connect(&proxy.conninfo()).await;
+        reader
+            .batch_execute(&format!("SET lsngate.min_lsn = '{token}'"))
+            .await
+            .unwrap();
+        let row = reader
+            .query_one(&format!("SELECT count(*) FROM {t} WHERE id = 2"), &[])
+            .await
+            .unwrap();
+        assert_eq!(
+            row.get::<_, i64>(0),
+            1,
+            "a read after the token missed the write"
+        );
+    });
+    cluster.replica(0).resume_replay().unwrap();
+}
+
 /// Found while making "nothing was sent" errors 08001: a statement in a transaction block whose
 /// server connection died before the statement was sent (the proxy's own round trip to parse a
 /// prepared statement the connection lacked met the dead connection) got an error and
