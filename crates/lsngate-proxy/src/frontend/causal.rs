@@ -253,27 +253,12 @@ impl Session {
             // slots rely on that (a failed wait drops every reply due and re-runs that one read).
             self.drain().await?;
         }
-        if let Err(why) = self.settle_commit_unknown().await? {
+        let settled = match self.settle_commit_unknown().await? {
+            Ok(()) => self.settle_global_unknown().await,
+            unknown => unknown,
+        };
+        if let Err(why) = settled {
             return self.read_primary_unplaced(flight, class, &why).await;
-        }
-        if self.floors.mode.level == Level::Global
-            && let Some(mark) = self.proxy.causal.global_uncovered()
-        {
-            // Some client's commit has no position: any the primary reports now is past it.
-            let primary = self
-                .proxy
-                .causal
-                .primary_position(&self.proxy.nodes, self.config.connect_timeout)
-                .await;
-            match primary {
-                Ok(floor) => self.proxy.causal.global_covered(mark, floor),
-                Err(e) => {
-                    let why = format!(
-                        "a commit acknowledged through the proxy has an unknown position and the primary cannot be asked ({e})"
-                    );
-                    return self.read_primary_unplaced(flight, class, &why).await;
-                }
-            }
         }
         // Reads stay on the server of the client's last replica read while it serves: anywhere
         // else they would first need the primary's position (a round trip).
@@ -416,12 +401,7 @@ impl Session {
         let causal = &self.proxy.causal;
         Ok(match self.floors.mode.level {
             Level::Global => Floor::merge(own, causal.global_floor()),
-            Level::Universal => {
-                let primary = causal
-                    .primary_position(&self.proxy.nodes, self.config.connect_timeout)
-                    .await?;
-                Floor::merge(own, Some(primary))
-            }
+            Level::Universal => Floor::merge(own, Some(self.primary_position().await?)),
             _ => own,
         })
     }
@@ -538,12 +518,7 @@ impl Session {
         if !self.floors.commit_unknown {
             return Ok(Ok(()));
         }
-        let primary = self
-            .proxy
-            .causal
-            .primary_position(&self.proxy.nodes, self.config.connect_timeout)
-            .await;
-        match primary {
+        match self.primary_position().await {
             Ok(floor) => {
                 self.floors.commit_unknown = false;
                 self.on_position(floor, true).await?;
@@ -553,6 +528,39 @@ impl Session {
                 "the position of the client's last commit is unknown and the primary cannot be asked ({e})"
             ))),
         }
+    }
+
+    /// In `global` mode, when some client's commit has no position
+    /// ([`crate::causal::Causal::global_uncovered`]), raises the proxy-wide floor to a primary
+    /// position, which is past it. `Err` says why it is still unknown.
+    async fn settle_global_unknown(&mut self) -> Result<(), String> {
+        let Some(mark) = self
+            .proxy
+            .causal
+            .global_uncovered()
+            .filter(|_| self.floors.mode.level == Level::Global)
+        else {
+            return Ok(());
+        };
+        match self.primary_position().await {
+            Ok(floor) => {
+                self.proxy.causal.global_covered(mark, floor);
+                Ok(())
+            }
+            Err(e) => Err(format!(
+                "a commit acknowledged through the proxy has an unknown position and the primary cannot be asked ({e})"
+            )),
+        }
+    }
+
+    /// The primary's current position, past every commit acknowledged before this call
+    /// (concurrent callers share one query; bounded by the connect timeout).
+    pub(super) fn primary_position(
+        &self,
+    ) -> impl std::future::Future<Output = anyhow::Result<Floor>> + Send + 'static {
+        let proxy = Arc::clone(&self.proxy);
+        let timeout = self.config.connect_timeout;
+        async move { proxy.causal.primary_position(&proxy.nodes, timeout).await }
     }
 
     /// The client committed (or read on the primary) at `floor`: a position taken after its
@@ -618,11 +626,7 @@ impl Session {
         if self.floors.served.is_none() || !self.floors.mode.tracks_positions() {
             return Ok(());
         }
-        let primary = self
-            .proxy
-            .causal
-            .primary_position(&self.proxy.nodes, self.config.connect_timeout)
-            .await?;
+        let primary = self.primary_position().await?;
         self.floors.auto = Floor::merge(self.floors.auto, Some(primary));
         self.floors.served = None;
         Ok(())

@@ -48,11 +48,7 @@ impl Session {
         if position_due {
             // The commit went through but its position was lost with the connection: take the
             // primary's current position instead (it is past the commit).
-            let position = self
-                .proxy
-                .causal
-                .primary_position(&self.proxy.nodes, self.config.connect_timeout)
-                .await;
+            let position = self.primary_position().await;
             self.scopes_committed(u64::MAX, position.as_ref().ok().copied())
                 .await;
             match position {

@@ -467,30 +467,41 @@ fn a_statement_whose_server_sent_fatal_gets_one_error_not_two() {
     assert_eq!(reply.rows, vec![vec![Some("1".to_string())]], "{reply:?}");
 }
 
-/// Issue #21, suspected from reading `backend_lost`: a commit whose own replies arrived, and
-/// only its position was lost with the primary, released its ReadyForQuery without raising the
-/// client's floor; with the primary unreachable to ask again, the next read went to a replica
-/// that lacked the acknowledged write. Such a read must see the write or fail, never miss it.
-#[test]
-fn a_commit_whose_position_was_lost_with_the_primary_is_never_read_stale() {
+/// A one-replica cluster with a fresh table `t (id int PRIMARY KEY)`, replayed, and a proxy
+/// (in `mode`, else its default; 200 ms wait budget) that reaches the primary through a fault
+/// forwarder: the monitor's polls are spared, only clients' connections meet its faults.
+fn primary_behind_a_forwarder(
+    prefix: &str,
+    mode: Option<&str>,
+) -> (Cluster, lsngate_cluster::Forwarder, TestProxy, String) {
     let cluster = Cluster::start(&ClusterConfig::default()).unwrap();
     cluster.wait_streaming(Duration::from_secs(30)).unwrap();
-    let t = unique("lostpos");
+    let t = unique(prefix);
     cluster
         .primary()
         .sql(&format!("CREATE TABLE {t} (id int PRIMARY KEY)"))
         .unwrap();
     caught_up(&cluster);
     let forwarder = lsngate_cluster::Forwarder::start(cluster.primary().port()).unwrap();
-    // The monitor's polls pass: only the session's connection meets the cut.
     forwarder.spare("lsngate-proxy-monitor");
     let mut file = file_config(&cluster);
     file.primary = Some(format!(
         "postgres://postgres@127.0.0.1:{}/postgres",
         forwarder.port()
     ));
+    file.consistency = mode.map(str::to_string);
     file.wait_timeout_ms = Some(200);
     let proxy = TestProxy::with(file);
+    (cluster, forwarder, proxy, t)
+}
+
+/// Issue #21, suspected from reading `backend_lost`: a commit whose own replies arrived, and
+/// only its position was lost with the primary, released its ReadyForQuery without raising the
+/// client's floor; with the primary unreachable to ask again, the next read went to a replica
+/// that lacked the acknowledged write. Such a read must see the write or fail, never miss it.
+#[test]
+fn a_commit_whose_position_was_lost_with_the_primary_is_never_read_stale() {
+    let (cluster, forwarder, proxy, t) = primary_behind_a_forwarder("lostpos", None);
     rt().block_on(async {
         let client = connect(&proxy.conninfo()).await;
         client
@@ -538,24 +549,7 @@ fn a_commit_whose_position_was_lost_with_the_primary_is_never_read_stale() {
 /// fail, never miss it.
 #[test]
 fn in_global_mode_a_commit_whose_position_was_lost_is_never_read_stale_by_another_client() {
-    let cluster = Cluster::start(&ClusterConfig::default()).unwrap();
-    cluster.wait_streaming(Duration::from_secs(30)).unwrap();
-    let t = unique("lostglobal");
-    cluster
-        .primary()
-        .sql(&format!("CREATE TABLE {t} (id int PRIMARY KEY)"))
-        .unwrap();
-    caught_up(&cluster);
-    let forwarder = lsngate_cluster::Forwarder::start(cluster.primary().port()).unwrap();
-    forwarder.spare("lsngate-proxy-monitor");
-    let mut file = file_config(&cluster);
-    file.primary = Some(format!(
-        "postgres://postgres@127.0.0.1:{}/postgres",
-        forwarder.port()
-    ));
-    file.consistency = Some("global".into());
-    file.wait_timeout_ms = Some(200);
-    let proxy = TestProxy::with(file);
+    let (cluster, forwarder, proxy, t) = primary_behind_a_forwarder("lostglobal", Some("global"));
     rt().block_on(async {
         let writer = connect(&proxy.conninfo()).await;
         let reader = connect(&proxy.conninfo()).await;
@@ -611,24 +605,7 @@ fn in_global_mode_a_commit_whose_position_was_lost_is_never_read_stale_by_anothe
 /// commit, or an error saying it is unknown.
 #[test]
 fn after_a_commit_whose_position_was_lost_commit_lsn_never_names_the_previous_commit() {
-    let cluster = Cluster::start(&ClusterConfig::default()).unwrap();
-    cluster.wait_streaming(Duration::from_secs(30)).unwrap();
-    let t = unique("losttoken");
-    cluster
-        .primary()
-        .sql(&format!("CREATE TABLE {t} (id int PRIMARY KEY)"))
-        .unwrap();
-    caught_up(&cluster);
-    let forwarder = lsngate_cluster::Forwarder::start(cluster.primary().port()).unwrap();
-    forwarder.spare("lsngate-proxy-monitor");
-    let mut file = file_config(&cluster);
-    file.primary = Some(format!(
-        "postgres://postgres@127.0.0.1:{}/postgres",
-        forwarder.port()
-    ));
-    file.consistency = Some("token".into());
-    file.wait_timeout_ms = Some(200);
-    let proxy = TestProxy::with(file);
+    let (cluster, forwarder, proxy, t) = primary_behind_a_forwarder("losttoken", Some("token"));
     rt().block_on(async {
         let writer = connect(&proxy.conninfo()).await;
         writer
