@@ -83,9 +83,19 @@ pub const STICKY_FOR: Duration = Duration::from_secs(1);
 impl ClientFloors {
     /// The client's commit was acknowledged and its position lost ([`ClientFloors::commit_unknown`]):
     /// its next read asks the primary for one, and so does the next `global` read of any client.
-    pub fn commit_lost(&mut self, causal: &crate::causal::Causal) {
+    /// Returns what to tell the client before the commit's ReadyForQuery: where its mode reports
+    /// commit positions, an empty `lsngate.commit_lsn` and `lsngate.commit_token` (unknown), so
+    /// a driver does not keep the previous commit's as this one's.
+    pub fn commit_lost(&mut self, causal: &crate::causal::Causal) -> Vec<crate::net::Frame> {
         self.commit_unknown = true;
         causal.committed_unknown();
+        if !self.mode.reports_commits() {
+            return Vec::new();
+        }
+        ["lsngate.commit_lsn", "lsngate.commit_token"]
+            .into_iter()
+            .map(|name| build::parameter_status(name, ""))
+            .collect()
     }
 
     /// The floor a read needs from the client's own state (without global/universal).

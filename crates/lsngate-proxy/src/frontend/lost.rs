@@ -57,7 +57,9 @@ impl Session {
                     tracing::warn!(
                         "commit position lost and the primary unreachable: {e}; the client's reads go to the primary until it answers"
                     );
-                    self.floors.commit_lost(&self.proxy.causal);
+                    for unknown in self.floors.commit_lost(&self.proxy.causal) {
+                        self.io.queue(&unknown);
+                    }
                 }
             }
         }

@@ -712,7 +712,9 @@ impl Session {
                 let lsn = text(0).and_then(|t| Lsn::parse(&t).ok());
                 if lsn.is_none() && wrote {
                     tracing::warn!(node = %attached.conn.address, "no position after a commit; the client's next read asks the primary for one");
-                    self.floors.commit_lost(causal);
+                    for unknown in self.floors.commit_lost(causal) {
+                        self.io.queue(&unknown);
+                    }
                 }
                 let facts = &attached.conn.facts;
                 let floor = lsn.map(|lsn| Floor {

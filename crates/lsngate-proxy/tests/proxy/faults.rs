@@ -682,6 +682,55 @@ fn after_a_commit_whose_position_was_lost_commit_lsn_never_names_the_previous_co
     cluster.replica(0).resume_replay().unwrap();
 }
 
+/// The same hole as the SHOW above, through ParameterStatus: drivers keep the last
+/// `lsngate.commit_lsn` the proxy reported (psycopg's `info.parameter_status`), and after a
+/// commit whose position was lost the proxy reported nothing, so the driver still held the
+/// previous commit's position. The commit's own replies now carry an empty `lsngate.commit_lsn`
+/// and `lsngate.commit_token` (unknown), and the position once it is known.
+#[test]
+fn after_a_commit_whose_position_was_lost_the_reported_commit_lsn_is_cleared() {
+    use crate::statements::Wire;
+    use lsngate_proxy::net::FrontendMessage;
+    let (cluster, forwarder, proxy, t) = primary_behind_a_forwarder("lostreport", Some("token"));
+    let mut wire = Wire::connect(&proxy);
+    let insert = |id: i32| {
+        [FrontendMessage::Query(format!(
+            "INSERT INTO {t} VALUES ({id})"
+        ))]
+    };
+    let reported = |reply: &crate::statements::Reply, name: &str| {
+        reply
+            .parameters
+            .iter()
+            .rev()
+            .find(|(n, _)| n == name)
+            .map(|(_, v)| v.clone())
+    };
+    let first = wire.flight(&insert(1));
+    assert!(first.errors.is_empty(), "{first:?}");
+    let first_lsn = reported(&first, "lsngate.commit_lsn").expect("a commit position reported");
+    caught_up(&cluster);
+    forwarder.set(lsngate_cluster::Fault::CutAfterReady);
+    let lost = wire.flight(&insert(2));
+    assert!(
+        lost.errors.is_empty(),
+        "the insert is acknowledged: {lost:?}"
+    );
+    assert_eq!(
+        reported(&lost, "lsngate.commit_lsn").as_deref(),
+        Some(""),
+        "the previous commit's position ({first_lsn}) must not stand for this commit: {lost:?}"
+    );
+    assert_eq!(reported(&lost, "lsngate.commit_token").as_deref(), Some(""));
+    forwarder.set(lsngate_cluster::Fault::None);
+    let shown = wire.flight(&[FrontendMessage::Query("SHOW lsngate.commit_lsn".into())]);
+    if shown.errors.is_empty() {
+        let known = reported(&shown, "lsngate.commit_lsn").expect("the position, once known");
+        assert_eq!(shown.rows, vec![vec![Some(known.clone())]]);
+        assert_ne!(known, first_lsn);
+    }
+}
+
 /// Found while making "nothing was sent" errors 08001: a statement in a transaction block whose
 /// server connection died before the statement was sent (the proxy's own round trip to parse a
 /// prepared statement the connection lacked met the dead connection) got an error and

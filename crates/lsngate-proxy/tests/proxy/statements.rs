@@ -24,6 +24,8 @@ pub(crate) struct Reply {
     pub(crate) tags: Vec<u8>,
     /// The transaction status of each ReadyForQuery (`I`, `T`, `E`).
     pub(crate) statuses: Vec<u8>,
+    /// ParameterStatus messages, name and value, in order.
+    pub(crate) parameters: Vec<(String, String)>,
 }
 
 /// A client speaking protocol 3 by hand over a blocking socket.
@@ -94,6 +96,7 @@ impl Wire {
             reply.errors.extend(one.errors);
             reply.tags.extend(one.tags);
             reply.statuses.extend(one.statuses);
+            reply.parameters.extend(one.parameters);
         }
         reply
     }
@@ -130,6 +133,12 @@ impl Wire {
                 b'T' => reply.columns.extend(row_description(&frame.body)),
                 b'D' => reply.rows.push(data_row(&frame.body)),
                 b'Z' => reply.statuses.extend(frame.body.first()),
+                b'S' => {
+                    let mut parts = frame.body.split(|&b| b == 0).map(String::from_utf8_lossy);
+                    let name = parts.next().unwrap_or_default().into_owned();
+                    let value = parts.next().unwrap_or_default().into_owned();
+                    reply.parameters.push((name, value));
+                }
                 _ => {
                     if let BackendMessage::ErrorResponse(e) = BackendMessage::parse(&frame).unwrap()
                     {
