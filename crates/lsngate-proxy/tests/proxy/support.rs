@@ -250,7 +250,11 @@ pub async fn connect(conninfo: &str) -> tokio_postgres::Client {
 /// The first value of the first row `sql` returns as a simple query ("" for none): a simple
 /// query, unlike `query_one`, can take the proxy's pass-through.
 pub async fn show(client: &tokio_postgres::Client, sql: &str) -> String {
-    let messages = client.simple_query(sql).await.unwrap();
+    first_value(&client.simple_query(sql).await.unwrap())
+}
+
+/// The first value of the first row of a simple query's answer ("" for none).
+pub fn first_value(messages: &[tokio_postgres::SimpleQueryMessage]) -> String {
     messages
         .iter()
         .find_map(|m| match m {
