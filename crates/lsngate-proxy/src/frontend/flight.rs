@@ -566,19 +566,11 @@ impl Session {
         self.proxy.queries[usize::from(attached.target == Target::Replica)].add(ends.max(1) as u64);
         let standalone_read =
             matches!(class, Some(Class::Read)) && ends == 1 && status == TxStatus::Idle;
-        if retry_allowed
+        // The flight itself is kept (moved in just before it is sent, not copied).
+        let keep_for_retry = retry_allowed
             && standalone_read
             && attached.target == Target::Replica
-            && attached.expect.iter().all(|o| matches!(o, Owner::Proxy(_)))
-        {
-            attached.retry = Some(RetryBuffer {
-                flight: flight.clone(),
-                class,
-                frames: Vec::new(),
-                bytes: 0,
-                read_only_violation: false,
-            });
-        }
+            && attached.expect.iter().all(|o| matches!(o, Owner::Proxy(_)));
         if needs_verdict && let Some(floor) = read.as_ref().and_then(|r| r.floor) {
             let facts = &attached.conn.facts;
             {
@@ -703,6 +695,15 @@ impl Session {
                         | Class::Begin { .. }
                 )
             );
+        if keep_for_retry {
+            attached.retry = Some(RetryBuffer {
+                flight,
+                class,
+                frames: Vec::new(),
+                bytes: 0,
+                read_only_violation: false,
+            });
+        }
         if let Err(e) = attached.conn.send(&frames).await {
             return self.backend_lost(e).await;
         }
