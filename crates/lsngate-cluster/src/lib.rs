@@ -2,8 +2,8 @@
 //! 127.0.0.1. A product crate first: the `lsngate cluster` command and `lsngate bench` ship it;
 //! every test in the workspace runs against its servers too, and its fault helpers (pause
 //! replay, SIGSTOP, kill, promote, the `Forwarder` that delays, resets or blackholes a
-//! connection) serve both, and so does [`Pgpool`], the one place that knows how to run
-//! pgpool-II for the comparisons that put it beside lsngate. Never a mock: every helper here
+//! connection) serve both, and so do [`Pgpool`] and [`Pgbouncer`], the one place each that
+//! knows how to run pgpool-II and PgBouncer for the comparisons that put them beside lsngate. Never a mock: every helper here
 //! starts, stops, pauses or promotes an actual server. (It was `lsngate-testkit` until 2026-12-04.)
 //!
 //! ```no_run
@@ -22,9 +22,11 @@ mod forwarder;
 mod node;
 mod patroni;
 mod pgbin;
+mod pgbouncer;
 mod pgpool;
 mod process;
 mod redis;
+mod server_url;
 mod tls;
 
 use std::path::PathBuf;
@@ -39,6 +41,7 @@ pub use patroni::{
     ClusterMember, MemberSpec, PATRONI_MANIFEST, PatroniCluster, PatroniConfig, RestTls, TTL_S,
 };
 pub use pgbin::{BUNDLE_BIN, PG_BIN_ENV, PgBin};
+pub use pgbouncer::{PGBOUNCER, Pgbouncer, PgbouncerConfig, PoolMode};
 pub use pgpool::{PGPOOL, Pgpool, PgpoolConfig};
 pub use process::{SERVER_USER, in_own_session, process_tree};
 pub use redis::RedisServer;
@@ -97,6 +100,12 @@ pub enum Error {
     )]
     /// pgpool-II, which the comparisons with it start, is not installed.
     NoPgpool,
+    #[error(
+        "PgBouncer is not installed ({}); run scripts/install/proxy.sh, which installs Debian's pgbouncer",
+        pgbouncer::PGBOUNCER
+    )]
+    /// PgBouncer, which the comparisons with it start, is not installed.
+    NoPgbouncer,
     #[error("{url}: {why}")]
     /// A server URL that cannot be used as asked.
     BadUrl {

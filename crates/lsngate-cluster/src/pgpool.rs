@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 use crate::Error;
 use crate::cluster::free_port;
 use crate::process::{self, RunAs};
+use crate::server_url::{ServerAddress, login_of};
 
 /// Where Debian's pgpool2 puts the server binary.
 pub const PGPOOL: &str = "/usr/sbin/pgpool";
@@ -22,34 +23,6 @@ const SPARE_CHILDREN: usize = 4;
 /// How long [`Pgpool::start`] waits for pgpool to answer and know the primary.
 const START_TIMEOUT: Duration = Duration::from_secs(30);
 
-/// One PostgreSQL server in pgpool's backend list.
-#[derive(Debug, Clone, PartialEq, Eq)]
-struct Backend {
-    host: String,
-    port: u16,
-}
-
-impl Backend {
-    fn from_url(url: &str) -> Result<Backend, Error> {
-        let config: tokio_postgres::Config = url.parse().map_err(|e| Error::BadUrl {
-            url: url.to_string(),
-            why: format!("{e}"),
-        })?;
-        let host = match config.get_hosts().first() {
-            Some(tokio_postgres::config::Host::Tcp(host)) => host.clone(),
-            _ => {
-                return Err(Error::BadUrl {
-                    url: url.to_string(),
-                    why: "pgpool-II reaches its backends over TCP; give a host name or address"
-                        .to_string(),
-                });
-            }
-        };
-        let port = config.get_ports().first().copied().unwrap_or(5432);
-        Ok(Backend { host, port })
-    }
-}
-
 /// What pgpool is put in front of, and how.
 ///
 /// With replicas, load balancing is on and the primary's weight is 0: pgpool sends the reads it
@@ -58,8 +31,8 @@ impl Backend {
 /// of the primary (each child process keeps its server connection between clients).
 #[derive(Debug, Clone)]
 pub struct PgpoolConfig {
-    primary: Backend,
-    replicas: Vec<Backend>,
+    primary: ServerAddress,
+    replicas: Vec<ServerAddress>,
     /// The primary URL's user, database and password: what clients log in with, and what
     /// pgpool's own streaming-replication check uses.
     login: tokio_postgres::Config,
@@ -73,24 +46,12 @@ impl PgpoolConfig {
     /// (libpq URLs with a TCP host); clients log in with the primary URL's user, database and
     /// password.
     pub fn new(primary_url: &str, replica_urls: &[String]) -> Result<PgpoolConfig, Error> {
-        let primary = Backend::from_url(primary_url)?;
+        let primary = ServerAddress::from_url(primary_url, "pgpool-II")?;
         let replicas = replica_urls
             .iter()
-            .map(|url| Backend::from_url(url))
+            .map(|url| ServerAddress::from_url(url, "pgpool-II"))
             .collect::<Result<Vec<_>, _>>()?;
-        let parsed: tokio_postgres::Config = primary_url.parse().map_err(|e| Error::BadUrl {
-            url: primary_url.to_string(),
-            why: format!("{e}"),
-        })?;
-        // A fresh config, not the parsed URL's: its host would stay first in the list and
-        // clients would reach the primary instead of pgpool.
-        let mut login = tokio_postgres::Config::new();
-        login
-            .user(parsed.get_user().unwrap_or("postgres"))
-            .dbname(parsed.get_dbname().unwrap_or("postgres"));
-        if let Some(password) = parsed.get_password() {
-            login.password(password);
-        }
+        let login = login_of(primary_url)?;
         Ok(PgpoolConfig {
             primary,
             replicas,
@@ -284,47 +245,18 @@ impl Pgpool {
     /// that serve clients before it looks for the primary, and until it has found one it calls
     /// every node a standby.
     fn wait_answering(&mut self) -> Result<(), Error> {
-        let deadline = Instant::now() + START_TIMEOUT;
         let login = self.login.clone();
-        let child = &mut self.child;
-        // A runtime of its own on a thread of its own: the caller may be inside another runtime.
-        let outcome = std::thread::scope(|scope| {
-            scope
-                .spawn(move || -> Result<(), String> {
-                    let runtime = tokio::runtime::Builder::new_current_thread()
-                        .enable_all()
-                        .build()
-                        .map_err(|e| format!("cannot build a runtime to query pgpool-II: {e}"))?;
-                    loop {
-                        match child.try_wait() {
-                            Ok(Some(status)) => return Err(format!("exited ({status})")),
-                            Ok(None) => {}
-                            Err(e) => return Err(format!("cannot wait for it: {e}")),
-                        }
-                        let error = match runtime.block_on(primary_found(&login)) {
-                            Ok(()) => return Ok(()),
-                            Err(e) => e,
-                        };
-                        if Instant::now() >= deadline {
-                            return Err(format!(
-                                "did not answer within {START_TIMEOUT:?} (last error: {error})"
-                            ));
-                        }
-                        std::thread::sleep(Duration::from_millis(50));
-                    }
-                })
-                .join()
-                .unwrap_or_else(|_| Err("the readiness check panicked".to_string()))
-        });
-        outcome.map_err(|why| Error::Command {
-            what: format!("start pgpool-II on port {}", self.port),
-            status: why,
-            output: format!(
-                "last lines of its log {}:\n{}",
-                self.log_path().display(),
-                self.log_tail(20)
-            ),
-        })
+        process::wait_ready(&mut self.child, START_TIMEOUT, || primary_found(&login)).map_err(
+            |why| Error::Command {
+                what: format!("start pgpool-II on port {}", self.port),
+                status: why,
+                output: format!(
+                    "last lines of its log {}:\n{}",
+                    self.log_path().display(),
+                    self.log_tail(20)
+                ),
+            },
+        )
     }
 
     /// The port clients connect to, on 127.0.0.1.

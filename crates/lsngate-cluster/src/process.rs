@@ -90,6 +90,50 @@ pub fn in_own_session(command: &mut Command) {
     }
 }
 
+/// Runs `check` every 50 ms until it succeeds, `child` exits, or `timeout` passes; the error says
+/// which, with `check`'s last error. `check` runs on a runtime of its own on a thread of its own:
+/// the caller may be inside another runtime. For servers whose readiness a TCP connect does not
+/// prove (a pooler answers before it can serve).
+pub(crate) fn wait_ready<F, Fut>(
+    child: &mut std::process::Child,
+    timeout: std::time::Duration,
+    check: F,
+) -> Result<(), String>
+where
+    F: Fn() -> Fut + Send,
+    Fut: std::future::Future<Output = Result<(), String>>,
+{
+    let deadline = std::time::Instant::now() + timeout;
+    std::thread::scope(|scope| {
+        scope
+            .spawn(move || -> Result<(), String> {
+                let runtime = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .map_err(|e| format!("cannot build a runtime to check on it: {e}"))?;
+                loop {
+                    match child.try_wait() {
+                        Ok(Some(status)) => return Err(format!("exited ({status})")),
+                        Ok(None) => {}
+                        Err(e) => return Err(format!("cannot wait for it: {e}")),
+                    }
+                    let error = match runtime.block_on(check()) {
+                        Ok(()) => return Ok(()),
+                        Err(e) => e,
+                    };
+                    if std::time::Instant::now() >= deadline {
+                        return Err(format!(
+                            "not ready within {timeout:?} (last error: {error})"
+                        ));
+                    }
+                    std::thread::sleep(std::time::Duration::from_millis(50));
+                }
+            })
+            .join()
+            .unwrap_or_else(|_| Err("the readiness check panicked".to_string()))
+    })
+}
+
 /// Runs `command`, turning a failure into an error that carries its output.
 pub fn run(mut command: Command, what: &str) -> Result<Output, Error> {
     let output = command.output().map_err(|e| {

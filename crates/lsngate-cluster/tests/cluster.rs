@@ -10,6 +10,8 @@ use lsngate_cluster::{Cluster, ClusterConfig, Error, SyncMode, shared_cluster};
 
 #[path = "cluster/patroni.rs"]
 mod patroni;
+#[path = "cluster/pgbouncer.rs"]
+mod pgbouncer;
 #[path = "cluster/pgpool.rs"]
 mod pgpool;
 

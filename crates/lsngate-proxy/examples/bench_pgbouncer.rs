@@ -41,7 +41,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use lsngate_cluster::{Cluster, ClusterConfig, Pgpool, PgpoolConfig, SERVER_USER, process_tree};
+use lsngate_cluster::{
+    Cluster, ClusterConfig, Pgbouncer, PgbouncerConfig, Pgpool, PgpoolConfig, process_tree,
+};
 
 const MIXED: &str = "\\set aid random(1, 100000 * :scale)
 SELECT abalance FROM pgbench_accounts WHERE aid = :aid;
@@ -139,34 +141,6 @@ fn pgbench_output(cluster: &Cluster, port: u16, args: &[&str]) -> String {
         "pgbench {args:?} on port {port} failed:\n{text}"
     );
     text
-}
-
-fn start_pgbouncer(dir: &Path, primary_port: u16, port: u16, pool: usize) -> Pooler {
-    std::fs::create_dir_all(dir).unwrap();
-    std::fs::write(dir.join("userlist.txt"), "\"postgres\" \"\"\n").unwrap();
-    let ini = format!(
-        "[databases]\npostgres = host=127.0.0.1 port={primary_port} dbname=postgres\n\n[pgbouncer]\n\
-         listen_addr = 127.0.0.1\nlisten_port = {port}\nunix_socket_dir =\nauth_type = trust\n\
-         auth_file = {dir}/userlist.txt\npool_mode = transaction\ndefault_pool_size = {pool}\n\
-         max_client_conn = 1000\nlogfile = {dir}/pgbouncer.log\npidfile = {dir}/pgbouncer.pid\n",
-        dir = dir.display()
-    );
-    std::fs::write(dir.join("pgbouncer.ini"), ini).unwrap();
-    let _ = Command::new("chown")
-        .args(["-R", SERVER_USER])
-        .arg(dir)
-        .status();
-    let mut command = Command::new("pgbouncer");
-    if unsafe { libc::geteuid() } == 0 {
-        command.args(["-u", SERVER_USER]);
-    }
-    command.arg(dir.join("pgbouncer.ini"));
-    start_pooler(
-        command,
-        port,
-        &format!("pgbouncer; see {}/pgbouncer.log", dir.display()),
-        Stdio::null(),
-    )
 }
 
 /// Files and directories the benchmark writes, removed when it ends (or panics).
@@ -405,7 +379,7 @@ fn main() {
         );
     }
     // pgpool-II's rows are part of the comparison: without it the table would silently lack them.
-    if let Err(e) = Pgpool::check_installed() {
+    if let Err(e) = Pgpool::check_installed().and_then(|()| Pgbouncer::check_installed()) {
         eprintln!("bench_pgbouncer: {e}");
         std::process::exit(2);
     }
@@ -419,8 +393,15 @@ fn main() {
     let dir = std::env::temp_dir().join(format!("lsngate-bench-poolers-{}", std::process::id()));
     let _scratch = Scratch(vec![script.clone(), dir.clone()]);
     std::fs::write(&script, MIXED).unwrap();
-    let bouncer_port = free_port();
-    let bouncer = start_pgbouncer(&dir, primary_port, bouncer_port, pool);
+    let bouncer = Pgbouncer::start(
+        &PgbouncerConfig::default()
+            .database("postgres", &cluster.primary_url())
+            .expect("the cluster's primary URL")
+            .pool_size(pool)
+            .own_session(),
+    )
+    .expect("start PgBouncer");
+    let bouncer_port = bouncer.port();
     let (lsn_primary_port, lsn_primary) =
         start_lsngate(&cluster, &dir, false, "eventual", pool, threads, None);
     let lsn_pgo = pgo_bin
@@ -439,7 +420,7 @@ fn main() {
         .map(|(port, pooler)| (PGO_LSNGATE, *port, Some(pooler.0.id())));
     let all_targets: Vec<(&'static str, u16, Option<u32>)> = [
         ("direct (primary)", primary_port, None),
-        (PGBOUNCER, bouncer_port, Some(bouncer.0.id())),
+        (PGBOUNCER, bouncer_port, Some(bouncer.pid())),
         (
             PGPOOL_PRIMARY,
             pgpool_primary.port(),
