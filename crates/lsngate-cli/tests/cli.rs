@@ -212,6 +212,7 @@ fn bench_runs_every_strategy_and_writes_the_documented_json() {
         "proxy-scope",
         "proxy-global",
         "floor",
+        "pgbouncer",
     ];
     if major >= 19 {
         expected.push("waitfor");
@@ -315,6 +316,17 @@ fn bench_runs_every_strategy_and_writes_the_documented_json() {
     );
     let naive = by_name("replica").unwrap();
     assert_eq!(naive["served_by_replica"], 60);
+    // PgBouncer beside it (scripts/install/proxy.sh installs it): every read through its
+    // replica database, and the line that sets the proxy rows against its hop.
+    assert_eq!(by_name("pgbouncer").unwrap()["served_by_replica"], 60);
+    let hop = table
+        .lines()
+        .find(|l| l.starts_with("A pooler's hop here: pgbouncer's replica read p50 "))
+        .unwrap_or_else(|| panic!("no pooler hop line:\n{table}"));
+    assert!(
+        hop.contains("proxy-session ") && hop.contains("proxy-global "),
+        "{hop}"
+    );
     assert!(
         naive["stale"].as_u64().unwrap() <= 60,
         "counted, not capped: {naive}"

@@ -7,6 +7,7 @@
 //! and the read-load experiment (reads on a replica stretch its replay).
 
 mod chart;
+mod pgbouncer;
 mod pgpool;
 mod profile;
 mod proxy;
@@ -149,9 +150,25 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
         budget: args.timeout,
         warmup_per_worker: 3,
     };
-    let (peers, own): (Vec<&Strategy>, Vec<&Strategy>) = runnable
+    let (peers, mut own): (Vec<&Strategy>, Vec<&Strategy>) = runnable
         .iter()
         .partition(|s| matches!(s, Strategy::Pgpool(_)));
+    // PgBouncer runs for the whole of the rounds, its row interleaved with the others.
+    let pgbouncer = if own.contains(&&Strategy::Pgbouncer) {
+        match attach_pgbouncer(&target, &mut sessions).await {
+            Ok(pgbouncer) => Some(pgbouncer),
+            Err(e) => {
+                own.retain(|s| **s != Strategy::Pgbouncer);
+                skipped.push(Skipped {
+                    strategy: Strategy::Pgbouncer.to_string(),
+                    reason: format!("PgBouncer: {e:#}"),
+                });
+                None
+            }
+        }
+    } else {
+        None
+    };
     let mut measured: Vec<Measured> = own.iter().map(|_| Measured::default()).collect();
     for round in 0..args.rounds {
         let slice = Plan {
@@ -185,6 +202,12 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
             }
         }
     }
+    if let Some(pgbouncer) = pgbouncer {
+        for session in &mut sessions {
+            session.pgbouncer = None;
+        }
+        drop(pgbouncer);
+    }
     for (strategy, measured) in own.iter().zip(measured) {
         let mut row = report::summarize(&strategy.to_string(), &measured.samples);
         row.proxy_outcomes = measured.proxy_outcomes;
@@ -215,6 +238,9 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
         }
     }
     report::print_results(&results);
+    if let Some(line) = report::pooler_hop(&results) {
+        println!("{line}");
+    }
     report::print_skipped(&skipped);
 
     let sweep = run_sweep(&args, &target, &sessions, &runnable, &mut skipped).await?;
@@ -347,6 +373,7 @@ fn default_strategies() -> Vec<Strategy> {
         Strategy::ProxyScope,
         Strategy::ProxyGlobal,
         Strategy::Floor,
+        Strategy::Pgbouncer,
         Strategy::Pgpool(pgpool::PgpoolMode::Transaction),
         Strategy::Pgpool(pgpool::PgpoolMode::Always),
         Strategy::Pgpool(pgpool::PgpoolMode::DmlAdaptive),
@@ -385,6 +412,20 @@ fn proxy_setup(
             (rest, None)
         }
     }
+}
+
+/// Starts PgBouncer for the `pgbouncer` row and gives every worker its connections through it.
+async fn attach_pgbouncer(
+    target: &Target,
+    sessions: &mut [Session],
+) -> anyhow::Result<pgbouncer::PgbouncerRow> {
+    let pgbouncer =
+        pgbouncer::PgbouncerRow::start(target.primary_url(), target.replica_urls(), sessions.len())
+            .await?;
+    for session in sessions.iter_mut() {
+        session.pgbouncer = Some(pgbouncer.client().await?);
+    }
+    Ok(pgbouncer)
 }
 
 /// Starts a fresh proxy for one proxy strategy and gives every worker its connections through it.

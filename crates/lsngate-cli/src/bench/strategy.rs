@@ -11,6 +11,7 @@ use lsngate_core::probe::{INSERT_POSITION_SQL, REPLAY_SQL};
 use lsngate_core::{Lsn, Verdict};
 use tokio_postgres::{Client, SimpleQueryMessage, Statement};
 
+use super::pgbouncer::PgbouncerClient;
 use super::pgpool::{PgpoolClient, PgpoolMode};
 use super::proxy::ProxyClients;
 
@@ -54,6 +55,10 @@ pub enum Strategy {
     /// pgpool-II with load balancing and one of its read-your-writes settings: write, then read
     /// on the same pgpool connection.
     Pgpool(PgpoolMode),
+    /// PgBouncer as a plain read/write split: write through its primary database, read at once
+    /// through the replica's. No guarantee; its read p50 is a pooler's hop on this machine, what
+    /// the proxy rows pay for the same hop before they add the guarantee.
+    Pgbouncer,
 }
 
 impl std::str::FromStr for Strategy {
@@ -72,6 +77,7 @@ impl std::str::FromStr for Strategy {
             "proxy-scope" => Strategy::ProxyScope,
             "proxy-global" => Strategy::ProxyGlobal,
             "floor" => Strategy::Floor,
+            "pgbouncer" => Strategy::Pgbouncer,
             other => match other.strip_prefix("sleep:") {
                 Some(delay) => Strategy::Sleep(crate::duration::parse(delay)?),
                 None if other.starts_with("pgpool-") => {
@@ -113,12 +119,13 @@ impl std::fmt::Display for Strategy {
             Strategy::ProxyGlobal => write!(f, "proxy-global"),
             Strategy::Floor => write!(f, "floor"),
             Strategy::Pgpool(mode) => write!(f, "pgpool-{}", mode.name()),
+            Strategy::Pgbouncer => write!(f, "pgbouncer"),
         }
     }
 }
 
 impl Strategy {
-    pub const NAMES: &'static str = "primary, replica, sleep:<ms>, sync-on, remote-apply, waitfor, poll, lsngate, proxy-session, proxy-token, proxy-scope, proxy-global, floor, pgpool-transaction, pgpool-always, pgpool-dml_adaptive, pgpool-delay_threshold";
+    pub const NAMES: &'static str = "primary, replica, sleep:<ms>, sync-on, remote-apply, waitfor, poll, lsngate, proxy-session, proxy-token, proxy-scope, proxy-global, floor, pgbouncer, pgpool-transaction, pgpool-always, pgpool-dml_adaptive, pgpool-delay_threshold";
 
     /// The `synchronous_commit` a worker's primary session uses for this strategy's writes.
     /// `local` keeps the others as fast as plain asynchronous replication when the cluster has a
@@ -162,6 +169,8 @@ pub struct Session {
     pub proxy: Option<ProxyClients>,
     /// The worker's pgpool-II connection, while a pgpool strategy runs.
     pub pgpool: Option<PgpoolClient>,
+    /// The worker's PgBouncer connections, while the pgbouncer row runs.
+    pub pgbouncer: Option<PgbouncerClient>,
     insert: Statement,
     read_primary: Statement,
     read_replica: Vec<Statement>,
@@ -199,6 +208,7 @@ impl Session {
             replicas,
             proxy: None,
             pgpool: None,
+            pgbouncer: None,
             read_replica,
             replayed,
             replay_position,
@@ -210,6 +220,13 @@ impl Session {
         self.pgpool
             .as_ref()
             .ok_or_else(|| anyhow::anyhow!("no pgpool connection: pgpool-II was not started"))
+    }
+
+    /// The worker's PgBouncer connections; an error when PgBouncer was not started.
+    fn pgbouncer(&self) -> anyhow::Result<&PgbouncerClient> {
+        self.pgbouncer
+            .as_ref()
+            .ok_or_else(|| anyhow::anyhow!("no PgBouncer connections: PgBouncer was not started"))
     }
 
     /// The worker's proxy connections; an error when the proxy was not started.
@@ -358,6 +375,7 @@ pub async fn write(
         Strategy::ProxyScope => session.proxy()?.scope_insert(payload).await?,
         Strategy::ProxyGlobal => session.proxy()?.global_insert(payload).await?,
         Strategy::Pgpool(_) => session.pgpool()?.insert(payload).await?,
+        Strategy::Pgbouncer => session.pgbouncer()?.insert(payload).await?,
         _ => session.insert(payload).await?,
     };
     Ok((id, None))
@@ -415,6 +433,7 @@ pub async fn read_back(
         Strategy::Replica | Strategy::SyncOn | Strategy::RemoteApply => {
             on_replica(session.read_replica(replica, id).await?)
         }
+        Strategy::Pgbouncer => on_replica(session.pgbouncer()?.read(replica, id).await?),
         Strategy::Sleep(delay) => {
             tokio::time::sleep(*delay).await;
             on_replica(session.read_replica(replica, id).await?)

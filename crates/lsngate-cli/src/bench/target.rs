@@ -109,6 +109,7 @@ impl Target {
                     .find(|&&major| major < 19)
                     .map(|major| format!("WAIT FOR LSN needs PostgreSQL 19 or later on every replica (found {major}); use poll")),
                 Strategy::Pgpool(_) => super::pgpool::missing(),
+                Strategy::Pgbouncer => super::pgbouncer::missing(),
                 s if s.needs_sync_standby() && !self.sync_standby => Some(
                     "the primary has no synchronous standby (synchronous_standby_names is empty or none is connected); configure one and pass it as the first --replica".to_string(),
                 ),
