@@ -601,8 +601,22 @@ impl BackendConn {
 
     /// Writes frames in one flight (one syscall for the batch).
     pub async fn send(&mut self, frames: &[Frame]) -> Result<(), BackendError> {
+        self.send_around(frames, frames.len(), &[]).await
+    }
+
+    /// Writes `frames[..at]`, then the client's `messages` (encoded straight into the send
+    /// buffer, with no frame built for each), then `frames[at..]`, in one flight.
+    pub async fn send_around(
+        &mut self,
+        frames: &[Frame],
+        at: usize,
+        messages: &[crate::net::FrontendMessage],
+    ) -> Result<(), BackendError> {
         self.write_buf.clear();
-        frames.iter().for_each(|f| f.encode(&mut self.write_buf));
+        let (before, after) = frames.split_at(at);
+        before.iter().for_each(|f| f.encode(&mut self.write_buf));
+        messages.iter().for_each(|m| m.encode(&mut self.write_buf));
+        after.iter().for_each(|f| f.encode(&mut self.write_buf));
         let buf = std::mem::take(&mut self.write_buf);
         let result = self.write_raw(&buf).await;
         self.write_buf = buf;

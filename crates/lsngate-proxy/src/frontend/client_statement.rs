@@ -1,16 +1,19 @@
 //! A prepared statement as the client defined it, kept by the session across backend changes
 //! (each server connection may or may not hold its copy: `identity` is what must match).
 
+use std::sync::Arc;
+
 use crate::causal::Floor;
 use crate::statement::{Class, LocalCommand, RouteHint};
 
-/// A prepared statement as the client defined it.
+/// A prepared statement as the client defined it. Cloned for every Parse (the flight log keeps
+/// the definitions a flight replaced and made), so its texts are shared, not copied.
 #[derive(Debug, Clone)]
 pub struct ClientStatement {
     /// The SQL text (hint comment removed).
-    pub query: String,
+    pub query: Arc<str>,
     /// Parameter type OIDs from Parse.
-    pub param_types: Vec<u32>,
+    pub param_types: Arc<[u32]>,
     /// Classification of the text.
     pub class: Class,
     /// A route hint found in the text.
@@ -30,8 +33,11 @@ pub struct ClientStatement {
     /// The client's text was `RESET name` of a startup setting, and `query` is the `SET` of its
     /// startup value (see `Session::reset_sent_as_set`): its CommandComplete says `RESET`.
     pub reset_as_set: bool,
+    /// The text is `DEALLOCATE [PREPARE] ALL` (and not a proxy command): every named statement
+    /// is gone once it runs. Read at Parse, not at each of its Binds.
+    pub deallocates_all: bool,
     /// [`ClientStatement::identity`], computed once.
-    pub(super) identity: String,
+    pub(super) identity: Arc<str>,
 }
 
 impl ClientStatement {

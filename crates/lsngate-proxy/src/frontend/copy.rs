@@ -56,11 +56,14 @@ pub struct CopyGate {
 /// proxy's frames to the statement's ReadyForQuery).
 pub fn mentions_copy_from_stdin(sql: &str) -> bool {
     let has = |word: &[u8]| {
+        // A full comparison only where the first letter matches (`| 0x20` lowers an ASCII
+        // letter): it runs for the text of every statement a flight binds.
+        let first = word[0];
         sql.as_bytes()
             .windows(word.len())
-            .any(|w| w.eq_ignore_ascii_case(word))
+            .any(|w| w[0] | 0x20 == first && w.eq_ignore_ascii_case(word))
     };
-    has(b"copy") && has(b"stdin")
+    has(b"stdin") && has(b"copy")
 }
 
 fn syncs(messages: &[FrontendMessage]) -> usize {
@@ -244,7 +247,7 @@ impl Session {
     ) -> Result<(), ClientError> {
         if !self.pending.is_empty() {
             self.pending.push(FrontendMessage::Flush);
-            let flight = std::mem::take(&mut self.pending);
+            let flight = self.take_pending();
             self.extended_flight(flight, None).await?;
         }
         let Some(attached) = self.backend.as_mut() else {
@@ -267,6 +270,27 @@ impl Session {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn copy_from_stdin_is_found_in_any_case() {
+        for sql in [
+            "COPY t FROM STDIN",
+            "copy t (a) from stdin with (format csv)",
+            "  CoPy t FROM StDiN",
+        ] {
+            assert!(mentions_copy_from_stdin(sql), "{sql}");
+        }
+        for sql in [
+            "SELECT 1",
+            "COPY t TO STDOUT",
+            "select 'stdin'",
+            "",
+            "s",
+            "STDI",
+        ] {
+            assert!(!mentions_copy_from_stdin(sql), "{sql}");
+        }
+    }
 
     fn execute() -> FrontendMessage {
         FrontendMessage::Execute {

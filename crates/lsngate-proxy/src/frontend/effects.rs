@@ -3,7 +3,7 @@
 //! settings read back (`RESYNC_SQL`, `Session::on_resync`) or applied again
 //! (`Session::restore_settings`) when an answer leaves them in doubt.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 
 use super::attached::{Duty, Owner, ProxyAnswer};
 use super::client_statement::ClientStatement;
@@ -14,7 +14,7 @@ use super::preparation::{all_dropped, all_in_doubt, settings_sql};
 use super::session::Session;
 use crate::backend::Settings;
 use crate::net::backend::TxStatus;
-use crate::net::{FrontendMessage, NameKey};
+use crate::net::{FrontendMessage, NameMap};
 use crate::statement::{Class, session_set, setting_reset};
 
 /// [`Attached::reset_tags`] entries for a flight: per Execute whether its portal (bound in this
@@ -56,10 +56,12 @@ impl Session {
     /// The statements a flight runs that change session state (SET, RESET, DISCARD, DEALLOCATE,
     /// LISTEN, ...): a simple Query's text, or the statement behind each portal an
     /// extended-protocol flight executes (drivers send `SET` that way as often as not).
-    fn session_effects(
+    /// `per_message` is the flight's [`Session::statement_per_message`].
+    pub(super) fn session_effects(
         &self,
         flight: &[FrontendMessage],
         class: Option<Class>,
+        per_message: &[Option<&ClientStatement>],
     ) -> Vec<(Class, String)> {
         let changes_state = |c: Class| matches!(c, Class::Pin | Class::SessionState);
         if let [FrontendMessage::Query(sql)] = flight {
@@ -73,18 +75,18 @@ impl Session {
                 _ => Vec::new(),
             };
         }
-        let mut portals = HashMap::new();
+        let mut portals = NameMap::default();
         let mut effects = Vec::new();
-        for (m, statement) in flight.iter().zip(self.statement_per_message(flight)) {
+        for (m, statement) in flight.iter().zip(per_message.iter().copied()) {
             match m {
                 FrontendMessage::Bind { portal, .. } => {
-                    portals.insert(NameKey(portal), statement);
+                    portals.insert(portal, statement);
                 }
                 FrontendMessage::Execute { portal, .. } => {
-                    if let Some(Some(s)) = portals.get(&NameKey(portal))
+                    if let Some(Some(s)) = portals.get(portal)
                         && changes_state(s.class)
                     {
-                        effects.push((s.class, s.query.clone()));
+                        effects.push((s.class, s.query.to_string()));
                     }
                 }
                 _ => {}
@@ -95,7 +97,11 @@ impl Session {
 
     /// Whether the flight executes a portal after its last Sync (or Query): `None` when it does
     /// not, else whether one of those Executes runs a BEGIN.
-    pub(super) fn executed_after_last_sync(&self, flight: &[FrontendMessage]) -> Option<bool> {
+    /// `per_message` is the flight's [`Session::statement_per_message`].
+    pub(super) fn executed_after_last_sync(
+        flight: &[FrontendMessage],
+        per_message: &[Option<&ClientStatement>],
+    ) -> Option<bool> {
         let ends = |m: &FrontendMessage| {
             matches!(
                 m,
@@ -105,17 +111,16 @@ impl Session {
             )
         };
         let tail = flight.iter().rposition(ends).map_or(0, |i| i + 1);
-        let statements = self.statement_per_message(flight);
-        let mut portals = HashMap::new();
+        let mut portals = NameMap::default();
         let mut executed = None;
-        for (m, statement) in flight.iter().zip(statements).skip(tail) {
+        for (m, statement) in flight.iter().zip(per_message.iter().copied()).skip(tail) {
             match m {
                 FrontendMessage::Bind { portal, .. } => {
-                    portals.insert(NameKey(portal), statement);
+                    portals.insert(portal, statement);
                 }
                 FrontendMessage::Execute { portal, .. } => {
                     let begins = portals
-                        .get(&NameKey(portal))
+                        .get(portal)
                         .copied()
                         .flatten()
                         .is_some_and(|s| matches!(s.class, Class::Begin { .. }));
@@ -127,7 +132,7 @@ impl Session {
         executed
     }
 
-    /// Tracks the session-level effects of a flight (see [`Session::session_effects`]). True
+    /// Tracks the session-level `effects` of a flight (its [`Session::session_effects`]). True
     /// when a change of settings may yet be undone or was not understood: a SET inside a
     /// transaction block (a ROLLBACK undoes it), in a pipeline or a multi-statement string (a
     /// later error undoes it), or one the proxy cannot parse. The server's settings are then
@@ -137,9 +142,8 @@ impl Session {
     pub(super) fn note_session_effects(
         &mut self,
         flight: &[FrontendMessage],
-        class: Option<Class>,
+        effects: Vec<(Class, String)>,
     ) -> bool {
-        let effects = self.session_effects(flight, class);
         let executes = flight
             .iter()
             .filter(|m| matches!(m, FrontendMessage::Execute { .. }))

@@ -6,7 +6,6 @@
 //! Replies of a replica read outside a transaction are held back (up to `retry_buffer_size`) so
 //! a 25006 "read-only transaction" error can be re-run on the primary without the client seeing it.
 
-use std::collections::HashSet;
 use std::sync::Arc;
 
 use super::attached::{Attached, Batch, Duty, Owner, RetryBuffer};
@@ -275,17 +274,17 @@ impl Session {
         {
             return false;
         }
-        let mut bound = HashSet::new();
+        let mut bound = crate::net::NameMap::default();
         flight.iter().all(|m| match m {
             FrontendMessage::Bind { portal, .. } => {
-                bound.insert(crate::net::NameKey(portal));
+                bound.insert(portal, ());
                 true
             }
             FrontendMessage::Execute { portal, .. }
             | FrontendMessage::Describe {
                 kind: b'P',
                 name: portal,
-            } => bound.contains(&crate::net::NameKey(portal)),
+            } => bound.contains(portal),
             _ => true,
         })
     }
@@ -519,8 +518,15 @@ impl Session {
         let attached = self.backend.as_mut().expect("attached before send");
         let mut frames = attached.copy.before_flight(&flight);
         frames.extend(self.preparation(&flight));
-        let executed = self.executed_after_last_sync(&flight);
-        if self.note_session_effects(&flight, class) {
+        // The statement behind each message, read once for both questions.
+        let (executed, effects) = {
+            let per_message = self.statement_per_message(&flight);
+            (
+                Session::executed_after_last_sync(&flight, &per_message),
+                self.session_effects(&flight, class, &per_message),
+            )
+        };
+        if self.note_session_effects(&flight, effects) {
             self.settings_in_doubt = true;
         }
         if let [FrontendMessage::Query(sql)] = flight.as_slice()
@@ -536,7 +542,7 @@ impl Session {
             } else {
                 statements.get(name)
             };
-            s.map(|s| s.query.as_str())
+            s.map(|s| &*s.query)
         });
         let retry_allowed = self.config.retry_buffer_size > 0;
         let status = self.status;
@@ -584,10 +590,15 @@ impl Session {
                 attached.wait = Some(ReadWait::Pending(PendingVerdict::new(floor, wait, budget)));
             }
         }
-        match client_frames {
-            Some(rebuilt) => frames.extend(rebuilt),
-            None => frames.extend(flight.iter().map(FrontendMessage::to_frame)),
-        }
+        // The client's messages go between the frames before and after them: as rebuilt, or
+        // as they are, encoded at the send.
+        let client_at = match client_frames {
+            Some(rebuilt) => {
+                frames.extend(rebuilt);
+                None
+            }
+            None => Some(frames.len()),
+        };
         if let Some(start) = copy_start {
             let clients_due = attached.client_segments_due();
             attached.copy.started_by(&flight, start, clients_due);
@@ -695,16 +706,23 @@ impl Session {
                         | Class::Begin { .. }
                 )
             );
+        let sent = match client_at {
+            Some(at) => attached.conn.send_around(&frames, at, &flight).await,
+            None => attached.conn.send(&frames).await,
+        };
+        // Kept before a lost connection is handled: `backend_lost` re-runs the read from it.
         if keep_for_retry {
             attached.retry = Some(RetryBuffer {
                 flight,
                 class,
-                frames: Vec::new(),
+                // A read's replies: parse and bind completes, row description, rows,
+                // command complete, ReadyForQuery.
+                frames: Vec::with_capacity(8),
                 bytes: 0,
                 read_only_violation: false,
             });
         }
-        if let Err(e) = attached.conn.send(&frames).await {
+        if let Err(e) = sent {
             return self.backend_lost(e).await;
         }
         Ok(())

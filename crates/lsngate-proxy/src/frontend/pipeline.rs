@@ -14,7 +14,7 @@
 use std::collections::HashMap;
 
 use super::client_statement::ClientStatement;
-use crate::net::{FrontendMessage, NameKey, same_text};
+use crate::net::{FrontendMessage, NameMap, same_text};
 
 /// What the messages of the flight being assembled changed in the client's view.
 #[derive(Debug, Default, Clone)]
@@ -58,12 +58,6 @@ impl<'a> At<'a> {
     }
 }
 
-/// Whether a statement is `DEALLOCATE [PREPARE] ALL`.
-fn deallocates_all(s: &ClientStatement) -> bool {
-    s.local.is_none()
-        && super::deallocate::parse(&s.query) == Some(super::deallocate::Deallocate::All)
-}
-
 /// The named statements the client holds after a flight, with their definitions.
 pub type Kept<'a> = Vec<(String, &'a ClientStatement)>;
 
@@ -78,7 +72,7 @@ pub fn statements_at<'a>(
     flight: &[FrontendMessage],
 ) -> (Vec<At<'a>>, Option<Kept<'a>>) {
     // The flight's own changes so far, by name; untouched names are what they were before it.
-    let mut now: HashMap<NameKey<'_>, Option<&'a ClientStatement>> = HashMap::new();
+    let mut now: NameMap<'_, Option<&'a ClientStatement>> = NameMap::default();
     let mut all_gone = false;
     let mut parsed = log.parsed.iter();
     // Portals bound in this flight to DEALLOCATE ALL (kept only for those).
@@ -90,13 +84,14 @@ pub fn statements_at<'a>(
             None => statements.get(name),
         }
     };
-    let lookup = |now: &HashMap<NameKey<'_>, Option<&'a ClientStatement>>,
-                  all_gone: bool,
-                  name: &str| match now.get(&NameKey(name)) {
-        Some(s) => *s,
-        None if all_gone && !name.is_empty() => None,
-        None => before(name),
-    };
+    let lookup =
+        |now: &NameMap<'_, Option<&'a ClientStatement>>, all_gone: bool, name: &str| match now
+            .get(name)
+        {
+            Some(s) => *s,
+            None if all_gone && !name.is_empty() => None,
+            None => before(name),
+        };
     let mut at = Vec::with_capacity(flight.len());
     for m in flight {
         let here = match m {
@@ -123,11 +118,11 @@ pub fn statements_at<'a>(
                         At::Duplicate(held)
                     }
                     (None, held) => {
-                        now.insert(NameKey(statement), held);
+                        now.insert(statement, held);
                         held.map_or(At::Nothing, At::Statement)
                     }
                     (Some(own), _) => {
-                        now.insert(NameKey(statement), Some(own));
+                        now.insert(statement, Some(own));
                         At::Statement(own)
                     }
                 }
@@ -137,7 +132,7 @@ pub fn statements_at<'a>(
             } => {
                 let s = lookup(&now, all_gone, statement);
                 deallocating.retain(|p| !same_text(p, portal));
-                if s.is_some_and(deallocates_all) {
+                if s.is_some_and(|s| s.deallocates_all) {
                     deallocating.push(portal.as_str());
                 }
                 s.map_or(At::Nothing, At::Statement)
@@ -149,7 +144,7 @@ pub fn statements_at<'a>(
             FrontendMessage::Close { kind: b'S', name } => {
                 // The statement it closes, if the client holds one there.
                 let s = lookup(&now, all_gone, name);
-                now.insert(NameKey(name), None);
+                now.insert(name, None);
                 s.map_or(At::Nothing, At::Statement)
             }
             FrontendMessage::Close { kind: b'P', name } => {
@@ -159,13 +154,13 @@ pub fn statements_at<'a>(
             FrontendMessage::Execute { portal, .. }
                 if deallocating.iter().any(|p| same_text(p, portal)) =>
             {
-                now.retain(|name, _| name.0.is_empty());
+                now.retain(|name, _| name.is_empty());
                 all_gone = true;
                 At::DeallocateAll
             }
             FrontendMessage::Query(_) => {
                 // A simple Query drops the unnamed statement.
-                now.insert(NameKey(""), None);
+                now.insert("", None);
                 At::Nothing
             }
             _ => At::Nothing,
@@ -174,8 +169,8 @@ pub fn statements_at<'a>(
     }
     let after = all_gone.then(|| {
         now.iter()
-            .filter(|(name, _)| !name.0.is_empty())
-            .filter_map(|(name, s)| s.map(|s| (name.0.to_string(), s)))
+            .filter(|(name, _)| !name.is_empty())
+            .filter_map(|(name, s)| s.map(|s| (name.to_string(), s)))
             .collect()
     });
     (at, after)

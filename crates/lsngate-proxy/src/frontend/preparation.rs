@@ -82,8 +82,8 @@ fn unnamed_preparation(
                 if conn.unnamed.as_deref() != Some(s.identity()) {
                     let message = FrontendMessage::Parse {
                         statement: String::new(),
-                        query: s.query.clone(),
-                        param_types: s.param_types.clone(),
+                        query: s.query.to_string(),
+                        param_types: s.param_types.to_vec(),
                     };
                     parse = Some(message.to_frame());
                     conn.unnamed = Some(s.identity().to_string());
@@ -164,8 +164,12 @@ impl Session {
         let conn = &mut attached.conn;
         let mut frames = Vec::new();
         if may_inject {
+            // Built only when the settings differ (it was built for every flight and dropped).
             let differs = self.settings != conn.applied;
-            if let Some(sql) = settings_sql(&self.settings, &conn.applied).filter(|_| differs) {
+            if let Some(sql) = differs
+                .then(|| settings_sql(&self.settings, &conn.applied))
+                .flatten()
+            {
                 frames.push(FrontendMessage::Query(sql).to_frame());
                 conn.applied = self.settings.clone();
                 // A simple Query drops the unnamed statement.
@@ -211,8 +215,8 @@ impl Session {
                 statements.push(close_statement(name));
                 let parse = FrontendMessage::Parse {
                     statement: name.clone(),
-                    query: s.query.clone(),
-                    param_types: s.param_types.clone(),
+                    query: s.query.to_string(),
+                    param_types: s.param_types.to_vec(),
                 };
                 statements.push(parse.to_frame());
                 conn.prepared.insert(name.clone(), s.identity().to_string());

@@ -452,6 +452,43 @@ impl Session {
         }
     }
 
+    /// Whether `flight` executes or describes a portal bound to an lsngate command: portals
+    /// bound in the flight are what their statement (`per_message`) is, others what they were.
+    fn runs_local_portal(
+        &self,
+        flight: &[FrontendMessage],
+        per_message: Vec<Option<&ClientStatement>>,
+    ) -> bool {
+        let mut bound = crate::net::NameMap::default();
+        let mut local = false;
+        for (m, s) in flight.iter().zip(per_message) {
+            match m {
+                FrontendMessage::Bind { portal, .. } => {
+                    bound.insert(portal, s.is_some_and(|s| s.local.is_some()));
+                }
+                FrontendMessage::Execute { portal, .. }
+                | FrontendMessage::Describe {
+                    kind: b'P',
+                    name: portal,
+                } => {
+                    local |= bound
+                        .get(portal)
+                        .copied()
+                        .unwrap_or_else(|| self.local_portals.contains_key(portal.as_str()));
+                }
+                _ => {}
+            }
+        }
+        local
+    }
+
+    /// The extended-protocol messages gathered so far, as one flight; the next flight's are
+    /// gathered in a vector sized for a driver's usual Parse/Bind/Describe/Execute/Sync, so
+    /// pushing them allocates once, not at 1, 2, 4 and 8 messages.
+    pub(super) fn take_pending(&mut self) -> Vec<FrontendMessage> {
+        std::mem::replace(&mut self.pending, Vec::with_capacity(FLIGHT_CAPACITY))
+    }
+
     /// Handles one client message; false when the client said Terminate.
     async fn on_client(&mut self, incoming: Incoming) -> Result<bool, ClientError> {
         let frame = match incoming {
@@ -534,13 +571,20 @@ impl Session {
                     &query,
                     &self.config.write_functions,
                 );
-                let sent_as_set = self.reset_sent_as_set(&query).filter(|_| local.is_none());
+                // Only a statement whose first word is SET or RESET can be one (read only then:
+                // scanning every Parse's text showed in callgrind).
+                let sent_as_set = matches!(class, Class::SessionState | Class::TransactionLocal)
+                    .then(|| self.reset_sent_as_set(&query))
+                    .flatten()
+                    .filter(|_| local.is_none());
                 let (query, reset_as_set) = sent_as_set.unwrap_or((query, false));
                 self.resets_parsed |= reset_as_set;
+                let deallocates_all = local.is_none()
+                    && super::deallocate::parse(&query) == Some(super::deallocate::Deallocate::All);
                 let defined = ClientStatement {
-                    identity: statement_identity(&param_types, &query),
-                    query: query.clone(),
-                    param_types: param_types.clone(),
+                    identity: statement_identity(&param_types, &query).into(),
+                    query: Arc::from(query.as_str()),
+                    param_types: Arc::from(param_types.as_slice()),
                     class,
                     hint: hints.route,
                     floor,
@@ -550,6 +594,7 @@ impl Session {
                     shape: None,
                     plan_changed: false,
                     reset_as_set,
+                    deallocates_all,
                 };
                 let held = if statement.is_empty() {
                     self.unnamed.as_ref()
@@ -587,7 +632,7 @@ impl Session {
             | FrontendMessage::Close { .. }) => self.pending.push(m),
             m @ (FrontendMessage::Sync | FrontendMessage::Flush) => {
                 self.pending.push(m);
-                let flight = std::mem::take(&mut self.pending);
+                let flight = self.take_pending();
                 self.extended_flight(flight, None).await?;
             }
             m @ (FrontendMessage::CopyData(_)
@@ -635,7 +680,7 @@ impl Session {
                     .classify(&self.proxy.classes, &query, &self.config.write_functions)
             });
             self.pending.push(FrontendMessage::Flush);
-            let flight = std::mem::take(&mut self.pending);
+            let flight = self.take_pending();
             self.extended_flight(flight, class).await?;
         }
         if !self.backend.as_ref().is_some_and(|b| b.batch.is_open()) {
@@ -670,27 +715,6 @@ impl Session {
             flight,
         );
         at.into_iter().map(super::pipeline::At::statement).collect()
-    }
-
-    /// The statements an extended-protocol flight prepares, binds or describes; `None` for a
-    /// name the session does not know.
-    fn flight_statements<'a>(
-        &'a self,
-        flight: &[FrontendMessage],
-    ) -> Vec<Option<&'a ClientStatement>> {
-        flight
-            .iter()
-            .zip(self.statement_per_message(flight))
-            .filter(|(m, _)| {
-                matches!(
-                    m,
-                    FrontendMessage::Parse { .. }
-                        | FrontendMessage::Bind { .. }
-                        | FrontendMessage::Describe { kind: b'S', .. }
-                )
-            })
-            .map(|(_, s)| s)
-            .collect()
     }
 
     /// An extended-protocol flight up to Sync or Flush: answered by the proxy (its commands, a
@@ -745,34 +769,12 @@ impl Session {
             debug_assert!(self.pending.is_empty());
             self.pending = flight;
             let drained = self.drain().await;
-            flight = std::mem::take(&mut self.pending);
+            flight = self.take_pending();
             drained?;
         }
-        let used = self.flight_statements(&flight);
-        // Portals bound in this flight are what their statement is; others what they were.
-        let mut bound: HashMap<crate::net::NameKey<'_>, bool> = HashMap::new();
-        let mut portals_local = false;
-        for (m, s) in flight.iter().zip(self.statement_per_message(&flight)) {
-            match m {
-                FrontendMessage::Bind { portal, .. } => {
-                    bound.insert(
-                        crate::net::NameKey(portal),
-                        s.is_some_and(|s| s.local.is_some()),
-                    );
-                }
-                FrontendMessage::Execute { portal, .. }
-                | FrontendMessage::Describe {
-                    kind: b'P',
-                    name: portal,
-                } => {
-                    portals_local |= bound
-                        .get(&crate::net::NameKey(portal))
-                        .copied()
-                        .unwrap_or_else(|| self.local_portals.contains_key(portal.as_str()));
-                }
-                _ => {}
-            }
-        }
+        let per_message = self.statement_per_message(&flight);
+        let used = flight_statements(&flight, &per_message);
+        let portals_local = self.runs_local_portal(&flight, per_message);
         let local = used.iter().flatten().filter(|s| s.local.is_some()).count();
         if local > 0 || portals_local {
             if local == used.len() {
@@ -963,4 +965,28 @@ impl Session {
             attached.conn.release();
         }
     }
+}
+
+/// Messages a flight's vector has room for before it grows (see [`Session::take_pending`]).
+const FLIGHT_CAPACITY: usize = 8;
+
+/// The statements an extended-protocol flight prepares, binds or describes, from its
+/// [`Session::statement_per_message`]; `None` for a name the session does not know.
+fn flight_statements<'a>(
+    flight: &[FrontendMessage],
+    per_message: &[Option<&'a ClientStatement>],
+) -> Vec<Option<&'a ClientStatement>> {
+    flight
+        .iter()
+        .zip(per_message)
+        .filter(|(m, _)| {
+            matches!(
+                m,
+                FrontendMessage::Parse { .. }
+                    | FrontendMessage::Bind { .. }
+                    | FrontendMessage::Describe { kind: b'S', .. }
+            )
+        })
+        .map(|(_, s)| *s)
+        .collect()
 }

@@ -183,8 +183,8 @@ impl Session {
                 .to_frame(),
                 FrontendMessage::Parse {
                     statement: name.clone(),
-                    query: s.query.clone(),
-                    param_types: s.param_types.clone(),
+                    query: s.query.to_string(),
+                    param_types: s.param_types.to_vec(),
                 }
                 .to_frame(),
                 FrontendMessage::Describe {

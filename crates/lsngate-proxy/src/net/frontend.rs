@@ -145,14 +145,11 @@ impl FrontendMessage {
         }
     }
 
-    /// The frame for this message.
-    pub fn to_frame(&self) -> Frame {
-        // Sized up front: grown field by field, a Parse or Bind body was reallocated three or
-        // four times per forwarded message.
-        let mut b = BytesMut::with_capacity(self.body_len());
-        let tag = match self {
+    /// Appends this message's body (without tag and length) to `b`; returns its tag.
+    fn put_body(&self, b: &mut BytesMut) -> u8 {
+        match self {
             FrontendMessage::Query(q) => {
-                put_cstr(&mut b, q);
+                put_cstr(b, q);
                 b'Q'
             }
             FrontendMessage::Parse {
@@ -160,8 +157,8 @@ impl FrontendMessage {
                 query,
                 param_types,
             } => {
-                put_cstr(&mut b, statement);
-                put_cstr(&mut b, query);
+                put_cstr(b, statement);
+                put_cstr(b, query);
                 b.put_i16(param_types.len() as i16);
                 param_types.iter().for_each(|t| b.put_u32(*t));
                 b'P'
@@ -171,14 +168,14 @@ impl FrontendMessage {
                 statement,
                 rest,
             } => {
-                put_cstr(&mut b, portal);
-                put_cstr(&mut b, statement);
+                put_cstr(b, portal);
+                put_cstr(b, statement);
                 b.put_slice(rest);
                 b'B'
             }
             FrontendMessage::Describe { kind, name } | FrontendMessage::Close { kind, name } => {
                 b.put_u8(*kind);
-                put_cstr(&mut b, name);
+                put_cstr(b, name);
                 if matches!(self, FrontendMessage::Describe { .. }) {
                     b'D'
                 } else {
@@ -186,7 +183,7 @@ impl FrontendMessage {
                 }
             }
             FrontendMessage::Execute { portal, max_rows } => {
-                put_cstr(&mut b, portal);
+                put_cstr(b, portal);
                 b.put_i32(*max_rows);
                 b'E'
             }
@@ -199,7 +196,7 @@ impl FrontendMessage {
             }
             FrontendMessage::CopyDone => b'c',
             FrontendMessage::CopyFail(reason) => {
-                put_cstr(&mut b, reason);
+                put_cstr(b, reason);
                 b'f'
             }
             FrontendMessage::AuthResponse(data) => {
@@ -210,8 +207,30 @@ impl FrontendMessage {
                 b.put_slice(data);
                 b'F'
             }
-        };
+        }
+    }
+
+    /// The frame for this message.
+    pub fn to_frame(&self) -> Frame {
+        // Sized up front: grown field by field, a Parse or Bind body was reallocated three or
+        // four times per forwarded message.
+        let mut b = BytesMut::with_capacity(self.body_len());
+        let tag = self.put_body(&mut b);
         Frame::new(tag, b.freeze())
+    }
+
+    /// Appends the wire form (tag, length, body) to `out`, as [`Frame::encode`] of
+    /// [`FrontendMessage::to_frame`] would without the frame in between: a forwarded client
+    /// message is written straight into the server connection's send buffer.
+    pub fn encode(&self, out: &mut BytesMut) {
+        let len = self.body_len();
+        out.reserve(5 + len);
+        let at = out.len();
+        out.put_u8(0);
+        out.put_u32((len + 4) as u32);
+        let tag = self.put_body(out);
+        out[at] = tag;
+        debug_assert_eq!(out.len() - at, 5 + len, "body_len disagrees with put_body");
     }
 }
 
@@ -257,6 +276,10 @@ mod tests {
         for m in messages {
             let frame = m.to_frame();
             assert_eq!(frame.body.len(), m.body_len(), "{m:?}");
+            let (mut direct, mut via_frame) = (BytesMut::new(), BytesMut::new());
+            m.encode(&mut direct);
+            frame.encode(&mut via_frame);
+            assert_eq!(direct, via_frame, "{m:?}");
             assert_eq!(FrontendMessage::parse(&frame).unwrap(), m);
         }
     }

@@ -240,9 +240,96 @@ impl PartialEq for NameKey<'_> {
     }
 }
 
+/// Hashes and compares as the `str` it holds, so a map keyed by `NameKey`s is searched with a
+/// `&str` of any lifetime.
+impl std::borrow::Borrow<str> for NameKey<'_> {
+    fn borrow(&self) -> &str {
+        self.0
+    }
+}
+
 impl std::hash::Hash for NameKey<'_> {
     fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
         self.0.hash(state)
+    }
+}
+
+/// Names off the wire mapped to values for one flight (the portals it binds, the statements it
+/// defines). A flight names one or a few (drivers bind and execute the unnamed portal), so the
+/// entries are kept inline and found with [`same_text`]: no hashing, and no allocation for the
+/// first four. Past [`NameMap::SPILL`] entries (a pipeline naming many portals) a
+/// hash map takes over, so a long flight stays linear. Replaced per-flight `HashMap`s that
+/// callgrind showed hashing and rehashing on every flight (2026-12-06).
+#[derive(Debug)]
+pub struct NameMap<'a, V> {
+    small: smallvec::SmallVec<[(&'a str, V); 4]>,
+    large: Option<std::collections::HashMap<NameKey<'a>, V>>,
+}
+
+impl<V> Default for NameMap<'_, V> {
+    fn default() -> Self {
+        NameMap {
+            small: smallvec::SmallVec::new(),
+            large: None,
+        }
+    }
+}
+
+impl<'a, V> NameMap<'a, V> {
+    /// Entries kept in the vector before the map switches to hashing.
+    pub const SPILL: usize = 16;
+
+    /// The value under `name`.
+    pub fn get(&self, name: &str) -> Option<&V> {
+        match &self.large {
+            Some(map) => map.get(name),
+            None => self
+                .small
+                .iter()
+                .find(|(n, _)| same_text(n, name))
+                .map(|(_, v)| v),
+        }
+    }
+
+    /// Whether there is a value under `name`.
+    pub fn contains(&self, name: &str) -> bool {
+        self.get(name).is_some()
+    }
+
+    /// Sets the value under `name`, replacing the one there.
+    pub fn insert(&mut self, name: &'a str, value: V) {
+        if let Some(map) = &mut self.large {
+            map.insert(NameKey(name), value);
+            return;
+        }
+        if let Some(entry) = self.small.iter_mut().find(|(n, _)| same_text(n, name)) {
+            entry.1 = value;
+            return;
+        }
+        if self.small.len() < Self::SPILL {
+            self.small.push((name, value));
+            return;
+        }
+        let mut map: std::collections::HashMap<NameKey<'a>, V> =
+            self.small.drain(..).map(|(n, v)| (NameKey(n), v)).collect();
+        map.insert(NameKey(name), value);
+        self.large = Some(map);
+    }
+
+    /// Keeps the entries `keep` says yes to.
+    pub fn retain(&mut self, mut keep: impl FnMut(&str, &V) -> bool) {
+        match &mut self.large {
+            Some(map) => map.retain(|n, v| keep(n.0, v)),
+            None => self.small.retain(|(n, v)| keep(n, v)),
+        }
+    }
+
+    /// Every entry, in no particular order.
+    pub fn iter(&self) -> Box<dyn Iterator<Item = (&'a str, &V)> + '_> {
+        match &self.large {
+            Some(map) => Box::new(map.iter().map(|(n, v)| (n.0, v))),
+            None => Box::new(self.small.iter().map(|(n, v)| (*n, v))),
+        }
     }
 }
 
@@ -267,6 +354,36 @@ mod tests {
             prop_assert_eq!(same(a.as_bytes(), b.as_bytes()), a == b);
             let map: std::collections::HashMap<NameKey<'_>, u8> = [(NameKey(a.as_str()), 1)].into();
             prop_assert_eq!(map.contains_key(&NameKey(&b)), a == b);
+        }
+    }
+
+    proptest::proptest! {
+        /// A `NameMap` answers as a `HashMap` does, before and after it spills into one.
+        #[test]
+        fn a_name_map_is_a_map(ops in proptest::collection::vec((0u8..3, 0usize..40, 0u8..9), 0..120)) {
+            let names: Vec<String> = (0..40).map(|i| if i == 0 { String::new() } else { format!("p{i}") }).collect();
+            let mut map = NameMap::default();
+            let mut model = std::collections::HashMap::new();
+            for (op, name, value) in ops {
+                let name = names[name].as_str();
+                match op {
+                    0 => {
+                        map.insert(name, value);
+                        model.insert(name, value);
+                    }
+                    1 => {
+                        map.retain(|_, v| *v != value);
+                        model.retain(|_, v| *v != value);
+                    }
+                    _ => prop_assert_eq!(map.get(name), model.get(name)),
+                }
+                prop_assert_eq!(map.contains(name), model.contains_key(name));
+            }
+            let mut entries: Vec<(&str, u8)> = map.iter().map(|(n, v)| (n, *v)).collect();
+            let mut expected: Vec<(&str, u8)> = model.into_iter().collect();
+            entries.sort_unstable();
+            expected.sort_unstable();
+            prop_assert_eq!(entries, expected);
         }
     }
 

@@ -62,11 +62,18 @@ try {
   await page.mouse.up();
   const axis = await (await page.$('#axis')).boundingBox();
   // The page redraws the axis at every refresh, and new positions can move the handle between
-  // finding it and pressing on it: a token drag that did not take is tried again.
+  // finding it and pressing on it: a token drag that did not take is tried again, and so is
+  // one whose handle a redraw replaced between finding it and measuring it (no box then: seen
+  // on a loaded machine, 2026-12-06).
   const dragTo = async (selector, atRight) => {
     for (let attempt = 0; attempt < 5; attempt++) {
       const before = await page.textContent('#token-position');
-      const b = await (await page.$(selector)).boundingBox();
+      const handle = await page.$(selector);
+      const b = handle && await handle.boundingBox();
+      if (!b) {
+        await page.waitForTimeout(100);
+        continue;
+      }
       await page.mouse.move(b.x + b.width / 2, b.y + b.height / 2);
       await page.mouse.down();
       await page.mouse.move(atRight ? axis.x + axis.width - 2 : axis.x + 2, b.y + b.height / 2,
@@ -74,7 +81,7 @@ try {
       await page.mouse.up();
       if (selector !== '#token rect' || await page.textContent('#token-position') !== before) return;
     }
-    throw new Error('dragging ' + selector + ' never moved the token');
+    throw new Error('dragging ' + selector + ' never moved the token (or its handle was never there)');
   };
   await dragTo('#token rect', true);
   await shown(page, 'token dragged past the primary');
