@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# The proxy's user-space instructions per transaction, counted by callgrind: a measure that does
+# not move with the machine's load, unlike CPU time or TPS on two shared cores, so a change of a
+# few percent in the proxy's per-flight work shows (issue #28; 2026-12-06). Starts a local cluster
+# (1 primary, 1 replica, PostgreSQL 19 when installed), runs each given lsngate binary as
+# `lsngate proxy` under valgrind (consistency session, reads to the replica), warms it up, then
+# counts 4 pgbench clients x 1000 transactions of each workload with the extended protocol.
+#
+#   scripts/proxy-instructions.sh [BINARY...]    (default: target/release/lsngate)
+#
+# Prints one line per binary and workload; kernel time (the sends and receives) is not counted.
+# Needs valgrind (Debian's valgrind package) and pgbench (PostgreSQL's).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+command -v valgrind >/dev/null || { echo "needs valgrind: apt-get install valgrind" >&2; exit 2; }
+binaries=("$@")
+[ ${#binaries[@]} -gt 0 ] || binaries=(target/release/lsngate)
+for b in "${binaries[@]}"; do [ -x "$b" ] || { echo "$b: not an executable; build it first (cargo build --release -p lsngate-cli)" >&2; exit 2; }; done
+lsngate=$(realpath "${binaries[0]}")
+work=$(mktemp -d /tmp/lsngate-instructions-XXXXXX)
+chmod 755 "$work"
+proxy_pid=""
+cleanup() {
+  [ -n "$proxy_pid" ] && kill "$proxy_pid" 2>/dev/null || true
+  "$lsngate" cluster down --dir "$work/cluster" >/dev/null 2>&1 || true
+  rm -rf "$work"
+}
+trap cleanup EXIT
+"$lsngate" cluster up --replicas 1 --dir "$work/cluster" > "$work/cluster.env" 2>&1
+primary=$(sed -n 's/^LSNGATE_PRIMARY_URL=//p' "$work/cluster.env")
+replica=$(sed -n 's/^LSNGATE_REPLICA_URLS=//p' "$work/cluster.env")
+pgbench=$(command -v pgbench || true)
+for dir in /opt/lsngate/pg19/bin /usr/lib/postgresql/*/bin; do
+  [ -x "$dir/pgbench" ] && { pgbench="$dir/pgbench"; break; }
+done
+[ -x "$pgbench" ] || { echo "needs pgbench (PostgreSQL's client tools)" >&2; exit 2; }
+"$pgbench" -i -s 2 -q "$primary" >/dev/null 2>&1
+port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+cat > "$work/proxy.toml" <<EOF
+listen = "127.0.0.1:$port"
+primary = "$primary"
+replicas = ["$replica"]
+pool_size = 18
+EOF
+cat > "$work/mixed.sql" <<'EOF'
+\set aid random(1, 100000 * :scale)
+SELECT abalance FROM pgbench_accounts WHERE aid = :aid;
+SELECT abalance FROM pgbench_accounts WHERE aid = :aid + 1;
+SELECT abalance FROM pgbench_accounts WHERE aid = :aid + 2;
+UPDATE pgbench_accounts SET abalance = abalance + 1 WHERE aid = :aid;
+EOF
+url="postgres://postgres@127.0.0.1:$port/postgres"
+for binary in "${binaries[@]}"; do
+  for workload in select-only mixed; do
+    out="$work/callgrind.out"
+    rm -f "$out"*
+    valgrind --tool=callgrind --callgrind-out-file="$out" --dump-instr=no \
+      "$binary" proxy --config "$work/proxy.toml" > "$work/valgrind.log" 2>&1 < /dev/null &
+    proxy_pid=$!
+    for _ in $(seq 1 100); do "$pgbench" -n -S -c 1 -t 1 "$url" >/dev/null 2>&1 && break; sleep 0.2; done
+    args=(-S); [ "$workload" = mixed ] && args=(-f "$work/mixed.sql")
+    "$pgbench" -n "${args[@]}" -M extended -c 1 -t 200 "$url" >/dev/null 2>&1
+    callgrind_control -z "$proxy_pid" >/dev/null 2>&1
+    tx=$("$pgbench" -n "${args[@]}" -M extended -c 4 -t 1000 "$url" 2>&1 | sed -n 's/^number of transactions actually processed: \([0-9]*\).*/\1/p')
+    callgrind_control -d "$proxy_pid" >/dev/null 2>&1
+    kill "$proxy_pid"; wait "$proxy_pid" 2>/dev/null || true; proxy_pid=""
+    total=$(callgrind_annotate "$out".1 2>/dev/null | sed -n 's/^ *\([0-9,]*\) .*PROGRAM TOTALS.*/\1/p' | tr -d ,)
+    echo "$binary $workload: $((total / tx)) instructions per transaction ($tx transactions, extended protocol, consistency session)"
+  done
+done
