@@ -24,9 +24,9 @@ mod patroni;
 mod pgbin;
 mod pgbouncer;
 mod pgpool;
+mod pooler;
 mod process;
 mod redis;
-mod server_url;
 mod tls;
 
 use std::path::PathBuf;

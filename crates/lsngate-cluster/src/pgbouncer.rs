@@ -10,8 +10,8 @@ use std::time::{Duration, Instant};
 
 use crate::Error;
 use crate::cluster::free_port;
+use crate::pooler::{self, ServerAddress, login_of};
 use crate::process::{self, RunAs};
-use crate::server_url::{ServerAddress, login_of};
 
 /// Where Debian's pgbouncer puts its binary.
 pub const PGBOUNCER: &str = "/usr/sbin/pgbouncer";
@@ -304,30 +304,8 @@ impl Pgbouncer {
     /// A tokio-postgres client of `database` through PgBouncer (10 s to connect); the
     /// connection task is spawned on the current runtime.
     pub async fn connect(&self, database: &str) -> Result<tokio_postgres::Client, Error> {
-        let login = self.login(database);
-        let connect = login.connect(tokio_postgres::NoTls);
         let node = format!("PgBouncer on port {} (database {database})", self.port);
-        let (client, connection) = match tokio::time::timeout(Duration::from_secs(10), connect)
-            .await
-        {
-            Ok(Ok(pair)) => pair,
-            Ok(Err(e)) => {
-                return Err(Error::Connect {
-                    node,
-                    message: format!("{e} (log: {})", self.log_path().display()),
-                });
-            }
-            Err(_) => {
-                return Err(Error::Connect {
-                    node,
-                    message: format!("no answer within 10 s (log: {})", self.log_path().display()),
-                });
-            }
-        };
-        tokio::spawn(async move {
-            let _ = connection.await;
-        });
-        Ok(client)
+        pooler::connect_through(&self.login(database), node, &self.log_path()).await
     }
 
     /// PgBouncer's log; removed with its directory when PgBouncer is dropped.
@@ -337,9 +315,7 @@ impl Pgbouncer {
 
     /// The last `lines` lines of PgBouncer's log, for error messages.
     pub fn log_tail(&self, lines: usize) -> String {
-        let text = std::fs::read_to_string(self.log_path()).unwrap_or_default();
-        let all: Vec<&str> = text.lines().collect();
-        all[all.len().saturating_sub(lines)..].join("\n")
+        pooler::log_tail(&self.log_path(), lines)
     }
 }
 

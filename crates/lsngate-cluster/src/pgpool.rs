@@ -10,8 +10,8 @@ use std::time::{Duration, Instant};
 
 use crate::Error;
 use crate::cluster::free_port;
+use crate::pooler::{self, ServerAddress, login_of};
 use crate::process::{self, RunAs};
-use crate::server_url::{ServerAddress, login_of};
 
 /// Where Debian's pgpool2 puts the server binary.
 pub const PGPOOL: &str = "/usr/sbin/pgpool";
@@ -278,28 +278,8 @@ impl Pgpool {
     /// A tokio-postgres client through pgpool (10 s to connect); the connection task is
     /// spawned on the current runtime.
     pub async fn connect(&self) -> Result<tokio_postgres::Client, Error> {
-        let connect = self.login.connect(tokio_postgres::NoTls);
-        let connected = tokio::time::timeout(Duration::from_secs(10), connect).await;
         let node = format!("pgpool-II on port {}", self.port);
-        let (client, connection) = match connected {
-            Ok(Ok(pair)) => pair,
-            Ok(Err(e)) => {
-                return Err(Error::Connect {
-                    node,
-                    message: e.to_string(),
-                });
-            }
-            Err(_) => {
-                return Err(Error::Connect {
-                    node,
-                    message: format!("no answer within 10 s (log: {})", self.log_path().display()),
-                });
-            }
-        };
-        tokio::spawn(async move {
-            let _ = connection.await;
-        });
-        Ok(client)
+        pooler::connect_through(&self.login, node, &self.log_path()).await
     }
 
     /// pgpool's log (its standard error); removed with its directory when pgpool is dropped.
@@ -309,9 +289,7 @@ impl Pgpool {
 
     /// The last `lines` lines of pgpool's log, for error messages.
     pub fn log_tail(&self, lines: usize) -> String {
-        let text = std::fs::read_to_string(self.log_path()).unwrap_or_default();
-        let all: Vec<&str> = text.lines().collect();
-        all[all.len().saturating_sub(lines)..].join("\n")
+        pooler::log_tail(&self.log_path(), lines)
     }
 }
 

@@ -1,6 +1,9 @@
-//! What a pooler started in front of the cluster (pgpool-II, PgBouncer) needs from a libpq URL:
-//! the server's TCP address, and the login (user, database, password) that its clients and the
-//! pooler itself use.
+//! What the poolers the kit starts in front of a cluster (pgpool-II, PgBouncer) share: the
+//! server's TCP address and the login (user, database, password) taken from a libpq URL, a
+//! client connection through the pooler, and the pooler's log for error messages.
+
+use std::path::Path;
+use std::time::Duration;
 
 use crate::Error;
 
@@ -51,4 +54,40 @@ fn parse(url: &str) -> Result<tokio_postgres::Config, Error> {
         url: url.to_string(),
         why: format!("{e}"),
     })
+}
+
+/// A tokio-postgres client through a pooler (`node` names it in errors, `log` is its log), 10 s
+/// to connect; the connection task is spawned on the current runtime.
+pub(crate) async fn connect_through(
+    login: &tokio_postgres::Config,
+    node: String,
+    log: &Path,
+) -> Result<tokio_postgres::Client, Error> {
+    let connect = login.connect(tokio_postgres::NoTls);
+    let (client, connection) = match tokio::time::timeout(Duration::from_secs(10), connect).await {
+        Ok(Ok(pair)) => pair,
+        Ok(Err(e)) => {
+            return Err(Error::Connect {
+                node,
+                message: format!("{e} (log: {})", log.display()),
+            });
+        }
+        Err(_) => {
+            return Err(Error::Connect {
+                node,
+                message: format!("no answer within 10 s (log: {})", log.display()),
+            });
+        }
+    };
+    tokio::spawn(async move {
+        let _ = connection.await;
+    });
+    Ok(client)
+}
+
+/// The last `lines` lines of the log at `path`, for error messages.
+pub(crate) fn log_tail(path: &Path, lines: usize) -> String {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let all: Vec<&str> = text.lines().collect();
+    all[all.len().saturating_sub(lines)..].join("\n")
 }
