@@ -211,6 +211,7 @@ fn bench_runs_every_strategy_and_writes_the_documented_json() {
         "proxy-token",
         "proxy-scope",
         "proxy-global",
+        "proxy-eventual",
         "floor",
         "pgbouncer",
     ];
@@ -327,6 +328,9 @@ fn bench_runs_every_strategy_and_writes_the_documented_json() {
         hop.contains("proxy-session ") && hop.contains("proxy-global "),
         "{hop}"
     );
+    // The proxy's own hop, with nothing waited for: every read on the replica.
+    let eventual = by_name("proxy-eventual").unwrap();
+    assert_eq!(eventual["served_by_replica"], 60, "{eventual}");
     assert!(
         naive["stale"].as_u64().unwrap() <= 60,
         "counted, not capped: {naive}"

@@ -56,9 +56,11 @@ pub struct BenchArgs {
     workers: usize,
     /// Strategies to run, comma-separated [default: every one the server supports]: primary,
     /// replica, sleep:<ms>, sync-on, remote-apply, waitfor, poll, lsngate, proxy-session,
-    /// proxy-token, proxy-scope, proxy-global (these four through an lsngate proxy the bench
-    /// starts on 127.0.0.1), floor (a tight poller on the replica: when the row first shows
-    /// there, what the others compare to).
+    /// proxy-token, proxy-scope, proxy-global, proxy-eventual (these five through an lsngate
+    /// proxy the bench starts on 127.0.0.1; eventual is the proxy's hop without the guarantee),
+    /// floor (a tight poller on the replica: when the row first shows there, what the others
+    /// compare to), pgbouncer (PgBouncer as a plain read/write split: a pooler's hop),
+    /// pgpool-transaction, pgpool-always, pgpool-dml_adaptive, pgpool-delay_threshold.
     #[arg(long, value_delimiter = ',')]
     strategies: Vec<Strategy>,
     /// Wait budget per read for waitfor, poll, lsngate and the proxy in the main table (e.g. 1s,
@@ -372,6 +374,7 @@ fn default_strategies() -> Vec<Strategy> {
         Strategy::ProxyToken,
         Strategy::ProxyScope,
         Strategy::ProxyGlobal,
+        Strategy::ProxyEventual,
         Strategy::Floor,
         Strategy::Pgbouncer,
         Strategy::Pgpool(pgpool::PgpoolMode::Transaction),

@@ -1,6 +1,6 @@
 //! The connections each benchmark worker opens through the in-process proxy
-//! ([`crate::inproc_proxy`]) for `proxy-session`, `proxy-token`, `proxy-scope` and
-//! `proxy-global`, and their statements.
+//! ([`crate::inproc_proxy`]) for `proxy-session`, `proxy-token`, `proxy-scope`,
+//! `proxy-global` and `proxy-eventual`, and their statements.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 
@@ -37,6 +37,10 @@ pub struct ProxyClients {
     global_writer_insert: Statement,
     global_reader: Client,
     global_reader_read: Statement,
+    /// `proxy-eventual`: one connection in eventual mode, the proxy as a plain read/write split.
+    eventual: Client,
+    eventual_insert: Statement,
+    eventual_read: Statement,
 }
 
 /// A read through the proxy: the value seen and whether a replica served it.
@@ -62,7 +66,11 @@ impl ProxyClients {
         }
         let global_writer = proxy.connect("global").await?;
         let global_reader = proxy.connect("global").await?;
+        let eventual = proxy.connect("eventual").await?;
         Ok(ProxyClients {
+            eventual_insert: eventual.prepare(INSERT).await?,
+            eventual_read: eventual.prepare(READ_WHERE_SERVED).await?,
+            eventual,
             scope_writer_insert: scope_writer.prepare(INSERT).await?,
             scope_reader_read: scope_reader.prepare(READ_WHERE_SERVED).await?,
             global_writer_insert: global_writer.prepare(INSERT).await?,
@@ -151,6 +159,18 @@ impl ProxyClients {
     /// `proxy-global`'s write.
     pub async fn global_insert(&self, payload: &str) -> anyhow::Result<i64> {
         insert(&self.global_writer, &self.global_writer_insert, payload).await
+    }
+
+    /// `proxy-eventual`'s write.
+    pub async fn eventual_insert(&self, payload: &str) -> anyhow::Result<i64> {
+        insert(&self.eventual, &self.eventual_insert, payload).await
+    }
+
+    /// `proxy-eventual`'s read, at once on the connection that wrote: the replica the proxy
+    /// picks, with nothing waited for.
+    pub async fn eventual_read(&self, id: i64) -> anyhow::Result<ProxyRead> {
+        let row = self.eventual.query_opt(&self.eventual_read, &[&id]).await?;
+        Ok(served(row))
     }
 
     /// `proxy-global`'s read, on another connection than the write.

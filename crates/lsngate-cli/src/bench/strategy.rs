@@ -48,6 +48,10 @@ pub enum Strategy {
     /// The lsngate proxy in global mode: write on one connection, read on another, which waits
     /// for every write made through the proxy.
     ProxyGlobal,
+    /// The lsngate proxy in eventual mode: write, then read at once on the same connection, the
+    /// read on a replica with nothing waited for. No guarantee (stale like `replica`): the
+    /// proxy's own hop, what the other proxy rows add their guarantee to.
+    ProxyEventual,
     /// Not something an application could do: a tight poller reads the row on the replica again
     /// and again until it is there. Its read p50 is how long after COMMIT returned the replica
     /// first shows the row — the floor every exact strategy is measured against.
@@ -76,6 +80,7 @@ impl std::str::FromStr for Strategy {
             "proxy-token" => Strategy::ProxyToken,
             "proxy-scope" => Strategy::ProxyScope,
             "proxy-global" => Strategy::ProxyGlobal,
+            "proxy-eventual" => Strategy::ProxyEventual,
             "floor" => Strategy::Floor,
             "pgbouncer" => Strategy::Pgbouncer,
             other => match other.strip_prefix("sleep:") {
@@ -117,6 +122,7 @@ impl std::fmt::Display for Strategy {
             Strategy::ProxyToken => write!(f, "proxy-token"),
             Strategy::ProxyScope => write!(f, "proxy-scope"),
             Strategy::ProxyGlobal => write!(f, "proxy-global"),
+            Strategy::ProxyEventual => write!(f, "proxy-eventual"),
             Strategy::Floor => write!(f, "floor"),
             Strategy::Pgpool(mode) => write!(f, "pgpool-{}", mode.name()),
             Strategy::Pgbouncer => write!(f, "pgbouncer"),
@@ -125,7 +131,7 @@ impl std::fmt::Display for Strategy {
 }
 
 impl Strategy {
-    pub const NAMES: &'static str = "primary, replica, sleep:<ms>, sync-on, remote-apply, waitfor, poll, lsngate, proxy-session, proxy-token, proxy-scope, proxy-global, floor, pgbouncer, pgpool-transaction, pgpool-always, pgpool-dml_adaptive, pgpool-delay_threshold";
+    pub const NAMES: &'static str = "primary, replica, sleep:<ms>, sync-on, remote-apply, waitfor, poll, lsngate, proxy-session, proxy-token, proxy-scope, proxy-global, proxy-eventual, floor, pgbouncer, pgpool-transaction, pgpool-always, pgpool-dml_adaptive, pgpool-delay_threshold";
 
     /// The `synchronous_commit` a worker's primary session uses for this strategy's writes.
     /// `local` keeps the others as fast as plain asynchronous replication when the cluster has a
@@ -155,6 +161,7 @@ impl Strategy {
                 | Strategy::ProxyToken
                 | Strategy::ProxyScope
                 | Strategy::ProxyGlobal
+                | Strategy::ProxyEventual
         )
     }
 }
@@ -374,6 +381,7 @@ pub async fn write(
         Strategy::ProxyToken => session.proxy()?.token_insert(payload).await?,
         Strategy::ProxyScope => session.proxy()?.scope_insert(payload).await?,
         Strategy::ProxyGlobal => session.proxy()?.global_insert(payload).await?,
+        Strategy::ProxyEventual => session.proxy()?.eventual_insert(payload).await?,
         Strategy::Pgpool(_) => session.pgpool()?.insert(payload).await?,
         Strategy::Pgbouncer => session.pgbouncer()?.insert(payload).await?,
         _ => session.insert(payload).await?,
@@ -471,10 +479,12 @@ pub async fn read_back(
         Strategy::ProxySession
         | Strategy::ProxyToken
         | Strategy::ProxyScope
-        | Strategy::ProxyGlobal => {
+        | Strategy::ProxyGlobal
+        | Strategy::ProxyEventual => {
             let proxy = session.proxy()?;
             let read = match strategy {
                 Strategy::ProxySession => proxy.session_read(id).await?,
+                Strategy::ProxyEventual => proxy.eventual_read(id).await?,
                 Strategy::ProxyScope => proxy.scope_read(id).await?,
                 Strategy::ProxyGlobal => proxy.global_read(id).await?,
                 _ => {
