@@ -6,7 +6,7 @@
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use crate::Error;
 use crate::cluster::free_port;
@@ -323,15 +323,8 @@ impl Drop for Pgbouncer {
     fn drop(&mut self) {
         // SIGTERM shuts PgBouncer down at once before 1.23 and once its clients have left from
         // 1.23 on: the clients are gone when a comparison drops it, and a stuck one is killed.
-        let pid = self.child.id() as i32;
-        // SAFETY: plain kill(2) on our own child, not yet reaped.
-        unsafe { libc::kill(pid, libc::SIGTERM) };
-        let deadline = Instant::now() + Duration::from_secs(5);
-        while Instant::now() < deadline {
-            if let Ok(Some(_)) = self.child.try_wait() {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(20));
+        if pooler::stop(&mut self.child, libc::SIGTERM, Duration::from_secs(5)) {
+            return;
         }
         let _ = self.child.kill();
         let _ = self.child.wait();

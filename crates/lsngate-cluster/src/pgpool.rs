@@ -6,7 +6,7 @@
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use crate::Error;
 use crate::cluster::free_port;
@@ -298,14 +298,8 @@ impl Drop for Pgpool {
         // SIGINT is pgpool's fast shutdown: it ends its clients' sessions instead of waiting for
         // them (SIGTERM, the smart one, would), then stops its children and exits.
         let pid = self.child.id() as i32;
-        // SAFETY: plain kill(2) on our own child, not yet reaped.
-        unsafe { libc::kill(pid, libc::SIGINT) };
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while Instant::now() < deadline {
-            if let Ok(Some(_)) = self.child.try_wait() {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(20));
+        if pooler::stop(&mut self.child, libc::SIGINT, Duration::from_secs(10)) {
+            return;
         }
         // Stuck: children first (once the parent is gone they would be orphans no one finds).
         for descendant in process::process_tree(pid).into_iter().skip(1) {

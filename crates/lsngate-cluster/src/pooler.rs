@@ -91,3 +91,18 @@ pub(crate) fn log_tail(path: &Path, lines: usize) -> String {
     let all: Vec<&str> = text.lines().collect();
     all[all.len().saturating_sub(lines)..].join("\n")
 }
+
+/// Sends `signal` to the pooler `child` and waits up to `grace` for it to exit: whether it did
+/// (reaped). When not, the caller kills what is left.
+pub(crate) fn stop(child: &mut std::process::Child, signal: i32, grace: Duration) -> bool {
+    // SAFETY: plain kill(2) on our own child, not yet reaped.
+    unsafe { libc::kill(child.id() as i32, signal) };
+    let deadline = std::time::Instant::now() + grace;
+    while std::time::Instant::now() < deadline {
+        if let Ok(Some(_)) = child.try_wait() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    false
+}
