@@ -32,8 +32,22 @@ pub const COMMIT_POSITION_SQL: &str = "SELECT l::text, substr(pg_walfile_name(l)
 /// The timeout is clamped to 1 ms at least — `TIMEOUT 0` would mean "wait forever" — and to
 /// `u32::MAX` ms at most.
 pub fn wait_for_sql(floor: Lsn, timeout: Duration) -> String {
+    let mut sql = String::with_capacity(96);
+    write_wait_for_sql(&mut sql, floor, timeout).expect("a String takes any text");
+    sql
+}
+
+/// [`wait_for_sql`] written into `out` (the proxy writes it straight into a Parse message).
+pub fn write_wait_for_sql(
+    out: &mut impl std::fmt::Write,
+    floor: Lsn,
+    timeout: Duration,
+) -> std::fmt::Result {
     let millis = timeout.as_millis().clamp(1, u128::from(u32::MAX));
-    format!("WAIT FOR LSN '{floor}' WITH (MODE 'standby_replay', TIMEOUT '{millis}ms', NO_THROW)")
+    write!(
+        out,
+        "WAIT FOR LSN '{floor}' WITH (MODE 'standby_replay', TIMEOUT '{millis}ms', NO_THROW)"
+    )
 }
 
 /// The monitors' poll of a node, whatever its role, in one statement: role, position (replay

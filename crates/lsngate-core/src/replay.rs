@@ -17,6 +17,8 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
+use foldhash::fast::RandomState;
+
 use crate::budget::LagWindow;
 use crate::clock::WalClock;
 use crate::lsn::Lsn;
@@ -35,12 +37,14 @@ pub const CLOCK_SAMPLES: usize = 4096;
 /// Replay knowledge of one gate or proxy.
 #[derive(Debug, Clone)]
 pub struct ReplayBook {
-    replayed: HashMap<ServerId, Lsn>,
+    // foldhash, not SipHash: every routed read looks a server up here, under the book's lock,
+    // and the keys come from the servers' own answers, not from clients.
+    replayed: HashMap<ServerId, Lsn, RandomState>,
     /// Per slot: the servers seen behind it, with when each last reported.
-    seen: HashMap<usize, HashMap<ServerId, Duration>>,
+    seen: HashMap<usize, HashMap<ServerId, Duration, RandomState>, RandomState>,
     clock: WalClock,
     /// Per slot: how long each newly replayed position took to become visible there.
-    visible: HashMap<usize, LagWindow>,
+    visible: HashMap<usize, LagWindow, RandomState>,
     /// Whether visibility lags are sampled (see [`ReplayBook::sampling_visibility`]).
     sample_visible: bool,
 }
@@ -57,10 +61,10 @@ pub const VISIBLE_SAMPLES: usize = 9000;
 impl Default for ReplayBook {
     fn default() -> Self {
         ReplayBook {
-            replayed: HashMap::new(),
-            seen: HashMap::new(),
+            replayed: HashMap::default(),
+            seen: HashMap::default(),
             clock: WalClock::new(CLOCK_SAMPLES),
-            visible: HashMap::new(),
+            visible: HashMap::default(),
             sample_visible: false,
         }
     }

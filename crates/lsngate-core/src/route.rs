@@ -135,67 +135,39 @@ pub enum Decision {
 /// Without a floor: a replica inside the lag bound. Among the replicas that qualify, the least
 /// busy one; `spin` rotates among equally busy ones.
 pub fn route(request: &ReadRequest, replicas: &[ReplicaState]) -> Decision {
-    let serving: Vec<usize> = (0..replicas.len())
-        .filter(|&i| replicas[i].is_serving())
-        .collect();
-    if serving.is_empty() {
+    // No lists built: this runs for every routed read, so each choice is a filter walked again
+    // (a handful of replicas) rather than a vector allocated per step.
+    let serving = |i: &usize| replicas[*i].is_serving();
+    if !(0..replicas.len()).any(|i| serving(&i)) {
         return Decision::Primary(PrimaryReason::NoReplica);
     }
-    let pick = |among: &[usize]| {
-        let least = among.iter().map(|&i| replicas[i].busy).min().unwrap_or(0);
-        let idle: Vec<usize> = among
-            .iter()
-            .copied()
-            .filter(|&i| replicas[i].busy == least)
-            .collect();
-        idle[request.spin % idle.len()]
+    // The least busy serving replica that `qualifies`, `spin` rotating among equally busy ones.
+    let pick = |qualifies: &dyn Fn(&ReplicaState) -> bool| {
+        let among = || (0..replicas.len()).filter(|i| serving(i) && qualifies(&replicas[*i]));
+        let least = among().map(|i| replicas[i].busy).min()?;
+        let idle = || among().filter(|&i| replicas[i].busy == least);
+        idle().nth(request.spin % idle().count())
     };
     match request.floor {
         Some(floor) => {
-            let covering: Vec<usize> = serving
-                .iter()
-                .copied()
-                .filter(|&i| replicas[i].covers(floor))
-                .collect();
-            if !covering.is_empty() {
-                return Decision::Replica {
-                    index: pick(&covering),
-                    wait: false,
-                };
+            if let Some(index) = pick(&|r| r.covers(floor)) {
+                return Decision::Replica { index, wait: false };
             }
             if !request.may_wait {
                 return Decision::Primary(PrimaryReason::NotCaughtUp);
             }
-            let best = serving
-                .iter()
-                .map(|&i| replicas[i].replayed)
+            let best = (0..replicas.len())
+                .filter(serving)
+                .map(|i| replicas[i].replayed)
                 .max()
                 .flatten();
-            let closest: Vec<usize> = serving
-                .iter()
-                .copied()
-                .filter(|&i| replicas[i].replayed == best)
-                .collect();
-            Decision::Replica {
-                index: pick(&closest),
-                wait: true,
-            }
+            let index = pick(&|r| r.replayed == best).expect("the best is a serving replica's");
+            Decision::Replica { index, wait: true }
         }
-        None => {
-            let fresh: Vec<usize> = serving
-                .iter()
-                .copied()
-                .filter(|&i| request.lag_bound.admits(&replicas[i]))
-                .collect();
-            if fresh.is_empty() {
-                Decision::Primary(PrimaryReason::AllLagging)
-            } else {
-                Decision::Replica {
-                    index: pick(&fresh),
-                    wait: false,
-                }
-            }
-        }
+        None => match pick(&|r| request.lag_bound.admits(r)) {
+            Some(index) => Decision::Replica { index, wait: false },
+            None => Decision::Primary(PrimaryReason::AllLagging),
+        },
     }
 }
 
@@ -343,7 +315,96 @@ mod tests {
         }
     }
 
+    /// `route` as it was written first, building a list at each step: the allocation-free
+    /// version must choose exactly as this one does.
+    fn route_by_lists(request: &ReadRequest, replicas: &[ReplicaState]) -> Decision {
+        let serving: Vec<usize> = (0..replicas.len())
+            .filter(|&i| replicas[i].is_serving())
+            .collect();
+        if serving.is_empty() {
+            return Decision::Primary(PrimaryReason::NoReplica);
+        }
+        let pick = |among: &[usize]| {
+            let least = among.iter().map(|&i| replicas[i].busy).min().unwrap_or(0);
+            let idle: Vec<usize> = among
+                .iter()
+                .copied()
+                .filter(|&i| replicas[i].busy == least)
+                .collect();
+            idle[request.spin % idle.len()]
+        };
+        let among = |keep: &dyn Fn(&ReplicaState) -> bool| -> Vec<usize> {
+            serving
+                .iter()
+                .copied()
+                .filter(|&i| keep(&replicas[i]))
+                .collect()
+        };
+        match request.floor {
+            Some(floor) => {
+                let covering = among(&|r| r.covers(floor));
+                if !covering.is_empty() {
+                    return Decision::Replica {
+                        index: pick(&covering),
+                        wait: false,
+                    };
+                }
+                if !request.may_wait {
+                    return Decision::Primary(PrimaryReason::NotCaughtUp);
+                }
+                let best = serving
+                    .iter()
+                    .map(|&i| replicas[i].replayed)
+                    .max()
+                    .flatten();
+                Decision::Replica {
+                    index: pick(&among(&|r| r.replayed == best)),
+                    wait: true,
+                }
+            }
+            None => {
+                let fresh = among(&|r| request.lag_bound.admits(r));
+                if fresh.is_empty() {
+                    Decision::Primary(PrimaryReason::AllLagging)
+                } else {
+                    Decision::Replica {
+                        index: pick(&fresh),
+                        wait: false,
+                    }
+                }
+            }
+        }
+    }
+
     proptest! {
+        #[test]
+        fn chooses_as_the_list_building_version_did(
+            positions in proptest::collection::vec(proptest::option::of(0u64..6), 0..6),
+            healthy in proptest::collection::vec(any::<bool>(), 6),
+            busy in proptest::collection::vec(0usize..3, 6),
+            lags in proptest::collection::vec(proptest::option::of(0u64..6), 6),
+            floor in proptest::option::of(0u64..8),
+            max_bytes in proptest::option::of(0u64..6),
+            may_wait: bool,
+            spin: usize,
+        ) {
+            let replicas: Vec<ReplicaState> = positions.iter().enumerate().map(|(i, p)| ReplicaState {
+                healthy: healthy[i],
+                role: Role::Replica,
+                replayed: p.map(Lsn::new),
+                lag_bytes: lags[i],
+                busy: busy[i],
+                ..ReplicaState::default()
+            }).collect();
+            let request = ReadRequest {
+                floor: floor.map(Lsn::new),
+                may_wait,
+                lag_bound: LagBound { max_bytes, max_lag: None },
+                spin,
+            };
+            prop_assert_eq!(route(&request, &replicas), route_by_lists(&request, &replicas));
+        }
+
         /// The guarantee in one line: a read that does not wait only ever lands on a replica
         /// known to have replayed its floor.
         #[test]

@@ -6,11 +6,13 @@
 //! library); this module only frames them (the DataRows they answer are decoded by `net::backend::data_row`).
 
 use std::collections::HashMap;
+use std::sync::LazyLock;
 use std::time::Duration;
 
-use bytes::Bytes;
+use bytes::{BufMut, Bytes, BytesMut};
 use lsngate_core::Lsn;
-use lsngate_core::probe::{INSERT_POSITION_SQL, REPLAY_SQL, wait_for_sql};
+use lsngate_core::probe::{INSERT_POSITION_SQL, REPLAY_SQL, write_wait_for_sql};
+use smallvec::SmallVec;
 
 use crate::net::{Frame, FrontendMessage};
 
@@ -33,57 +35,88 @@ pub enum Probe {
     Replay,
 }
 
-/// Frames running `probe` as one Sync-terminated segment; `prepared` is the connection's map
-/// of named statements (the probe's statement is parsed when missing).
-pub fn probe_segment(probe: Probe, prepared: &mut HashMap<String, String>) -> Vec<Frame> {
-    let (name, sql) = match probe {
-        Probe::Position => (POSITION_STATEMENT, INSERT_POSITION_SQL),
-        Probe::Replay => (REPLAY_STATEMENT, REPLAY_SQL),
-    };
-    let mut frames = Vec::with_capacity(6);
-    if prepared.get(name).map(String::as_str) != Some(sql) {
-        frames.push(
-            FrontendMessage::Close {
-                kind: b'S',
-                name: name.into(),
-            }
-            .to_frame(),
-        );
-        frames.push(
-            FrontendMessage::Parse {
-                statement: name.into(),
-                query: sql.into(),
-                param_types: Vec::new(),
-            }
-            .to_frame(),
-        );
-        prepared.insert(name.into(), sql.into());
-    }
-    frames.push(
-        FrontendMessage::Close {
-            kind: b'P',
-            name: PORTAL.into(),
+/// What a probe's segment is made of, each message framed once per process (a clone of a
+/// frame is a reference count, not a copy): the statement's Close and Parse (sent when the
+/// connection lacks it), then Close of the portal, Bind, Execute and Sync (sent every time).
+struct ProbeFrames {
+    prepare: [Frame; 2],
+    run: [Frame; 4],
+}
+
+impl ProbeFrames {
+    fn new(statement: &str, sql: &str) -> ProbeFrames {
+        ProbeFrames {
+            prepare: [
+                close(b'S', statement),
+                FrontendMessage::Parse {
+                    statement: statement.into(),
+                    query: sql.into(),
+                    param_types: Vec::new(),
+                }
+                .to_frame(),
+            ],
+            run: run_portal(statement),
         }
-        .to_frame(),
-    );
-    frames.push(
+    }
+}
+
+fn close(kind: u8, name: &str) -> Frame {
+    FrontendMessage::Close {
+        kind,
+        name: name.into(),
+    }
+    .to_frame()
+}
+
+/// Close of the proxy's portal, Bind of `statement` to it, Execute, Sync.
+fn run_portal(statement: &str) -> [Frame; 4] {
+    [
+        close(b'P', PORTAL),
         FrontendMessage::Bind {
             portal: PORTAL.into(),
-            statement: name.into(),
+            statement: statement.into(),
             // no parameter formats, no parameters, no result formats (all text)
             rest: Bytes::from_static(&[0, 0, 0, 0, 0, 0]),
         }
         .to_frame(),
-    );
-    frames.push(
         FrontendMessage::Execute {
             portal: PORTAL.into(),
             max_rows: 0,
         }
         .to_frame(),
-    );
-    frames.push(FrontendMessage::Sync.to_frame());
-    frames
+        FrontendMessage::Sync.to_frame(),
+    ]
+}
+
+fn probe_frames(probe: Probe) -> &'static ProbeFrames {
+    static POSITION: LazyLock<ProbeFrames> =
+        LazyLock::new(|| ProbeFrames::new(POSITION_STATEMENT, INSERT_POSITION_SQL));
+    static REPLAY: LazyLock<ProbeFrames> =
+        LazyLock::new(|| ProbeFrames::new(REPLAY_STATEMENT, REPLAY_SQL));
+    match probe {
+        Probe::Position => &POSITION,
+        Probe::Replay => &REPLAY,
+    }
+}
+
+/// A probe's or a wait's frames: six at most, kept inline.
+pub type Segment = SmallVec<[Frame; 6]>;
+
+/// Frames running `probe` as one Sync-terminated segment; `prepared` is the connection's map
+/// of named statements (the probe's statement is parsed when missing).
+pub fn probe_segment(probe: Probe, prepared: &mut HashMap<String, String>) -> Segment {
+    let (name, sql) = match probe {
+        Probe::Position => (POSITION_STATEMENT, INSERT_POSITION_SQL),
+        Probe::Replay => (REPLAY_STATEMENT, REPLAY_SQL),
+    };
+    let frames = probe_frames(probe);
+    let mut segment = Segment::new();
+    if prepared.get(name).map(String::as_str) != Some(sql) {
+        segment.extend(frames.prepare.iter().cloned());
+        prepared.insert(name.into(), sql.into());
+    }
+    segment.extend(frames.run.iter().cloned());
+    segment
 }
 
 /// Forgets the probes' statements on a connection whose statement failed (so the next use
@@ -97,38 +130,24 @@ pub fn forget_probes(prepared: &mut HashMap<String, String>) {
 /// `lsngate_core::probe::wait_for_sql`: never less than 1 ms), answering a status row instead of
 /// raising. Sent over the extended
 /// protocol as a named statement (the LSN is a literal: no parameters), so the client's unnamed
-/// statement and portal survive it; a simple Query would drop them.
-pub fn wait_for(floor: Lsn, timeout: Duration) -> Vec<Frame> {
-    vec![
-        FrontendMessage::Close {
-            kind: b'S',
-            name: WAIT_STATEMENT.into(),
-        }
-        .to_frame(),
-        FrontendMessage::Parse {
-            statement: WAIT_STATEMENT.into(),
-            query: wait_for_sql(floor, timeout),
-            param_types: Vec::new(),
-        }
-        .to_frame(),
-        FrontendMessage::Close {
-            kind: b'P',
-            name: PORTAL.into(),
-        }
-        .to_frame(),
-        FrontendMessage::Bind {
-            portal: PORTAL.into(),
-            statement: WAIT_STATEMENT.into(),
-            rest: Bytes::from_static(&[0, 0, 0, 0, 0, 0]),
-        }
-        .to_frame(),
-        FrontendMessage::Execute {
-            portal: PORTAL.into(),
-            max_rows: 0,
-        }
-        .to_frame(),
-        FrontendMessage::Sync.to_frame(),
-    ]
+/// statement and portal survive it; a simple Query would drop them. Only the Parse is built
+/// here; the other five frames are built once per process.
+pub fn wait_for(floor: Lsn, timeout: Duration) -> Segment {
+    static CLOSE: LazyLock<Frame> = LazyLock::new(|| close(b'S', WAIT_STATEMENT));
+    static RUN: LazyLock<[Frame; 4]> = LazyLock::new(|| run_portal(WAIT_STATEMENT));
+    // Parse: statement name, query text, no parameter types; written in place.
+    let mut body = BytesMut::with_capacity(WAIT_STATEMENT.len() + 100);
+    body.put_slice(WAIT_STATEMENT.as_bytes());
+    body.put_u8(0);
+    write_wait_for_sql(&mut body, floor, timeout).expect("BytesMut takes any text");
+    body.put_u8(0);
+    body.put_i16(0);
+    let parse = Frame::new(b'P', body.freeze());
+    let mut segment = Segment::new();
+    segment.push(CLOSE.clone());
+    segment.push(parse);
+    segment.extend(RUN.iter().cloned());
+    segment
 }
 
 #[cfg(test)]
