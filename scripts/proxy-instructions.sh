@@ -3,15 +3,19 @@
 # not move with the machine's load, unlike CPU time or TPS on two shared cores, so a change of a
 # few percent in the proxy's per-flight work shows (issue #28; 2026-12-06). Starts a local cluster
 # (1 primary, 1 replica, PostgreSQL 19 when installed), runs each given lsngate binary as
-# `lsngate proxy` under valgrind (consistency session, reads to the replica), warms it up, then
-# counts 4 pgbench clients x 1000 transactions of each workload with the extended protocol.
+# `lsngate proxy` under valgrind (consistency $CONSISTENCY, session by default; reads to the
+# replica), warms it up, then counts 4 pgbench clients x 1000 transactions of each workload with
+# the extended protocol.
 #
 #   scripts/proxy-instructions.sh [BINARY...]    (default: target/release/lsngate)
+#   CONSISTENCY=eventual scripts/proxy-instructions.sh ...   (any proxy consistency mode;
+#   session by default: the difference between the two is what causal reads cost)
 #
 # Prints one line per binary and workload; kernel time (the sends and receives) is not counted.
 # Needs valgrind (Debian's valgrind package) and pgbench (PostgreSQL's).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+consistency=${CONSISTENCY:-session}
 command -v valgrind >/dev/null || { echo "needs valgrind: apt-get install valgrind" >&2; exit 2; }
 binaries=("$@")
 [ ${#binaries[@]} -gt 0 ] || binaries=(target/release/lsngate)
@@ -41,6 +45,7 @@ listen = "127.0.0.1:$port"
 primary = "$primary"
 replicas = ["$replica"]
 pool_size = 18
+consistency = "$consistency"
 EOF
 cat > "$work/mixed.sql" <<'EOF'
 \set aid random(1, 100000 * :scale)
@@ -58,6 +63,7 @@ for binary in "${binaries[@]}"; do
       "$binary" proxy --config "$work/proxy.toml" > "$work/valgrind.log" 2>&1 < /dev/null &
     proxy_pid=$!
     for _ in $(seq 1 100); do "$pgbench" -n -S -c 1 -t 1 "$url" >/dev/null 2>&1 && break; sleep 0.2; done
+    kill -0 "$proxy_pid" 2>/dev/null || { echo "lsngate proxy exited; its output:" >&2; grep -v "^==" "$work/valgrind.log" | head -8 >&2; proxy_pid=""; exit 2; }
     args=(-S); [ "$workload" = mixed ] && args=(-f "$work/mixed.sql")
     "$pgbench" -n "${args[@]}" -M extended -c 1 -t 200 "$url" >/dev/null 2>&1
     callgrind_control -z "$proxy_pid" >/dev/null 2>&1
@@ -65,6 +71,6 @@ for binary in "${binaries[@]}"; do
     callgrind_control -d "$proxy_pid" >/dev/null 2>&1
     kill "$proxy_pid"; wait "$proxy_pid" 2>/dev/null || true; proxy_pid=""
     total=$(callgrind_annotate "$out".1 2>/dev/null | sed -n 's/^ *\([0-9,]*\) .*PROGRAM TOTALS.*/\1/p' | tr -d ,)
-    echo "$binary $workload: $((total / tx)) instructions per transaction ($tx transactions, extended protocol, consistency session)"
+    echo "$binary $workload: $((total / tx)) instructions per transaction ($tx transactions, extended protocol, consistency $consistency)"
   done
 done
