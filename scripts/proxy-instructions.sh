@@ -10,6 +10,8 @@
 #   scripts/proxy-instructions.sh [BINARY...]    (default: target/release/lsngate)
 #   CONSISTENCY=eventual scripts/proxy-instructions.sh ...   (any proxy consistency mode;
 #   session by default: the difference between the two is what causal reads cost)
+#   PGBOUNCER=1 scripts/proxy-instructions.sh ...   (also PgBouncer, transaction pooling in front
+#   of the primary, counted the same way: the reference a plain pooler is held to)
 #
 # Prints one line per binary and workload; kernel time (the sends and receives) is not counted.
 # Needs valgrind (Debian's valgrind package) and pgbench (PostgreSQL's).
@@ -73,4 +75,52 @@ for binary in "${binaries[@]}"; do
     total=$(callgrind_annotate "$out".1 2>/dev/null | sed -n 's/^ *\([0-9,]*\) .*PROGRAM TOTALS.*/\1/p' | tr -d ,)
     echo "$binary $workload: $((total / tx)) instructions per transaction ($tx transactions, extended protocol, consistency $consistency)"
   done
+done
+[ "${PGBOUNCER:-0}" = 1 ] || exit 0
+# PgBouncer will not run as root: as root it runs as the cluster's server user, and so does
+# callgrind_control, which must be that process's user.
+bouncer=$(command -v pgbouncer || echo /usr/sbin/pgbouncer)
+[ -x "$bouncer" ] || { echo "PGBOUNCER=1 needs pgbouncer (scripts/install/proxy.sh installs it)" >&2; exit 2; }
+as_server=()
+if [ "$(id -u)" = 0 ]; then
+  owner=$(stat -c %U "$work/cluster/primary")
+  as_server=(runuser -u "$owner" --)
+fi
+mkdir -p "$work/pgbouncer"
+[ ${#as_server[@]} -gt 0 ] && chown "$owner" "$work/pgbouncer"
+bport=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+pport=$(echo "$primary" | sed -E 's|.*:([0-9]+)/.*|\1|')
+echo '"postgres" ""' > "$work/pgbouncer/users.txt"
+cat > "$work/pgbouncer/pgbouncer.ini" <<EOF
+[databases]
+postgres = host=127.0.0.1 port=$pport dbname=postgres user=postgres
+[pgbouncer]
+listen_addr = 127.0.0.1
+listen_port = $bport
+unix_socket_dir =
+auth_type = trust
+auth_file = $work/pgbouncer/users.txt
+pool_mode = transaction
+default_pool_size = 18
+logfile = $work/pgbouncer/pgbouncer.log
+pidfile = $work/pgbouncer/pgbouncer.pid
+EOF
+burl="postgres://postgres@127.0.0.1:$bport/postgres"
+for workload in select-only mixed; do
+  out="$work/pgbouncer/callgrind.out"
+  rm -f "$out"* "$work/pgbouncer/pgbouncer.pid"
+  "${as_server[@]}" valgrind --tool=callgrind --callgrind-out-file="$out" --dump-instr=no \
+    "$bouncer" "$work/pgbouncer/pgbouncer.ini" > "$work/pgbouncer/valgrind.log" 2>&1 < /dev/null &
+  for _ in $(seq 1 100); do "$pgbench" -n -S -c 1 -t 1 "$burl" >/dev/null 2>&1 && break; sleep 0.2; done
+  bpid=$(cat "$work/pgbouncer/pgbouncer.pid" 2>/dev/null || true)
+  [ -n "$bpid" ] || { echo "pgbouncer did not start; its output:" >&2; grep -v "^==" "$work/pgbouncer/valgrind.log" | head -8 >&2; exit 2; }
+  proxy_pid=$bpid
+  args=(-S); [ "$workload" = mixed ] && args=(-f "$work/mixed.sql")
+  "$pgbench" -n "${args[@]}" -M extended -c 1 -t 200 "$burl" >/dev/null 2>&1
+  "${as_server[@]}" callgrind_control -z "$bpid" >/dev/null 2>&1
+  tx=$("$pgbench" -n "${args[@]}" -M extended -c 4 -t 1000 "$burl" 2>&1 | sed -n 's/^number of transactions actually processed: \([0-9]*\).*/\1/p')
+  "${as_server[@]}" callgrind_control -d "$bpid" >/dev/null 2>&1
+  kill "$bpid"; for _ in $(seq 1 50); do kill -0 "$bpid" 2>/dev/null || break; sleep 0.1; done; proxy_pid=""
+  total=$(callgrind_annotate "$out".1 2>/dev/null | sed -n 's/^ *\([0-9,]*\) .*PROGRAM TOTALS.*/\1/p' | tr -d ,)
+  echo "pgbouncer $workload: $((total / tx)) instructions per transaction ($tx transactions, extended protocol, transaction pooling, the primary)"
 done
