@@ -39,13 +39,18 @@ pub enum Probe {
 /// frame is a reference count, not a copy): the statement's Close and Parse (sent when the
 /// connection lacks it), then Close of the portal, Bind, Execute and Sync (sent every time).
 struct ProbeFrames {
+    /// The statement's name on server connections, and its text.
+    statement: &'static str,
+    sql: &'static str,
     prepare: [Frame; 2],
     run: [Frame; 4],
 }
 
 impl ProbeFrames {
-    fn new(statement: &str, sql: &str) -> ProbeFrames {
+    fn new(statement: &'static str, sql: &'static str) -> ProbeFrames {
         ProbeFrames {
+            statement,
+            sql,
             prepare: [
                 close(b'S', statement),
                 FrontendMessage::Parse {
@@ -105,15 +110,11 @@ pub type Segment = SmallVec<[Frame; 6]>;
 /// Frames running `probe` as one Sync-terminated segment; `prepared` is the connection's map
 /// of named statements (the probe's statement is parsed when missing).
 pub fn probe_segment(probe: Probe, prepared: &mut HashMap<String, String>) -> Segment {
-    let (name, sql) = match probe {
-        Probe::Position => (POSITION_STATEMENT, INSERT_POSITION_SQL),
-        Probe::Replay => (REPLAY_STATEMENT, REPLAY_SQL),
-    };
     let frames = probe_frames(probe);
     let mut segment = Segment::new();
-    if prepared.get(name).map(String::as_str) != Some(sql) {
+    if prepared.get(frames.statement).map(String::as_str) != Some(frames.sql) {
         segment.extend(frames.prepare.iter().cloned());
-        prepared.insert(name.into(), sql.into());
+        prepared.insert(frames.statement.into(), frames.sql.into());
     }
     segment.extend(frames.run.iter().cloned());
     segment
