@@ -12,6 +12,8 @@
 #   session by default: the difference between the two is what causal reads cost)
 #   PGBOUNCER=1 scripts/proxy-instructions.sh ...   (also PgBouncer, transaction pooling in front
 #   of the primary, counted the same way: the reference a plain pooler is held to)
+#   KEEP=DIR scripts/proxy-instructions.sh ...   (keeps each run's callgrind output in DIR, as
+#   callgrind.<binary's index>.<workload>, for callgrind_annotate)
 #
 # Prints one line per binary and workload; kernel time (the sends and receives) is not counted.
 # Needs valgrind (Debian's valgrind package) and pgbench (PostgreSQL's).
@@ -57,7 +59,9 @@ SELECT abalance FROM pgbench_accounts WHERE aid = :aid + 2;
 UPDATE pgbench_accounts SET abalance = abalance + 1 WHERE aid = :aid;
 EOF
 url="postgres://postgres@127.0.0.1:$port/postgres"
+index=0
 for binary in "${binaries[@]}"; do
+  index=$((index + 1))
   for workload in select-only mixed; do
     out="$work/callgrind.out"
     rm -f "$out"*
@@ -73,6 +77,7 @@ for binary in "${binaries[@]}"; do
     callgrind_control -d "$proxy_pid" >/dev/null 2>&1
     kill "$proxy_pid"; wait "$proxy_pid" 2>/dev/null || true; proxy_pid=""
     total=$(callgrind_annotate "$out".1 2>/dev/null | sed -n 's/^ *\([0-9,]*\) .*PROGRAM TOTALS.*/\1/p' | tr -d ,)
+    if [ -n "${KEEP:-}" ]; then mkdir -p "$KEEP"; cp "$out".1 "$KEEP/callgrind.$index.$workload"; fi
     echo "$binary $workload: $((total / tx)) instructions per transaction ($tx transactions, extended protocol, consistency $consistency)"
   done
 done

@@ -189,37 +189,26 @@ impl CopyGate {
     }
 
     /// Where the flight may start COPY FROM STDIN: a Query of one, or the Execute of a portal
-    /// bound to one (in this flight or an earlier one); `statement` gives the text of a statement
-    /// the session knows by name.
-    pub fn copy_start<'s>(
+    /// bound to one (in this flight or an earlier one); `copies_in(i)` says whether the statement
+    /// the Bind at position `i` binds is one ([`ClientStatement::copies_in`], as of that position).
+    ///
+    /// [`ClientStatement::copies_in`]: super::client_statement::ClientStatement::copies_in
+    pub fn copy_start(
         &mut self,
         flight: &[FrontendMessage],
-        statement: impl Fn(&str) -> Option<&'s str>,
+        copies_in: impl Fn(usize) -> bool,
     ) -> Option<usize> {
-        let mut parsed: Vec<(&str, &str)> = Vec::new();
         let mut start = None;
         for (i, m) in flight.iter().enumerate() {
             match m {
                 FrontendMessage::Query(sql) if mentions_copy_from_stdin(sql) => {
                     start = start.or(Some(i));
                 }
-                FrontendMessage::Parse {
-                    statement, query, ..
-                } => {
-                    parsed.retain(|(name, _)| name != statement);
-                    parsed.push((statement, query));
-                }
-                FrontendMessage::Bind {
-                    portal,
-                    statement: name,
-                    ..
-                } => {
-                    let sql = match parsed.iter().find(|(n, _)| n == name) {
-                        Some((_, sql)) => Some(*sql),
-                        None => statement(name),
-                    };
-                    self.portals.retain(|p| p != portal);
-                    if sql.is_some_and(mentions_copy_from_stdin) {
+                FrontendMessage::Bind { portal, .. } => {
+                    if !self.portals.is_empty() {
+                        self.portals.retain(|p| p != portal);
+                    }
+                    if copies_in(i) {
                         self.portals.push(portal.clone());
                     }
                 }
@@ -309,28 +298,19 @@ mod tests {
 
     #[test]
     fn only_a_query_or_an_execute_of_a_copy_starts_one() {
-        let parse = FrontendMessage::Parse {
-            statement: String::new(),
-            query: "COPY t FROM STDIN".into(),
-            param_types: Vec::new(),
-        };
         let mut gate = CopyGate::default();
-        fn none(_: &str) -> Option<&'static str> {
-            None
-        }
-        assert_eq!(
-            gate.copy_start(&[parse.clone(), FrontendMessage::Sync], none),
-            None
-        );
-        let flight = [parse, bind(""), execute(), FrontendMessage::Sync];
-        assert_eq!(gate.copy_start(&flight, none), Some(2));
+        let none = |_: usize| false;
+        // A Bind of a COPY statement (position 1 here) makes its portal the COPY's.
+        let flight = [bind(""), bind(""), execute(), FrontendMessage::Sync];
+        assert_eq!(gate.copy_start(&flight[..1], none), None);
+        assert_eq!(gate.copy_start(&flight[1..], |i| i == 0), Some(1));
         // The portal is still the COPY's in a later flight, until it is bound to another.
         assert_eq!(
             gate.copy_start(&[execute(), FrontendMessage::Sync], none),
             Some(0)
         );
         let other = [bind("s1"), execute(), FrontendMessage::Sync];
-        assert_eq!(gate.copy_start(&other, |_| Some("SELECT 1")), None);
+        assert_eq!(gate.copy_start(&other, none), None);
         let query = [FrontendMessage::Query("copy t from stdin".into())];
         assert_eq!(gate.copy_start(&query, none), Some(0));
     }

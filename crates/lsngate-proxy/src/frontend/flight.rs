@@ -518,12 +518,23 @@ impl Session {
         let attached = self.backend.as_mut().expect("attached before send");
         let mut frames = attached.copy.before_flight(&flight);
         frames.extend(self.preparation(&flight));
-        // The statement behind each message, read once for both questions.
-        let (executed, effects) = {
-            let per_message = self.statement_per_message(&flight);
+        // The statement behind each message, read once for the three questions.
+        let (executed, effects, copy_start) = {
+            let (at, _) = super::pipeline::statements_at(
+                &self.statements,
+                self.unnamed.as_ref(),
+                &self.log,
+                &flight,
+            );
+            let per_message: Vec<_> = at.into_iter().map(super::pipeline::At::statement).collect();
+            let attached = self.backend.as_mut().expect("attached before send");
+            let copy_start = attached
+                .copy
+                .copy_start(&flight, |i| per_message[i].is_some_and(|s| s.copies_in));
             (
                 Session::executed_after_last_sync(&flight, &per_message),
                 self.session_effects(&flight, class, &per_message),
+                copy_start,
             )
         };
         if self.note_session_effects(&flight, effects) {
@@ -534,16 +545,7 @@ impl Session {
         {
             self.backend.as_mut().expect("attached").reset_in_doubt = true;
         }
-        let (unnamed, statements) = (&self.unnamed, &self.statements);
         let attached = self.backend.as_mut().expect("attached before send");
-        let copy_start = attached.copy.copy_start(&flight, |name| {
-            let s = if name.is_empty() {
-                unnamed.as_ref()
-            } else {
-                statements.get(name)
-            };
-            s.map(|s| &*s.query)
-        });
         let retry_allowed = self.config.retry_buffer_size > 0;
         let status = self.status;
         if attached.target == Target::Primary && matches!(class, Some(Class::Write) | None) {

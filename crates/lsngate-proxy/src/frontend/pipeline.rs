@@ -27,6 +27,13 @@ pub struct FlightLog {
 }
 
 impl FlightLog {
+    /// Empties the log for the next flight, keeping its room (a new one allocated twice per
+    /// flight).
+    pub fn clear(&mut self) {
+        self.before.clear();
+        self.parsed.clear();
+    }
+
     /// Records the value of `name` before the flight first touches it.
     pub fn touch(&mut self, name: &str, current: Option<&ClientStatement>) {
         if !self.before.iter().any(|(n, _)| same_text(n, name)) {

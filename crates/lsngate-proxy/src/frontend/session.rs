@@ -21,7 +21,7 @@ use crate::causal::Floor;
 use crate::net::backend::TxStatus;
 use crate::net::backend::build;
 use crate::net::sqlstate;
-use crate::net::{FrontendMessage, ProtocolError};
+use crate::net::{FrontendMessage, ProtocolError, same_text};
 use crate::proxy::{CancelSlot, Proxy};
 use crate::statement::{
     Class, Hints, LocalCommand, RouteHint, comment_hints, local_command, setting_reset,
@@ -53,6 +53,8 @@ pub struct Session {
     config_seen: u64,
     /// This session's recent statement classifications.
     pub(super) class_memo: crate::statement::ClassMemo,
+    /// This session's recent statement definitions.
+    definitions: super::client_statement::DefinitionMemo,
     /// The pools this session used, by node index (saves the per-node pool lookup per flight).
     pub(super) pools: Vec<(usize, Arc<crate::backend::Pool>)>,
     pub(super) io: ClientIo,
@@ -196,6 +198,7 @@ impl Session {
             config_seen,
             pools: Vec::new(),
             class_memo: Default::default(),
+            definitions: Default::default(),
             spare_expect: std::collections::VecDeque::with_capacity(4),
             pinned: config.pool_mode == crate::config::PoolMode::Session,
             proxy,
@@ -252,6 +255,7 @@ impl Session {
             config_seen,
             pools: Vec::new(),
             class_memo: Default::default(),
+            definitions: Default::default(),
             spare_expect: std::collections::VecDeque::with_capacity(4),
             proxy,
             io,
@@ -298,6 +302,7 @@ impl Session {
             self.pools.clear();
             self.config = config;
             self.class_memo.clear();
+            self.definitions.clear();
         }
     }
 
@@ -561,41 +566,21 @@ impl Session {
                 query,
                 param_types,
             } => {
-                let (hints, query) = comment_hints(&query).unwrap_or((Hints::default(), query));
-                let (floor, floor_error) = self.hinted_floor(&hints);
-                let (scope, scope_error) = hinted_scope(&self.config, &hints);
-                let hint_error = floor_error.or(scope_error);
-                let local = local_command(&query);
-                let class = self.class_memo.classify(
-                    &self.proxy.classes,
-                    &query,
-                    &self.config.write_functions,
-                );
-                // Only a statement whose first word is SET or RESET can be one (read only then:
-                // scanning every Parse's text showed in callgrind).
-                let sent_as_set = matches!(class, Class::SessionState | Class::TransactionLocal)
-                    .then(|| self.reset_sent_as_set(&query))
-                    .flatten()
-                    .filter(|_| local.is_none());
-                let (query, reset_as_set) = sent_as_set.unwrap_or((query, false));
-                self.resets_parsed |= reset_as_set;
-                let deallocates_all = local.is_none()
-                    && super::deallocate::parse(&query) == Some(super::deallocate::Deallocate::All);
-                let defined = ClientStatement {
-                    identity: statement_identity(&param_types, &query).into(),
-                    query: Arc::from(query.as_str()),
-                    param_types: Arc::from(param_types.as_slice()),
-                    class,
-                    hint: hints.route,
-                    floor,
-                    scope,
-                    hint_error,
-                    local,
-                    shape: None,
-                    plan_changed: false,
-                    reset_as_set,
-                    deallocates_all,
+                let (defined, query) = match self.definitions.get(&param_types, &query) {
+                    // The server gets the definition's text: hint comments out, a RESET
+                    // rewritten (the client's own string when that is the same).
+                    Some(defined) if same_text(&defined.query, &query) => (defined, query),
+                    Some(defined) => {
+                        let query = defined.query.to_string();
+                        (defined, query)
+                    }
+                    None => {
+                        let (defined, sent) = self.define(&param_types, query.clone());
+                        self.definitions.keep(&query, &defined);
+                        (defined, sent)
+                    }
                 };
+                self.resets_parsed |= defined.reset_as_set;
                 let held = if statement.is_empty() {
                     self.unnamed.as_ref()
                 } else {
@@ -689,6 +674,45 @@ impl Session {
         self.settle_unsynced().await
     }
 
+    /// What a Parse of `query` with `param_types` defines, and the text the server gets for it
+    /// (hint comments taken out, a `RESET` of a startup setting sent as its `SET`).
+    fn define(&mut self, param_types: &[u32], query: String) -> (ClientStatement, String) {
+        let (hints, query) = comment_hints(&query).unwrap_or((Hints::default(), query));
+        let (floor, floor_error) = self.hinted_floor(&hints);
+        let (scope, scope_error) = hinted_scope(&self.config, &hints);
+        let hint_error = floor_error.or(scope_error);
+        let local = local_command(&query);
+        let class =
+            self.class_memo
+                .classify(&self.proxy.classes, &query, &self.config.write_functions);
+        // Only a statement whose first word is SET or RESET can be one (read only then:
+        // scanning every Parse's text showed in callgrind).
+        let sent_as_set = matches!(class, Class::SessionState | Class::TransactionLocal)
+            .then(|| self.reset_sent_as_set(&query))
+            .flatten()
+            .filter(|_| local.is_none());
+        let (query, reset_as_set) = sent_as_set.unwrap_or((query, false));
+        let deallocates_all = local.is_none()
+            && super::deallocate::parse(&query) == Some(super::deallocate::Deallocate::All);
+        let defined = ClientStatement {
+            identity: statement_identity(param_types, &query).into(),
+            query: Arc::from(query.as_str()),
+            param_types: Arc::from(param_types),
+            class,
+            hint: hints.route,
+            floor,
+            scope,
+            hint_error,
+            copies_in: local.is_none() && super::copy::mentions_copy_from_stdin(&query),
+            local,
+            shape: None,
+            plan_changed: false,
+            reset_as_set,
+            deallocates_all,
+        };
+        (defined, query)
+    }
+
     /// A floor from a statement's `lsngate_min_lsn` comment, or why it was refused.
     fn hinted_floor(&self, hints: &Hints) -> (Option<Floor>, Option<String>) {
         match hints
@@ -727,7 +751,7 @@ impl Session {
     ) -> Result<(), ClientError> {
         let result = self.extended_flight_sent(flight, also).await;
         // The pending messages are a flight of their own now: the next ones start afresh.
-        self.log = Default::default();
+        self.log.clear();
         result
     }
 

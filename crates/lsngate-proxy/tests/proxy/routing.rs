@@ -98,6 +98,42 @@ fn reads_go_to_replicas_writes_and_transactions_to_the_primary() {
 }
 
 #[test]
+fn a_reload_reclassifies_a_statement_the_session_parsed_before() {
+    // A session keeps its last few statement definitions (class included) for the next Parse of
+    // the same text: a reload that names the function as a write must still route it to the
+    // primary, in the same session, over the extended protocol.
+    let cluster = shared_cluster();
+    let file = file_config(cluster);
+    let proxy = TestProxy::with(file.clone());
+    let f = unique("marks");
+    cluster
+        .primary()
+        .sql(&format!(
+            "CREATE FUNCTION {f}() RETURNS int LANGUAGE sql AS $$ SELECT 1 $$"
+        ))
+        .unwrap();
+    caught_up(cluster);
+    let sql = format!("SELECT pg_is_in_recovery() FROM {f}()");
+    rt().block_on(async {
+        let client = connect(&proxy.conninfo()).await;
+        for _ in 0..3 {
+            assert!(on_replica(&client, &sql).await, "a plain read → replica");
+        }
+        let mut reloaded = file.clone();
+        reloaded.write_functions = vec![f.clone()];
+        proxy
+            .proxy
+            .reload(lsngate_proxy::Config::build(reloaded).unwrap());
+        for _ in 0..3 {
+            assert!(
+                !on_replica(&client, &sql).await,
+                "named in write_functions since the reload → primary"
+            );
+        }
+    });
+}
+
+#[test]
 fn a_write_hidden_in_a_function_is_rerun_on_the_primary() {
     let cluster = shared_cluster();
     let proxy = TestProxy::start(cluster);
