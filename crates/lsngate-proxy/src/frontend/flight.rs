@@ -12,7 +12,8 @@ use super::attached::{Attached, Batch, Duty, Owner, RetryBuffer};
 use super::causal::{CausalRead, PendingVerdict, ReadWait};
 use super::effects::reset_tags;
 use super::error::{ClientError, NoBackend};
-use super::preparation::settings_sql;
+use super::pipeline::{At, statements_at};
+use super::preparation::{ClientView, closes_unnamed, preparation, settings_sql};
 use super::session::Session;
 use crate::backend::{NodeState, PooledConn, Role, Target};
 use crate::causal::sql::{Probe, probe_segment, wait_for};
@@ -517,26 +518,45 @@ impl Session {
         // What was held behind a COPY this flight shows is over goes first (see `copy.rs`).
         let attached = self.backend.as_mut().expect("attached before send");
         let mut frames = attached.copy.before_flight(&flight);
-        frames.extend(self.preparation(&flight));
-        // The statement behind each message, read once for the three questions.
-        let (executed, effects, copy_start) = {
-            let (at, _) = super::pipeline::statements_at(
-                &self.statements,
-                self.unnamed.as_ref(),
-                &self.log,
-                &flight,
-            );
-            let per_message: Vec<_> = at.into_iter().map(super::pipeline::At::statement).collect();
+        // The statement behind each message as of its position, read once for the preparation
+        // and the three questions after it.
+        let (executed, effects, copy_start, kept) = {
+            let (at, after) =
+                statements_at(&self.statements, self.unnamed.as_ref(), &self.log, &flight);
             let attached = self.backend.as_mut().expect("attached before send");
+            let client = ClientView {
+                settings: &self.settings,
+                closing: &self.closing,
+                statements: &self.statements,
+                unnamed: self.unnamed.as_ref(),
+                log: &self.log,
+            };
+            frames.extend(preparation(attached, client, &flight, &at, after.is_some()));
+            let per_message: Vec<_> = at.into_iter().map(At::statement).collect();
             let copy_start = attached
                 .copy
                 .copy_start(&flight, |i| per_message[i].is_some_and(|s| s.copies_in));
+            // What the client holds after a DEALLOCATE ALL that ran in the flight: the names
+            // parsed after it, nothing else.
+            let kept = after.map(|after| {
+                after
+                    .into_iter()
+                    .map(|(name, s)| (name, s.clone()))
+                    .collect::<std::collections::HashMap<_, _>>()
+            });
             (
                 Session::executed_after_last_sync(&flight, &per_message),
                 self.session_effects(&flight, class, &per_message),
                 copy_start,
+                kept,
             )
         };
+        if let Some(kept) = kept {
+            self.statements = kept;
+        }
+        if closes_unnamed(&flight) {
+            self.unnamed = None;
+        }
         if self.note_session_effects(&flight, effects) {
             self.settings_in_doubt = true;
         }

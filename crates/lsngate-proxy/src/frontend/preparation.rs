@@ -7,10 +7,9 @@
 
 use std::collections::{HashMap, HashSet};
 
-use super::attached::{Duty, Owner};
+use super::attached::{Attached, Duty, Owner};
 use super::client_statement::ClientStatement;
-use super::pipeline::{At, Effect, Unconfirmed};
-use super::session::Session;
+use super::pipeline::{At, Effect, FlightLog, Unconfirmed};
 use crate::backend::{BackendConn, Settings};
 use crate::net::{Frame, FrontendMessage};
 
@@ -142,7 +141,7 @@ fn close_statement(name: &str) -> Frame {
 
 /// Whether the flight leaves the client without an unnamed statement (its last `Parse ""` is
 /// followed by a `Close` of it).
-fn closes_unnamed(flight: &[FrontendMessage]) -> bool {
+pub(super) fn closes_unnamed(flight: &[FrontendMessage]) -> bool {
     flight
         .iter()
         .rev()
@@ -154,265 +153,258 @@ fn closes_unnamed(flight: &[FrontendMessage]) -> bool {
         .unwrap_or(false)
 }
 
-impl Session {
-    /// Proxy frames that make the attached backend ready for this flight: the client's settings
-    /// and the prepared statements the flight uses.
-    pub(super) fn preparation(&mut self, flight: &[FrontendMessage]) -> Vec<Frame> {
-        let attached = self.backend.as_mut().expect("attached before send");
-        // The server is in the middle of an extended batch or a COPY: nothing can go in front.
-        let may_inject = attached.may_add_frames();
-        let conn = &mut attached.conn;
-        let mut frames = Vec::new();
-        if may_inject {
-            // Built only when the settings differ (it was built for every flight and dropped).
-            let differs = self.settings != conn.applied;
-            if let Some(sql) = differs
-                .then(|| settings_sql(&self.settings, &conn.applied))
-                .flatten()
-            {
-                frames.push(FrontendMessage::Query(sql).to_frame());
-                conn.applied = self.settings.clone();
-                // A simple Query drops the unnamed statement.
-                conn.unnamed = None;
-                attached.expect.push_back(Owner::Proxy(Duty::Prepare));
-            }
+/// What of the client's session a flight's preparation reads: its settings, the names it
+/// deallocated, its statements after the pending messages, and how the flight got there.
+pub(super) struct ClientView<'a> {
+    pub settings: &'a Settings,
+    pub closing: &'a std::collections::VecDeque<String>,
+    pub statements: &'a HashMap<String, ClientStatement>,
+    pub unnamed: Option<&'a ClientStatement>,
+    pub log: &'a FlightLog,
+}
+
+/// Proxy frames that make `attached` ready for this flight: the client's settings and the
+/// prepared statements the flight uses. `at` is each message's statement as of its position
+/// (`pipeline::statements_at`, read once per flight by the caller, which also takes up what a
+/// `DEALLOCATE ALL` in the flight leaves: `deallocated`).
+pub(super) fn preparation(
+    attached: &mut Attached,
+    client: ClientView<'_>,
+    flight: &[FrontendMessage],
+    at: &[At<'_>],
+    deallocated: bool,
+) -> Vec<Frame> {
+    // The server is in the middle of an extended batch or a COPY: nothing can go in front.
+    let may_inject = attached.may_add_frames();
+    let conn = &mut attached.conn;
+    let mut frames = Vec::new();
+    if may_inject {
+        // Built only when the settings differ (it was built for every flight and dropped).
+        let differs = *client.settings != conn.applied;
+        if let Some(sql) = differs
+            .then(|| settings_sql(client.settings, &conn.applied))
+            .flatten()
+        {
+            frames.push(FrontendMessage::Query(sql).to_frame());
+            conn.applied = client.settings.clone();
+            // A simple Query drops the unnamed statement.
+            conn.unnamed = None;
+            attached.expect.push_back(Owner::Proxy(Duty::Prepare));
         }
-        let mut statements = Vec::new();
-        // The client's unnamed statement before the flight (a Parse in it replaced it since).
-        let unnamed_before = match self.log.before.iter().find(|(n, _)| n.is_empty()) {
-            Some((_, s)) => s.as_ref(),
-            None => self.unnamed.as_ref(),
-        };
-        statements.extend(unnamed_preparation(
-            conn,
-            unnamed_before,
-            flight,
-            may_inject,
-        ));
-        // Names whose state on the server the flight itself decides from some message on (it
-        // parses, closes or uses them there): nothing goes in front for them after that.
-        let mut defined_here = HashSet::new();
-        if may_inject {
-            for name in &self.closing {
-                // Names the client deallocated, as this connection may still hold them.
-                if conn.prepared.remove(name).is_some() {
-                    statements.push(close_statement(name));
-                }
-            }
-        }
-        let (at, after_deallocate) = super::pipeline::statements_at(
-            &self.statements,
-            self.unnamed.as_ref(),
-            &self.log,
-            flight,
-        );
-        // The client's statement `s` must be on the server under `name` when the flight starts.
-        let ensure = |conn: &mut BackendConn,
-                      statements: &mut Vec<Frame>,
-                      name: &String,
-                      s: &ClientStatement| {
-            if conn.prepared.get(name).map(String::as_str) != Some(s.identity()) {
+    }
+    let mut statements = Vec::new();
+    // The client's unnamed statement before the flight (a Parse in it replaced it since).
+    let unnamed_before = match client.log.before.iter().find(|(n, _)| n.is_empty()) {
+        Some((_, s)) => s.as_ref(),
+        None => client.unnamed,
+    };
+    statements.extend(unnamed_preparation(
+        conn,
+        unnamed_before,
+        flight,
+        may_inject,
+    ));
+    // Names whose state on the server the flight itself decides from some message on (it
+    // parses, closes or uses them there): nothing goes in front for them after that.
+    let mut defined_here = HashSet::new();
+    if may_inject {
+        for name in client.closing {
+            // Names the client deallocated, as this connection may still hold them.
+            if conn.prepared.remove(name).is_some() {
                 statements.push(close_statement(name));
-                let parse = FrontendMessage::Parse {
-                    statement: name.clone(),
-                    query: s.query.to_string(),
-                    param_types: s.param_types.to_vec(),
-                };
-                statements.push(parse.to_frame());
-                conn.prepared.insert(name.clone(), s.identity().to_string());
             }
-        };
-        // Parses, Closes and DEALLOCATE ALLs of earlier flights not answered yet run on this same
-        // connection first (a flight goes elsewhere only once every answer is in): for their
-        // names, or every name behind a DEALLOCATE ALL, the server's own state decides, and
-        // nothing goes in front.
-        let mut server_decides = false;
-        for u in &attached.unconfirmed {
-            server_decides |= u.answer == b'C';
-            defined_here.extend(u.effects.iter().map(|e| e.name.clone()));
         }
-        let mut segment = attached.segments_sent;
-        let unconfirmed = &mut attached.unconfirmed;
-        let mut note = |segment: u64, answer: u8, effects: Vec<Effect>| {
-            unconfirmed.push_back(Unconfirmed {
-                segment,
-                answer,
-                effects,
-            });
-        };
-        for (position, (m, here)) in flight.iter().zip(&at).enumerate() {
-            match m {
-                FrontendMessage::Sync
-                | FrontendMessage::Query(_)
-                | FrontendMessage::FunctionCall(_) => segment += 1,
-                FrontendMessage::Parse { statement, .. } if statement.is_empty() => {
-                    note(segment, b'1', Vec::new())
-                }
-                FrontendMessage::Close { kind, name } if *kind != b'S' || name.is_empty() => {
-                    note(segment, b'3', Vec::new())
-                }
-                _ => {}
+    }
+    // The client's statement `s` must be on the server under `name` when the flight starts.
+    let ensure = |conn: &mut BackendConn,
+                  statements: &mut Vec<Frame>,
+                  name: &String,
+                  s: &ClientStatement| {
+        if conn.prepared.get(name).map(String::as_str) != Some(s.identity()) {
+            statements.push(close_statement(name));
+            let parse = FrontendMessage::Parse {
+                statement: name.clone(),
+                query: s.query.to_string(),
+                param_types: s.param_types.to_vec(),
+            };
+            statements.push(parse.to_frame());
+            conn.prepared.insert(name.clone(), s.identity().to_string());
+        }
+    };
+    // Parses, Closes and DEALLOCATE ALLs of earlier flights not answered yet run on this same
+    // connection first (a flight goes elsewhere only once every answer is in): for their
+    // names, or every name behind a DEALLOCATE ALL, the server's own state decides, and
+    // nothing goes in front.
+    let mut server_decides = false;
+    for u in &attached.unconfirmed {
+        server_decides |= u.answer == b'C';
+        defined_here.extend(u.effects.iter().map(|e| e.name.clone()));
+    }
+    let mut segment = attached.segments_sent;
+    let unconfirmed = &mut attached.unconfirmed;
+    let mut note = |segment: u64, answer: u8, effects: Vec<Effect>| {
+        unconfirmed.push_back(Unconfirmed {
+            segment,
+            answer,
+            effects,
+        });
+    };
+    for (position, (m, here)) in flight.iter().zip(at).enumerate() {
+        match m {
+            FrontendMessage::Sync
+            | FrontendMessage::Query(_)
+            | FrontendMessage::FunctionCall(_) => segment += 1,
+            FrontendMessage::Parse { statement, .. } if statement.is_empty() => {
+                note(segment, b'1', Vec::new())
             }
-            match (m, *here) {
-                (FrontendMessage::Parse { statement, .. }, At::Duplicate(s))
-                    if !statement.is_empty() =>
+            FrontendMessage::Close { kind, name } if *kind != b'S' || name.is_empty() => {
+                note(segment, b'3', Vec::new())
+            }
+            _ => {}
+        }
+        match (m, *here) {
+            (FrontendMessage::Parse { statement, .. }, At::Duplicate(s))
+                if !statement.is_empty() =>
+            {
+                note(segment, b'1', Vec::new());
+                // The client already holds the name here: the server must too, to refuse
+                // the Parse (42P05) as it would directly. It keeps what it held.
+                let first = defined_here.insert(statement.clone()) && !server_decides;
+                if may_inject && first {
+                    ensure(conn, &mut statements, statement, s);
+                }
+            }
+            (
+                FrontendMessage::Parse {
+                    statement,
+                    query,
+                    param_types,
+                },
+                _,
+            ) if !statement.is_empty() => {
+                // The client does not hold the name here: a copy the server has (another
+                // client's, or one the client closed elsewhere) is closed in front. One
+                // the flight itself closed or deallocated earlier is gone by then.
+                let mut held_before = conn.prepared.get(statement).cloned();
+                if defined_here.insert(statement.clone())
+                    && !server_decides
+                    && may_inject
+                    && held_before.is_some()
                 {
-                    note(segment, b'1', Vec::new());
-                    // The client already holds the name here: the server must too, to refuse
-                    // the Parse (42P05) as it would directly. It keeps what it held.
-                    let first = defined_here.insert(statement.clone()) && !server_decides;
-                    if may_inject && first {
-                        ensure(conn, &mut statements, statement, s);
-                    }
+                    statements.push(close_statement(statement));
+                    held_before = None;
                 }
-                (
-                    FrontendMessage::Parse {
-                        statement,
-                        query,
-                        param_types,
-                    },
-                    _,
-                ) if !statement.is_empty() => {
-                    // The client does not hold the name here: a copy the server has (another
-                    // client's, or one the client closed elsewhere) is closed in front. One
-                    // the flight itself closed or deallocated earlier is gone by then.
-                    let mut held_before = conn.prepared.get(statement).cloned();
-                    if defined_here.insert(statement.clone())
-                        && !server_decides
-                        && may_inject
-                        && held_before.is_some()
-                    {
-                        statements.push(close_statement(statement));
-                        held_before = None;
-                    }
-                    let identity = super::client_statement::statement_identity(param_types, query);
-                    conn.prepared.insert(statement.clone(), identity.clone());
-                    note(
-                        segment,
-                        b'1',
-                        vec![Effect {
-                            name: statement.clone(),
-                            view_before: None,
-                            view_after: Some(identity.clone()),
-                            held_before,
-                            held_after: Some(identity),
-                        }],
-                    );
+                let identity = super::client_statement::statement_identity(param_types, query);
+                conn.prepared.insert(statement.clone(), identity.clone());
+                note(
+                    segment,
+                    b'1',
+                    vec![Effect {
+                        name: statement.clone(),
+                        view_before: None,
+                        view_after: Some(identity.clone()),
+                        held_before,
+                        held_after: Some(identity),
+                    }],
+                );
+            }
+            (
+                FrontendMessage::Bind { statement, .. }
+                | FrontendMessage::Describe {
+                    kind: b'S',
+                    name: statement,
+                },
+                here,
+            ) if !statement.is_empty() && defined_here.insert(statement.clone()) => {
+                if !may_inject || server_decides {
+                    continue;
                 }
-                (
-                    FrontendMessage::Bind { statement, .. }
-                    | FrontendMessage::Describe {
-                        kind: b'S',
-                        name: statement,
-                    },
-                    here,
-                ) if !statement.is_empty() && defined_here.insert(statement.clone()) => {
-                    if !may_inject || server_decides {
-                        continue;
-                    }
-                    match here.statement() {
-                        Some(s) => ensure(conn, &mut statements, statement, s),
-                        // Not the client's here: a copy left by another client or before a
-                        // DEALLOCATE is closed, so the server answers 26000 as it would
-                        // directly.
-                        None => {
-                            if !crate::causal::sql::is_proxy_statement(statement)
-                                && conn.prepared.remove(statement).is_some()
-                            {
-                                statements.push(close_statement(statement));
-                            }
+                match here.statement() {
+                    Some(s) => ensure(conn, &mut statements, statement, s),
+                    // Not the client's here: a copy left by another client or before a
+                    // DEALLOCATE is closed, so the server answers 26000 as it would
+                    // directly.
+                    None => {
+                        if !crate::causal::sql::is_proxy_statement(statement)
+                            && conn.prepared.remove(statement).is_some()
+                        {
+                            statements.push(close_statement(statement));
                         }
                     }
                 }
-                (FrontendMessage::Close { kind: b'S', name }, here) if !name.is_empty() => {
-                    let held_before = conn.prepared.remove(name);
-                    defined_here.insert(name.clone());
-                    note(
-                        segment,
-                        b'3',
-                        vec![Effect {
-                            name: name.clone(),
-                            view_before: here.statement().cloned(),
-                            view_after: None,
-                            held_before,
-                            held_after: None,
-                        }],
-                    );
+            }
+            (FrontendMessage::Close { kind: b'S', name }, here) if !name.is_empty() => {
+                let held_before = conn.prepared.remove(name);
+                defined_here.insert(name.clone());
+                note(
+                    segment,
+                    b'3',
+                    vec![Effect {
+                        name: name.clone(),
+                        view_before: here.statement().cloned(),
+                        view_after: None,
+                        held_before,
+                        held_after: None,
+                    }],
+                );
+            }
+            (FrontendMessage::Execute { .. }, At::DeallocateAll) => {
+                // What the client held just before it, restored if the server skips it.
+                let held =
+                    super::pipeline::held_after(client.statements, client.log, &flight[..position]);
+                note(segment, b'C', all_dropped(held));
+                all_in_doubt(conn);
+                if !may_inject {
+                    continue;
                 }
-                (FrontendMessage::Execute { .. }, At::DeallocateAll) => {
-                    // What the client held just before it, restored if the server skips it.
-                    let held = super::pipeline::held_after(
-                        &self.statements,
-                        &self.log,
-                        &flight[..position],
-                    );
-                    note(segment, b'C', all_dropped(held));
-                    all_in_doubt(conn);
-                    if !may_inject {
-                        continue;
-                    }
-                    let names: Vec<String> = self.statements.keys().cloned().collect();
-                    defined_here.extend(names);
-                }
-                _ => {}
+                let names: Vec<String> = client.statements.keys().cloned().collect();
+                defined_here.extend(names);
             }
+            _ => {}
         }
-        let deallocated = after_deallocate.is_some();
-        if let Some(after) = after_deallocate {
-            // What the client holds after a DEALLOCATE ALL that ran in the flight: the names
-            // parsed after it, nothing else.
-            let kept: HashMap<String, ClientStatement> = after
-                .into_iter()
-                .map(|(name, s)| (name, s.clone()))
-                .collect();
-            self.statements = kept;
-        }
-        if may_inject && !attached.foreign_closed && !server_decides && !deallocated {
-            // The first flight of a connection lent to this client that can add frames: the
-            // statements other clients left under names the client does not hold (or holds as
-            // another statement) go, so a Parse of the name later, even inside a batch the client
-            // opened where nothing can go in front, finds none (a direct connection has none).
-            // The client's own, under the same text, stay for it to use.
-            attached.foreign_closed = true;
-            let foreign: Vec<String> = conn
-                .prepared
-                .iter()
-                .filter(|(name, identity)| {
-                    !defined_here.contains(*name)
-                        && !crate::causal::sql::is_proxy_statement(name)
-                        && self.statements.get(*name).map(ClientStatement::identity)
-                            != Some(identity.as_str())
-                })
-                .map(|(name, _)| name.clone())
-                .collect();
-            for name in foreign {
-                conn.prepared.remove(&name);
-                statements.push(close_statement(&name));
-            }
-        }
-        if may_inject && conn.prepared.len() > MAX_PREPARED_PER_CONNECTION {
-            // Statements of many clients and many evictions pile up on a pooled connection:
-            // beyond the cap every one this flight does not use is closed (each is parsed
-            // again where a client needs it).
-            let keep = |name: &String| {
-                defined_here.contains(name) || crate::causal::sql::is_proxy_statement(name)
-            };
-            let closed: Vec<String> = conn.prepared.keys().filter(|n| !keep(n)).cloned().collect();
-            for name in closed {
-                conn.prepared.remove(&name);
-                statements.push(close_statement(&name));
-            }
-        }
-        if !statements.is_empty() {
-            frames.extend(statements);
-            frames.push(FrontendMessage::Sync.to_frame());
-            attached.expect.push_back(Owner::Proxy(Duty::Prepare));
-        }
-        if closes_unnamed(flight) {
-            self.unnamed = None;
-        }
-        frames
     }
+    if may_inject && !attached.foreign_closed && !server_decides && !deallocated {
+        // The first flight of a connection lent to this client that can add frames: the
+        // statements other clients left under names the client does not hold (or holds as
+        // another statement) go, so a Parse of the name later, even inside a batch the client
+        // opened where nothing can go in front, finds none (a direct connection has none).
+        // The client's own, under the same text, stay for it to use.
+        attached.foreign_closed = true;
+        let foreign: Vec<String> = conn
+            .prepared
+            .iter()
+            .filter(|(name, identity)| {
+                !defined_here.contains(*name)
+                    && !crate::causal::sql::is_proxy_statement(name)
+                    && client.statements.get(*name).map(ClientStatement::identity)
+                        != Some(identity.as_str())
+            })
+            .map(|(name, _)| name.clone())
+            .collect();
+        for name in foreign {
+            conn.prepared.remove(&name);
+            statements.push(close_statement(&name));
+        }
+    }
+    if may_inject && conn.prepared.len() > MAX_PREPARED_PER_CONNECTION {
+        // Statements of many clients and many evictions pile up on a pooled connection:
+        // beyond the cap every one this flight does not use is closed (each is parsed
+        // again where a client needs it).
+        let keep = |name: &String| {
+            defined_here.contains(name) || crate::causal::sql::is_proxy_statement(name)
+        };
+        let closed: Vec<String> = conn.prepared.keys().filter(|n| !keep(n)).cloned().collect();
+        for name in closed {
+            conn.prepared.remove(&name);
+            statements.push(close_statement(&name));
+        }
+    }
+    if !statements.is_empty() {
+        frames.extend(statements);
+        frames.push(FrontendMessage::Sync.to_frame());
+        attached.expect.push_back(Owner::Proxy(Duty::Prepare));
+    }
+    frames
 }
 
 #[cfg(test)]
