@@ -217,12 +217,13 @@ impl Watcher {
         need: Need,
         with_lag: bool,
     ) -> Vec<(Arc<NodeState>, ReplicaState)> {
-        if !self.consulted_at(Instant::now()) {
+        let now = Instant::now();
+        if !self.consulted_at(now) {
             // The monitors are polling slowly: wake them so that the next reads find fresh
             // positions (this one waits or checks, as any read does without them).
             nodes.all().iter().for_each(|n| n.request_check());
         }
-        self.states(nodes, need, with_lag)
+        self.states(nodes, need, with_lag, now)
     }
 
     /// What [`Watcher::replicas`] returns, without counting as routing's demand for positions:
@@ -233,15 +234,16 @@ impl Watcher {
         nodes: &Nodes,
         need: Need,
         with_lag: bool,
+        now: Instant,
     ) -> Vec<(Arc<NodeState>, ReplicaState)> {
         let all = nodes.all();
-        let now = Instant::now();
         let at = self.since_origin(now);
+        // Locked once for every replica (it was once per replica, on every read).
+        let book = lock(&self.book);
         all.iter()
             .filter(|n| n.role() == crate::backend::Role::Replica)
             .map(|n| {
                 let (replayed, lag_bytes, lag) = {
-                    let book = lock(&self.book);
                     let replayed = book.slot_replayed(n.index, at);
                     let lag = replayed
                         .filter(|_| with_lag)
@@ -309,7 +311,7 @@ impl Watcher {
     /// Snapshot of every replica, for `/status`, metrics and the dashboard.
     pub fn views(&self, nodes: &Nodes) -> Vec<ReplicaView> {
         let now = Instant::now();
-        self.states(nodes, Need::Any, false)
+        self.states(nodes, Need::Any, false, Instant::now())
             .into_iter()
             .map(|(node, state)| ReplicaView {
                 node: node.index,
