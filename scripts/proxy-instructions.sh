@@ -5,13 +5,16 @@
 # (1 primary, 1 replica, PostgreSQL 19 when installed), runs each given lsngate binary as
 # `lsngate proxy` under valgrind (consistency $CONSISTENCY, session by default; reads to the
 # replica), warms it up, then counts 4 pgbench clients x 1000 transactions of each workload with
-# the extended protocol.
+# the extended protocol (`-M extended`; PROTOCOL below for another).
 #
 #   scripts/proxy-instructions.sh [BINARY...]    (default: target/release/lsngate)
 #   CONSISTENCY=eventual scripts/proxy-instructions.sh ...   (any proxy consistency mode;
 #   session by default: the difference between the two is what causal reads cost)
 #   PGBOUNCER=1 scripts/proxy-instructions.sh ...   (also PgBouncer, transaction pooling in front
 #   of the primary, counted the same way: the reference a plain pooler is held to)
+#   PROTOCOL=simple scripts/proxy-instructions.sh ...   (pgbench's -M; extended by default)
+#   PRIMARY_ONLY=1 scripts/proxy-instructions.sh ...   (no replica in the proxy's config: every
+#   statement goes to the primary, as for `bench_pgbouncer`'s plain pooler row)
 #   KEEP=DIR scripts/proxy-instructions.sh ...   (keeps each run's callgrind output in DIR, as
 #   callgrind.<binary's index>.<workload>, for callgrind_annotate)
 #
@@ -20,6 +23,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 consistency=${CONSISTENCY:-session}
+protocol=${PROTOCOL:-extended}
+case "$protocol" in simple|extended|prepared) ;; *) echo "PROTOCOL must be simple, extended or prepared (pgbench's -M), not $protocol" >&2; exit 2;; esac
 command -v valgrind >/dev/null || { echo "needs valgrind: apt-get install valgrind" >&2; exit 2; }
 binaries=("$@")
 [ ${#binaries[@]} -gt 0 ] || binaries=(target/release/lsngate)
@@ -47,7 +52,7 @@ port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); pr
 cat > "$work/proxy.toml" <<EOF
 listen = "127.0.0.1:$port"
 primary = "$primary"
-replicas = ["$replica"]
+replicas = [$([ "${PRIMARY_ONLY:-0}" = 1 ] || echo "\"$replica\"")]
 pool_size = 18
 consistency = "$consistency"
 EOF
@@ -71,14 +76,14 @@ for binary in "${binaries[@]}"; do
     for _ in $(seq 1 100); do "$pgbench" -n -S -c 1 -t 1 "$url" >/dev/null 2>&1 && break; sleep 0.2; done
     kill -0 "$proxy_pid" 2>/dev/null || { echo "lsngate proxy exited; its output:" >&2; grep -v "^==" "$work/valgrind.log" | head -8 >&2; proxy_pid=""; exit 2; }
     args=(-S); [ "$workload" = mixed ] && args=(-f "$work/mixed.sql")
-    "$pgbench" -n "${args[@]}" -M extended -c 1 -t 200 "$url" >/dev/null 2>&1
+    "$pgbench" -n "${args[@]}" -M "$protocol" -c 1 -t 200 "$url" >/dev/null 2>&1
     callgrind_control -z "$proxy_pid" >/dev/null 2>&1
-    tx=$("$pgbench" -n "${args[@]}" -M extended -c 4 -t 1000 "$url" 2>&1 | sed -n 's/^number of transactions actually processed: \([0-9]*\).*/\1/p')
+    tx=$("$pgbench" -n "${args[@]}" -M "$protocol" -c 4 -t 1000 "$url" 2>&1 | sed -n 's/^number of transactions actually processed: \([0-9]*\).*/\1/p')
     callgrind_control -d "$proxy_pid" >/dev/null 2>&1
     kill "$proxy_pid"; wait "$proxy_pid" 2>/dev/null || true; proxy_pid=""
     total=$(callgrind_annotate "$out".1 2>/dev/null | sed -n 's/^ *\([0-9,]*\) .*PROGRAM TOTALS.*/\1/p' | tr -d ,)
     if [ -n "${KEEP:-}" ]; then mkdir -p "$KEEP"; cp "$out".1 "$KEEP/callgrind.$index.$workload"; fi
-    echo "$binary $workload: $((total / tx)) instructions per transaction ($tx transactions, extended protocol, consistency $consistency)"
+    echo "$binary $workload: $((total / tx)) instructions per transaction ($tx transactions, -M $protocol, consistency $consistency$([ "${PRIMARY_ONLY:-0}" = 1 ] && echo ", primary only"))"
   done
 done
 [ "${PGBOUNCER:-0}" = 1 ] || exit 0
@@ -121,11 +126,11 @@ for workload in select-only mixed; do
   [ -n "$bpid" ] || { echo "pgbouncer did not start; its output:" >&2; grep -v "^==" "$work/pgbouncer/valgrind.log" | head -8 >&2; exit 2; }
   proxy_pid=$bpid
   args=(-S); [ "$workload" = mixed ] && args=(-f "$work/mixed.sql")
-  "$pgbench" -n "${args[@]}" -M extended -c 1 -t 200 "$burl" >/dev/null 2>&1
+  "$pgbench" -n "${args[@]}" -M "$protocol" -c 1 -t 200 "$burl" >/dev/null 2>&1
   "${as_server[@]}" callgrind_control -z "$bpid" >/dev/null 2>&1
-  tx=$("$pgbench" -n "${args[@]}" -M extended -c 4 -t 1000 "$burl" 2>&1 | sed -n 's/^number of transactions actually processed: \([0-9]*\).*/\1/p')
+  tx=$("$pgbench" -n "${args[@]}" -M "$protocol" -c 4 -t 1000 "$burl" 2>&1 | sed -n 's/^number of transactions actually processed: \([0-9]*\).*/\1/p')
   "${as_server[@]}" callgrind_control -d "$bpid" >/dev/null 2>&1
   kill "$bpid"; for _ in $(seq 1 50); do kill -0 "$bpid" 2>/dev/null || break; sleep 0.1; done; proxy_pid=""
   total=$(callgrind_annotate "$out".1 2>/dev/null | sed -n 's/^ *\([0-9,]*\) .*PROGRAM TOTALS.*/\1/p' | tr -d ,)
-  echo "pgbouncer $workload: $((total / tx)) instructions per transaction ($tx transactions, extended protocol, transaction pooling, the primary)"
+  echo "pgbouncer $workload: $((total / tx)) instructions per transaction ($tx transactions, -M $protocol, transaction pooling, the primary)"
 done

@@ -38,6 +38,9 @@ impl Session {
             && self.floors.mode.level == Level::Eventual
             && self.floors.own().is_none()
             && self.floors.scope.is_none()
+            // No write under a causal scope still owes its position (the general path takes
+            // it behind this flight).
+            && !self.scopes.active(None)
             && !self.settings_in_doubt
             && self.config.causal.lag_bound.max_bytes.is_none()
             && self.config.causal.lag_bound.max_lag.is_none()
@@ -102,6 +105,9 @@ impl Session {
         attached.segments_sent += 1;
         attached.batch = super::attached::Batch::Synced;
         attached.read = None;
+        // Outside a transaction block every statement may commit: a FATAL under it leaves the
+        // outcome unknown, as on the general path (`flight.rs`), not "terminating connection".
+        attached.may_commit = true;
         self.proxy.queries[0].add(1);
         self.proxy.passed_through.add(1);
         let sent = match attached.conn.send_now(message) {

@@ -260,6 +260,66 @@ fn passed_through_queries_keep_each_clients_settings_errors_and_cancels() {
     );
 }
 
+/// Found by reading the pass-through against the general path (2026-12-06): a write passed
+/// through was not marked as a statement that may commit, so its server's FATAL (57P01 from a
+/// fast shutdown or `pg_terminate_backend`; in synchronous mode a commit waiting for its
+/// standby is ended so after committing locally) reached the client as "terminating
+/// connection", which reads as "not done". It may have committed: the client hears 08006,
+/// outcome unknown, as it does for the same write on the general path.
+#[test]
+fn a_passed_through_write_ended_by_its_servers_fatal_is_an_unknown_outcome() {
+    let cluster = shared_cluster();
+    let mut file = file_config(cluster);
+    file.replicas = Vec::new();
+    file.consistency = Some("eventual".into());
+    file.pool_size = Some(1);
+    let proxy = TestProxy::with(file);
+    let t = unique("fatal_write");
+    rt().block_on(async {
+        let client = connect(&proxy.conninfo()).await;
+        client
+            .batch_execute(&format!("CREATE TABLE {t} (id int)"))
+            .await
+            .unwrap();
+        let marker = format!("INSERT INTO {t} SELECT 1 FROM pg_sleep(3)");
+        let killer = {
+            let primary_sql = format!(
+                "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE query = '{marker}' AND pid <> pg_backend_pid()"
+            );
+            std::thread::spawn(move || {
+                // Bounded: the insert sleeps 3 s; found within 10 s or reported.
+                let deadline = std::time::Instant::now() + Duration::from_secs(10);
+                while std::time::Instant::now() < deadline {
+                    if shared_cluster().primary().sql(&primary_sql).unwrap() == "1" {
+                        return true;
+                    }
+                    std::thread::sleep(Duration::from_millis(50));
+                }
+                false
+            })
+        };
+        let before = passed_through(&proxy);
+        let e = client.simple_query(&marker).await.unwrap_err();
+        assert!(killer.join().unwrap(), "the backend was found and terminated");
+        assert_eq!(
+            passed_through(&proxy),
+            before + 1,
+            "the insert took the pass-through"
+        );
+        let db = e.as_db_error().expect("an error the proxy answered");
+        assert_eq!(db.code().code(), "08006", "{db:?}");
+        assert!(
+            db.message().contains("57P01") && db.message().contains("outcome is unknown"),
+            "{db:?}"
+        );
+        // The session goes on, on another server connection.
+        client
+            .batch_execute(&format!("INSERT INTO {t} VALUES (2)"))
+            .await
+            .unwrap();
+    });
+}
+
 #[test]
 fn a_full_pool_queues_checkouts_and_times_them_out_without_losing_a_slot() {
     let cluster = shared_cluster();
