@@ -412,6 +412,10 @@ impl Session {
                     if std::mem::take(&mut failed) && self.status == TxStatus::InBlock {
                         self.abort_server_block().await?;
                     }
+                    if self.status == TxStatus::Idle {
+                        // The implicit transaction ends here, and every portal with it.
+                        self.local_portals.clear();
+                    }
                     self.io.queue_ready(self.status);
                 }
                 _ => {}

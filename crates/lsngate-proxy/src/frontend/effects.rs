@@ -157,9 +157,15 @@ impl Session {
                 .as_ref()
                 .is_some_and(|b| b.pin_unconfirmed.is_none());
         let pins = effects.iter().any(|(class, _)| *class == Class::Pin);
+        // Sent into a batch the server skips to its Sync (an earlier message of it failed, and
+        // that error was already relayed): nothing of the flight runs, so no error of its own
+        // will say so (seed 20261207985: a SET behind a failed Execute stayed recorded).
+        let skipped = self.backend.as_ref().is_some_and(|b| {
+            matches!(b.batch, super::attached::Batch::Open { skipping: true, .. })
+        });
         for (class, sql) in effects {
             if let Some(understood) = self.note_session_effect(class, &sql, simple) {
-                doubt |= class == Class::SessionState && !(understood && alone);
+                doubt |= class == Class::SessionState && (skipped || !(understood && alone));
                 if class == Class::SessionState {
                     // Recorded before the server ran it: an error in its segment (its own, or
                     // one that made the server skip it) puts the settings in doubt.

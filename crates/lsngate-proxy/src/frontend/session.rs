@@ -499,6 +499,7 @@ impl Session {
         let frame = match incoming {
             Incoming::Query(len) => {
                 self.refresh_config();
+                self.query_drops_unnamed_portal();
                 if self.pending.is_empty()
                     && !self.backend.as_ref().is_some_and(|b| b.batch.is_open())
                 {
@@ -557,6 +558,8 @@ impl Session {
         match message {
             FrontendMessage::Query(sql) => {
                 if !self.query_after_unsynced(&sql).await? {
+                    // Again: the messages sent ahead of it may have bound one.
+                    self.query_drops_unnamed_portal();
                     self.unnamed = None;
                     self.simple_query(sql).await?
                 }
@@ -647,6 +650,14 @@ impl Session {
             }
         }
         Ok(true)
+    }
+
+    /// A simple Query replaces the unnamed portal, one bound to an lsngate command too: a
+    /// Describe or Execute of it then finds none (34000), as on the server.
+    fn query_drops_unnamed_portal(&mut self) {
+        if !self.local_portals.is_empty() {
+            self.local_portals.remove("");
+        }
     }
 
     /// Before a simple Query: extended-protocol messages still waiting for their Sync are sent
@@ -889,6 +900,11 @@ impl Session {
         let class =
             self.class_memo
                 .classify(&self.proxy.classes, &sql, &self.config.write_functions);
+        if let Some(message) = self.ends_replica_block_then_needs_primary(&sql) {
+            return self
+                .answer_error(sqlstate::FEATURE_NOT_SUPPORTED, &message)
+                .await;
+        }
         let sql = self.reset_to_startup(sql);
         if self.reset_rewritten.is_some() {
             // Its answer is told apart by being the only one due (see `reset_to_startup`).
@@ -905,6 +921,35 @@ impl Session {
             .await;
         self.scopes.flight.clear();
         dispatched
+    }
+
+    /// Why a simple Query inside a transaction block held on a replica cannot run: it ends the
+    /// block (`COMMIT`, `ROLLBACK`, …) and then runs statements that need the primary. One Query
+    /// goes to one server, and on the replica those would fail with 25006 where PostgreSQL runs
+    /// them (seed 20261206466: `BEGIN READ ONLY`, then `SELECT …; COMMIT; UPDATE …`). Refused
+    /// before anything is sent: the block is left as the client had it, failed by the error.
+    fn ends_replica_block_then_needs_primary(&mut self, sql: &str) -> Option<String> {
+        if self.status == TxStatus::Idle
+            || !self
+                .backend
+                .as_ref()
+                .is_some_and(|b| b.target == crate::backend::Target::Replica)
+        {
+            return None;
+        }
+        let rest = crate::statement::after_block_end(sql)?;
+        let class =
+            self.class_memo
+                .classify(&self.proxy.classes, &rest, &self.config.write_functions);
+        // What cannot run on a replica: a write, or a block that will write. (Not the session's
+        // route hint: a `ROLLBACK; SELECT …` must still end the block.)
+        matches!(class, Class::Write | Class::Begin { read_only: false })
+            .then(|| {
+                format!(
+                    "lsngate runs this transaction block on a replica, and this Query ends the block and then runs statements that need the primary ({:?}); one Query goes to one server: send the statements after the block's end as a Query of their own",
+                    rest.chars().take(80).collect::<String>()
+                )
+            })
     }
 
     /// `RESET name` (or `SET name TO DEFAULT`) of a setting the client's startup packet gave: on

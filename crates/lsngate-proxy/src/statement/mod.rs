@@ -24,6 +24,7 @@ pub use command::{
     mixed_commands, resets_all_in_parts, session_set, sets_session_in_parts, setting_reset,
 };
 pub use hints::{Hints, RouteHint, comment_hints};
+pub use split::after_block_end;
 
 #[cfg(test)]
 mod tests {

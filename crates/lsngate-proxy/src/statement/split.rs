@@ -4,6 +4,30 @@
 //! `/* … */`) ends nothing. Only the proxy's own commands need this: the proxy answers those
 //! itself, so it must know exactly where one ends and the statements it forwards begin.
 
+/// The statements of a simple Query after the first one that ends a transaction block
+/// (`COMMIT`, `END`, `ABORT`, `ROLLBACK`; not `ROLLBACK TO`, `… PREPARED` or `… AND CHAIN`),
+/// joined with `;`: they run outside the block, where the block's server may not be the one
+/// they need. None when no statement ends a block or none follows.
+pub fn after_block_end(sql: &str) -> Option<String> {
+    let parts = statements(sql);
+    let end = parts.iter().position(|part| {
+        let lower = part.to_ascii_lowercase();
+        let words: Vec<&str> = lower.split_whitespace().collect();
+        let chains = words.windows(2).any(|w| w == ["and", "chain"]);
+        match words.as_slice() {
+            ["commit" | "end" | "abort", rest @ ..] => {
+                !chains && rest.first().is_none_or(|w| *w != "prepared")
+            }
+            ["rollback", rest @ ..] => {
+                !chains && !rest.iter().any(|w| *w == "to" || *w == "prepared")
+            }
+            _ => false,
+        }
+    })?;
+    let rest = &parts[end + 1..];
+    (!rest.is_empty()).then(|| rest.join(";"))
+}
+
 /// The statements of `sql`, trimmed, without their `;` and without empty ones.
 pub fn statements(sql: &str) -> Vec<&str> {
     let bytes = sql.as_bytes();
@@ -126,7 +150,7 @@ fn dollar_quoted(bytes: &[u8], open: usize) -> usize {
 
 #[cfg(test)]
 mod tests {
-    use super::statements;
+    use super::{after_block_end, statements};
     use proptest::prelude::*;
 
     #[test]
@@ -180,5 +204,31 @@ mod tests {
                 prop_assert!(!part.is_empty());
             }
         }
+    }
+
+    #[test]
+    fn what_runs_after_a_block_ends_in_a_query() {
+        assert_eq!(
+            after_block_end("SELECT 1; COMMIT; UPDATE t SET v = 1").as_deref(),
+            Some("UPDATE t SET v = 1")
+        );
+        assert_eq!(
+            after_block_end("select 1; end; select 2; insert into t values (1)").as_deref(),
+            Some("select 2;insert into t values (1)")
+        );
+        assert_eq!(after_block_end("SELECT 1; COMMIT"), None);
+        assert_eq!(
+            after_block_end("ROLLBACK TO SAVEPOINT a; UPDATE t SET v = 1"),
+            None
+        );
+        assert_eq!(
+            after_block_end("COMMIT AND CHAIN; UPDATE t SET v = 1"),
+            None
+        );
+        assert_eq!(
+            after_block_end("COMMIT PREPARED 'x'; UPDATE t SET v = 1"),
+            None
+        );
+        assert_eq!(after_block_end("SELECT 'commit; update t'"), None);
     }
 }

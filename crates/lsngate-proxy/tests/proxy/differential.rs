@@ -63,6 +63,26 @@ fn a_primary_only_proxy_answers_every_case_like_postgresql() {
 }
 
 #[test]
+fn a_primary_only_proxy_in_eventual_mode_answers_every_case_like_postgresql() {
+    // Consistency `eventual` is where the pass-through (`frontend/passthrough.rs`) takes simple
+    // Queries: the runs above, in `session`, never reach it.
+    let cluster = shared_cluster();
+    let mut file = file_config(cluster);
+    file.replicas = Vec::new();
+    file.consistency = Some("eventual".into());
+    let proxy = TestProxy::with(file);
+    check(
+        cluster,
+        proxy.addr,
+        "primary-only proxy, consistency eventual",
+        false,
+    );
+    let passed = passed_through(&proxy);
+    assert!(passed > 0, "no case took the pass-through");
+    eprintln!("differential, eventual: {passed} simple Queries took the pass-through");
+}
+
+#[test]
 fn a_proxy_reading_replicas_in_session_mode_answers_every_case_like_postgresql() {
     // Consistency `session`, the default: reads go to a replica after waiting for the case's
     // own writes, so they see what the direct run saw.

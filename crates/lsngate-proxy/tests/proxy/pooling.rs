@@ -141,15 +141,6 @@ fn server_connections_older_than_the_lifetime_are_replaced() {
         .unwrap();
 }
 
-/// `lsngate_proxy_passthrough_total` from /metrics.
-fn passed_through(proxy: &TestProxy) -> u64 {
-    proxy
-        .http_get("/metrics")
-        .lines()
-        .find_map(|l| l.strip_prefix("lsngate_proxy_passthrough_total "))
-        .map_or(0, |n| n.trim().parse().unwrap())
-}
-
 #[test]
 fn passed_through_queries_keep_each_clients_settings_errors_and_cancels() {
     let cluster = shared_cluster();

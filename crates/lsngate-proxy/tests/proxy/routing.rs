@@ -134,6 +134,57 @@ fn a_reload_reclassifies_a_statement_the_session_parsed_before() {
 }
 
 #[test]
+fn a_query_that_ends_a_replica_block_and_then_writes_is_refused_with_the_fix() {
+    // Found by the differential checker (seed 20261206466): the whole Query ran on the replica
+    // holding the read-only block, and its write failed with 25006, which PostgreSQL runs.
+    let cluster = shared_cluster();
+    let proxy = TestProxy::start(cluster);
+    let t = unique("blockend");
+    cluster
+        .primary()
+        .sql(&format!(
+            "CREATE TABLE {t} (id int PRIMARY KEY, v int); INSERT INTO {t} VALUES (1, 10)"
+        ))
+        .unwrap();
+    caught_up(cluster);
+    rt().block_on(async {
+        let client = connect(&proxy.conninfo()).await;
+        client.batch_execute("BEGIN READ ONLY").await.unwrap();
+        assert!(on_replica(&client, "SELECT pg_is_in_recovery()").await);
+        let e = client
+            .batch_execute(&format!(
+                "SELECT 1; COMMIT; UPDATE {t} SET v = 11 WHERE id = 1"
+            ))
+            .await
+            .unwrap_err();
+        let db = e.as_db_error().expect("the proxy's error");
+        assert_eq!(db.code().code(), "0A000", "{db:?}");
+        assert!(db.message().contains("as a Query of their own"), "{db:?}");
+        // Nothing ran: the block is failed by the error, as any error fails it.
+        client.batch_execute("ROLLBACK").await.unwrap();
+        client
+            .batch_execute(&format!("UPDATE {t} SET v = 11 WHERE id = 1"))
+            .await
+            .unwrap();
+        let v: i32 = client
+            .query_one(
+                &format!("/* lsngate:route=primary */ SELECT v FROM {t} WHERE id = 1"),
+                &[],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        assert_eq!(v, 11);
+        // Reads after the block's end stay where the block was: allowed.
+        client.batch_execute("BEGIN READ ONLY").await.unwrap();
+        client
+            .batch_execute(&format!("SELECT 1; COMMIT; SELECT v FROM {t}"))
+            .await
+            .unwrap();
+    });
+}
+
+#[test]
 fn a_write_hidden_in_a_function_is_rerun_on_the_primary() {
     let cluster = shared_cluster();
     let proxy = TestProxy::start(cluster);

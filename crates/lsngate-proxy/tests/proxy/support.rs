@@ -387,3 +387,12 @@ impl Backwards {
         self.last = self.last.max(n);
     }
 }
+
+/// `lsngate_proxy_passthrough_total` from /metrics: simple Queries the pass-through sent.
+pub fn passed_through(proxy: &TestProxy) -> u64 {
+    proxy
+        .http_get("/metrics")
+        .lines()
+        .find_map(|l| l.strip_prefix("lsngate_proxy_passthrough_total "))
+        .map_or(0, |n| n.trim().parse().unwrap())
+}

@@ -29,6 +29,8 @@ pub fn generate(seed: u64, exclusions: &Exclusions) -> Case {
         unsynced: false,
         batch: Batch::default(),
         in_block: false,
+        read_only_block: false,
+        unnamed_is_proxy: false,
     };
     // 5-40 messages in all, with the harness's two.
     let target = 3 + generator.rng.below(23);
@@ -58,6 +60,12 @@ struct Generator {
     batch: Batch,
     /// A BEGIN was sent and no COMMIT/ROLLBACK since (a guess: errors are not modelled).
     in_block: bool,
+    /// That block began `READ ONLY` (the proxy runs it on a replica).
+    read_only_block: bool,
+    /// The unnamed statement (and maybe portal) may be a statement the proxy answers itself,
+    /// parsed by `proxy_handled`, until a simple Query drops them: describing it in a pipeline
+    /// with SQL is the README's limit (0A000), so `describe_existing` does not.
+    unnamed_is_proxy: bool,
 }
 
 impl Generator {
@@ -79,6 +87,7 @@ impl Generator {
                 if self.unsynced && self.exclusions.excludes_query_after(&self.batch) {
                     self.send(Msg::Sync);
                 }
+                self.unnamed_is_proxy = false;
                 // A simple Query drops the unnamed statement and portal; so does PostgreSQL.
                 self.note_transaction_control(q);
             }
@@ -107,9 +116,11 @@ impl Generator {
             let s = statement.trim().to_ascii_uppercase();
             if s.starts_with("BEGIN") || s.starts_with("START") || s.starts_with("COMMIT AND CHAIN")
             {
+                self.read_only_block |= !self.in_block && s.contains("READ ONLY");
                 self.in_block = true;
             } else if s.starts_with("COMMIT") || s.starts_with("END") || s == "ROLLBACK" {
                 self.in_block = false;
+                self.read_only_block = false;
             } else if s.starts_with("DEALLOCATE ALL") {
                 // Drops protocol-level statements too.
                 self.statements.clear();
@@ -213,6 +224,19 @@ impl Generator {
             })
             .filter(|s| !s.is_empty())
             .collect();
+        let mut parts = parts;
+        if self.read_only_block {
+            // The README's limit: in a block the proxy runs on a replica, a Query that ends the
+            // block and then needs the primary is refused (0A000). The Query ends at the end.
+            let ends = |p: &String| {
+                let p = p.trim().to_ascii_uppercase();
+                (p.starts_with("COMMIT") || p.starts_with("END") || p == "ROLLBACK")
+                    && !p.contains("CHAIN")
+            };
+            if let Some(end) = parts.iter().position(ends) {
+                parts.truncate(end + 1);
+            }
+        }
         let mut text = parts.join("; ");
         if self.rng.chance(30) {
             text.push(';');
@@ -378,6 +402,13 @@ impl Generator {
     }
 
     fn describe_existing(&mut self) {
+        if self.unnamed_is_proxy {
+            // Only named ones then (see `unnamed_is_proxy`).
+            if let Some((name, _)) = self.statements.first().cloned() {
+                self.send(Msg::Describe { kind: 'S', name });
+            }
+            return;
+        }
         let (kind, name) = if self.rng.chance(60) {
             let name = if !self.statements.is_empty() && self.rng.chance(80) {
                 self.rng.pick(&self.statements).0.clone()
@@ -548,6 +579,7 @@ impl Generator {
             }
             self.extended_run(Sql::new(&sql, &[]), "");
             self.send(Msg::Sync);
+            self.unnamed_is_proxy = true;
         }
     }
 
@@ -558,7 +590,7 @@ impl Generator {
         self.steps.push(Step::Reconnect);
         self.portals.clear();
         self.sql_prepared.clear();
-        (self.unsynced, self.in_block) = (false, false);
+        (self.unsynced, self.in_block, self.read_only_block) = (false, false, false);
         self.batch = Batch::default();
     }
 

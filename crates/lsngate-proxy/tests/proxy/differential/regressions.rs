@@ -966,5 +966,75 @@ pub fn known() -> Vec<(&'static str, Case)> {
                 q("EXECUTE q1(1)"),
             ]),
         ),
+        (
+            // Seed 20261207305 (2026-12-06, the first differential run in `eventual` mode): the
+            // proxy kept the unnamed portal it had bound to its own command past a simple
+            // Query, which drops it, and answered its Describe with NoData (PostgreSQL: 34000).
+            "a simple Query drops the unnamed portal bound to an lsngate command",
+            case(vec![
+                parse("", "RESET lsngate.route"),
+                bind(""),
+                q("SELECT 1 AS one"),
+                describe('P', ""),
+                sync(),
+            ]),
+        ),
+        (
+            // Same finding: outside a transaction block a Sync ends the implicit transaction and
+            // every portal with it, the ones bound to lsngate commands too.
+            "a Sync outside a block drops the portals bound to lsngate commands",
+            case(vec![
+                parse("", "RESET lsngate.route"),
+                bind(""),
+                sync(),
+                describe('P', ""),
+                execute(),
+                sync(),
+            ]),
+        ),
+        (
+            // Seed 20261207985 (2026-12-06, random cases through 2 replicas): the server skipped
+            // a SET sent behind a failed Execute in the same batch (its error relayed before
+            // the SET was sent), and the proxy kept the SET recorded: the client's next server
+            // connection got work_mem 6MB where PostgreSQL still had 4MB.
+            "a SET the server skips behind an earlier error of its batch is not kept",
+            case(vec![
+                Step::Send(Msg::Execute {
+                    portal: "p2".into(),
+                    max_rows: 0,
+                }),
+                parse("", "BEGIN"),
+                q("SAVEPOINT PGJDBC_AUTOSAVE"),
+                parse("", "SET work_mem = '6MB'"),
+                bind(""),
+                execute(),
+                sync(),
+                q("SELECT current_setting('work_mem') AS work_mem"),
+            ]),
+        ),
+        (
+            // Seed 20261206466 (2026-12-06, random cases through 2 replicas): inside BEGIN READ
+            // ONLY, held on a replica, `SELECT …; COMMIT` ends the block; a Query that then
+            // writes is refused (0A000, the README's limit, kept out of random cases), and one
+            // that only reads runs on the replica as on PostgreSQL.
+            "a Query that ends a replica's block and only reads after it runs there",
+            case(vec![
+                q("BEGIN READ ONLY"),
+                q(
+                    "SELECT g AS n FROM generate_series(1, 2) g; COMMIT; SELECT v FROM {t} WHERE id = 2",
+                ),
+                q("SELECT count(*) AS n FROM {t}"),
+            ]),
+        ),
+        (
+            // Seed 20261206757, against the first version of that refusal: the harness's own
+            // `ROLLBACK; SELECT …` was refused under `SET lsngate.route = 'primary'`.
+            "a Query that ends a replica's block and then reads is not refused under a route hint",
+            case(vec![
+                q("BEGIN READ ONLY"),
+                q("SET lsngate.route = 'primary'"),
+                sync(),
+            ]),
+        ),
     ]
 }
