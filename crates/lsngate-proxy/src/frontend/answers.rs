@@ -96,6 +96,21 @@ impl Session {
                 (false, TxStatus::Failed) => "SELECT 1",
                 (false, _) => "",
             };
+            // The empty stand-in ends the batch's implicit transaction outside a block (15 to 18
+            // commit it at a Query; on 19 no stand-in is sent then, see `stand_in_safe`), and
+            // with it the writes the batch executed: their commit position, owed since they
+            // were sent, is taken behind it, as behind the client's own Sync (seed 20261206836:
+            // the next read ran on a replica without the row).
+            let commits = !failed
+                && status == TxStatus::Idle
+                && matches!(
+                    attached.batch,
+                    Batch::Open {
+                        executed: Some(false),
+                        ..
+                    }
+                );
+            let owed = commits && std::mem::take(&mut attached.position_owed);
             // What a Query does to the server's state: the batch needs no Sync any more.
             attached.batch = Batch::Synced;
             attached.substitute = Some(Substitute { answer, installs });
@@ -103,6 +118,21 @@ impl Session {
             let sent = attached.send_query(stand_in, super::attached::Owner::Client);
             if let Err(e) = sent.await {
                 return self.backend_lost(e).await;
+            }
+            if owed {
+                let number = self.scopes.position_sent(true);
+                let attached = self.backend.as_mut().expect("attached");
+                attached.expect.push_back(Owner::Proxy(Duty::Position {
+                    wrote: true,
+                    number,
+                }));
+                let probe = crate::causal::sql::probe_segment(
+                    crate::causal::sql::Probe::Position,
+                    &mut attached.conn.prepared,
+                );
+                if let Err(e) = attached.conn.send(&probe).await {
+                    return self.backend_lost(e).await;
+                }
             }
             return Ok(());
         }

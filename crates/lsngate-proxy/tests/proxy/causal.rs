@@ -1104,6 +1104,44 @@ fn pipelined_reads_without_a_retry_buffer_get_their_own_answers() {
     );
 }
 
+/// Found by the differential checker (seed 20261206836, PostgreSQL 15): an INSERT left unsynced,
+/// then a proxy command as a simple Query. PostgreSQL 15 to 18 commit the batch's implicit
+/// transaction at a Query, so the proxy's stand-in for the command committed the INSERT, and no
+/// commit position was taken behind it: the next read went to the replica held 50 ms behind and
+/// missed the row. (On 19 the proxy sends no stand-in there: the batch stays open, and the read
+/// runs in it on the primary.)
+#[test]
+fn a_write_committed_by_a_proxy_commands_stand_in_is_read_back() {
+    let cluster = shared_delayed_cluster();
+    let table = unique("stand_in_commit");
+    create(cluster, &table);
+    let proxy = proxy_with(cluster, |_| {});
+    let mut wire = Wire::connect(&proxy);
+    for round in 1..=10 {
+        let mut messages = vec![parse_unnamed(&format!(
+            "INSERT INTO {table} VALUES ($1::bigint, 1)"
+        ))];
+        let mut execute = execute_unnamed(&round.to_string());
+        execute.pop(); // no Sync: the INSERT stays unsynced behind the Query
+        messages.extend(execute);
+        messages.push(FrontendMessage::Query("RESET lsngate.route".into()));
+        messages.push(FrontendMessage::Query(format!(
+            "SELECT count(*) FROM {table}"
+        )));
+        let reply = wire.flight(&messages);
+        assert!(reply.errors.is_empty(), "round {round}: {reply:?}");
+        assert_eq!(
+            reply.rows.last(),
+            Some(&vec![Some(round.to_string())]),
+            "round {round}: the read saw every insert: {reply:?}"
+        );
+        if reply.statuses.last() == Some(&b'T') {
+            // 19: the batch's implicit transaction is still open; the client ends it.
+            wire.flight(&[FrontendMessage::Sync]);
+        }
+    }
+}
+
 /// Per (wait budget in ms, retry buffer size) setting, `rounds` rounds of one read per label in
 /// `reads`, each of `statements` statements, pipelined behind an INSERT in one network write on
 /// the replica held 50 ms behind: every statement answers its own label and the count with the

@@ -259,6 +259,14 @@ fn check(cluster: &Cluster, proxy: SocketAddr, label: &str, replicas: bool) {
     let known = regressions::known();
     let tables = fixture.tables(known.len());
     for ((name, case), pair) in known.iter().zip(&tables) {
+        if is_19_prerelease(&version) && regressions::NOT_ON_19_PRERELEASE.contains(name) {
+            // A shape 19rc1 itself answers wrongly (XX000 after a Query behind an unsynced
+            // Execute): the sequence covers the other version.
+            eprintln!(
+                "differential ({label}): known sequence \"{name}\" skipped: PostgreSQL 19rc1's own answers are wrong in its shape"
+            );
+            continue;
+        }
         let outcome = compare(direct, proxy, case, pair, REPLY_BOUND, settle);
         if !outcome.passed() {
             let report = format!(
