@@ -19,27 +19,22 @@ fn a_backend_dying_mid_statement_gives_an_error_and_nothing_is_replayed() {
     rt().block_on(async {
         let client = connect(&conninfo).await;
         let marker = format!("INSERT INTO {t} SELECT 1 FROM pg_sleep(3)");
-        let killer = {
-            let primary_sql = format!(
-                "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE query = '{marker}' AND pid <> pg_backend_pid()"
-            );
-            std::thread::spawn(move || {
-                let deadline = Instant::now() + Duration::from_secs(10);
-                while Instant::now() < deadline {
-                    if shared_cluster().primary().sql(&primary_sql).unwrap() == "1" {
-                        return true;
-                    }
-                    std::thread::sleep(Duration::from_millis(50));
-                }
-                false
-            })
-        };
+        let killer = terminate_when_running(&marker);
         let err = client.batch_execute(&marker).await.unwrap_err();
-        assert!(killer.join().unwrap(), "the backend was found and terminated");
+        assert!(
+            killer.join().unwrap(),
+            "the backend was found and terminated"
+        );
         let text = format!("{err:?}");
-        assert!(text.contains("terminat") || text.contains("lost the server connection"), "{text}");
+        assert!(
+            text.contains("terminat") || text.contains("lost the server connection"),
+            "{text}"
+        );
         // The session goes on with a fresh backend.
-        client.batch_execute(&format!("INSERT INTO {t} VALUES (2)")).await.unwrap();
+        client
+            .batch_execute(&format!("INSERT INTO {t} VALUES (2)"))
+            .await
+            .unwrap();
     });
     // The session went on past the killed insert, so a replay of it would have been sent by
     // now: it would be running (pg_sleep(3)) or done (its row). Neither may be seen (this was

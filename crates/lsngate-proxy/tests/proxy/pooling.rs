@@ -273,25 +273,13 @@ fn a_passed_through_write_ended_by_its_servers_fatal_is_an_unknown_outcome() {
             .await
             .unwrap();
         let marker = format!("INSERT INTO {t} SELECT 1 FROM pg_sleep(3)");
-        let killer = {
-            let primary_sql = format!(
-                "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE query = '{marker}' AND pid <> pg_backend_pid()"
-            );
-            std::thread::spawn(move || {
-                // Bounded: the insert sleeps 3 s; found within 10 s or reported.
-                let deadline = std::time::Instant::now() + Duration::from_secs(10);
-                while std::time::Instant::now() < deadline {
-                    if shared_cluster().primary().sql(&primary_sql).unwrap() == "1" {
-                        return true;
-                    }
-                    std::thread::sleep(Duration::from_millis(50));
-                }
-                false
-            })
-        };
+        let killer = terminate_when_running(&marker);
         let before = passed_through(&proxy);
         let e = client.simple_query(&marker).await.unwrap_err();
-        assert!(killer.join().unwrap(), "the backend was found and terminated");
+        assert!(
+            killer.join().unwrap(),
+            "the backend was found and terminated"
+        );
         assert_eq!(
             passed_through(&proxy),
             before + 1,

@@ -396,3 +396,28 @@ pub fn passed_through(proxy: &TestProxy) -> u64 {
         .find_map(|l| l.strip_prefix("lsngate_proxy_passthrough_total "))
         .map_or(0, |n| n.trim().parse().unwrap())
 }
+
+/// Terminates (`pg_terminate_backend`) the shared cluster's primary backend running exactly
+/// `query`, once it shows up in `pg_stat_activity`: true when one was terminated within 10 s
+/// (a bound, not a measurement).
+pub fn terminate_when_running(query: &str) -> std::thread::JoinHandle<bool> {
+    let sql = format!(
+        "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE query = '{}' AND pid <> pg_backend_pid()",
+        query.replace('\'', "''")
+    );
+    std::thread::spawn(move || {
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while std::time::Instant::now() < deadline {
+            if lsngate_cluster::shared_cluster()
+                .primary()
+                .sql(&sql)
+                .unwrap()
+                == "1"
+            {
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        false
+    })
+}
