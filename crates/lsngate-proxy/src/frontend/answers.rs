@@ -120,16 +120,8 @@ impl Session {
                 return self.backend_lost(e).await;
             }
             if owed {
-                let number = self.scopes.position_sent(true);
                 let attached = self.backend.as_mut().expect("attached");
-                attached.expect.push_back(Owner::Proxy(Duty::Position {
-                    wrote: true,
-                    number,
-                }));
-                let probe = crate::causal::sql::probe_segment(
-                    crate::causal::sql::Probe::Position,
-                    &mut attached.conn.prepared,
-                );
+                let probe = attached.position_probe(&mut self.scopes, true);
                 if let Err(e) = attached.conn.send(&probe).await {
                     return self.backend_lost(e).await;
                 }

@@ -7,7 +7,9 @@ use std::collections::VecDeque;
 
 use super::causal::{CausalRead, Discard, PendingVerdict, ReadWait};
 use super::copy::CopyGate;
+use super::scopes::ClientScopes;
 use crate::backend::{PooledConn, Target};
+use crate::causal::sql::{Probe, Segment, probe_segment};
 use crate::net::{Frame, FrontendMessage};
 use crate::statement::Class;
 
@@ -277,6 +279,17 @@ impl Attached {
         self.expect.push_back(owner);
         let query = FrontendMessage::Query(sql.to_string()).to_frame();
         self.conn.send(std::slice::from_ref(&query)).await
+    }
+
+    /// The segment that takes the insert position behind what was sent (numbered by `scopes`,
+    /// which it hands the scopes written under when `wrote`), its owner now due. The one place a
+    /// position probe is queued: behind a synced flight (`flight.rs`) and behind a proxy
+    /// command's stand-in Query that commits unsynced writes (`answers.rs`).
+    pub(super) fn position_probe(&mut self, scopes: &mut ClientScopes, wrote: bool) -> Segment {
+        let number = scopes.position_sent(wrote);
+        self.expect
+            .push_back(Owner::Proxy(Duty::Position { wrote, number }));
+        probe_segment(Probe::Position, &mut self.conn.prepared)
     }
 
     /// `expect` is an empty queue to reuse (it keeps its allocation from client to client).

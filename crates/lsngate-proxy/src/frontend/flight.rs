@@ -697,11 +697,7 @@ impl Session {
                             && matches!(class, Some(Class::Read | Class::Write))) =>
                 {
                     let wrote = ends_block || owed || class == Some(Class::Write);
-                    let number = self.scopes.position_sent(wrote);
-                    attached
-                        .expect
-                        .push_back(Owner::Proxy(Duty::Position { wrote, number }));
-                    Some(probe_segment(Probe::Position, &mut attached.conn.prepared))
+                    Some(attached.position_probe(&mut self.scopes, wrote))
                 }
                 _ => None,
             };
