@@ -809,22 +809,27 @@ impl Session {
         }
         let per_message = self.statement_per_message(&flight);
         let used = flight_statements(&flight, &per_message);
+        let ends_replica_block =
+            self.flight_ends_replica_block_then_needs_primary(&flight, &per_message);
         let portals_local = self.runs_local_portal(&flight, per_message);
         let local = used.iter().flatten().filter(|s| s.local.is_some()).count();
         if local > 0 || portals_local {
             if local == used.len() {
                 return self.answer_extended_locally(flight).await;
             }
-            self.drain().await?;
             let message = "lsngate commands (SET/SHOW/RESET lsngate.*) cannot share a pipeline with SQL statements; send them with their own Sync";
             return self
-                .answer_flight_error(&flight, sqlstate::FEATURE_NOT_SUPPORTED, message)
+                .refuse_flight(&flight, sqlstate::FEATURE_NOT_SUPPORTED, message)
                 .await;
         }
         if let Some(error) = used.iter().flatten().find_map(|s| s.hint_error.clone()) {
-            self.drain().await?;
             return self
-                .answer_flight_error(&flight, sqlstate::INVALID_PARAMETER_VALUE, &error)
+                .refuse_flight(&flight, sqlstate::INVALID_PARAMETER_VALUE, &error)
+                .await;
+        }
+        if let Some(message) = ends_replica_block {
+            return self
+                .refuse_flight(&flight, sqlstate::FEATURE_NOT_SUPPORTED, &message)
                 .await;
         }
         let mut class: Option<Class> = None;
@@ -929,27 +934,83 @@ impl Session {
     /// them (seed 20261206466: `BEGIN READ ONLY`, then `SELECT …; COMMIT; UPDATE …`). Refused
     /// before anything is sent: the block is left as the client had it, failed by the error.
     fn ends_replica_block_then_needs_primary(&mut self, sql: &str) -> Option<String> {
-        if self.status == TxStatus::Idle
-            || !self
-                .backend
-                .as_ref()
-                .is_some_and(|b| b.target == crate::backend::Target::Replica)
-        {
+        if !self.in_replica_block() {
             return None;
         }
         let rest = crate::statement::after_block_end(sql)?;
         let class =
             self.class_memo
                 .classify(&self.proxy.classes, &rest, &self.config.write_functions);
-        // What cannot run on a replica: a write, or a block that will write. (Not the session's
-        // route hint: a `ROLLBACK; SELECT …` must still end the block.)
-        matches!(class, Class::Write | Class::Begin { read_only: false })
-            .then(|| {
-                format!(
-                    "lsngate runs this transaction block on a replica, and this Query ends the block and then runs statements that need the primary ({:?}); one Query goes to one server: send the statements after the block's end as a Query of their own",
-                    rest.chars().take(80).collect::<String>()
-                )
-            })
+        needs_primary_after_block(class).then(|| {
+            format!(
+                "lsngate runs this transaction block on a replica, and this Query ends the block and then runs statements that need the primary ({:?}); one Query goes to one server: send the statements after the block's end as a Query of their own",
+                rest.chars().take(80).collect::<String>()
+            )
+        })
+    }
+
+    /// The extended protocol's form of [`Session::ends_replica_block_then_needs_primary`]: inside
+    /// a block held on a replica, a flight that executes a portal ending the block and then,
+    /// before its Sync, one that needs the primary. The flight goes to one server, where the
+    /// second Execute would fail with 25006 (on a direct connection it runs in the implicit
+    /// transaction after the block). `per_message` is [`Session::statement_per_message`].
+    /// Not looked at: a portal bound before this flight, and a flight behind unsynced messages
+    /// (the server holds part of the batch, and only the client's Sync ends it: it goes on to
+    /// fail with 25006, a documented limit).
+    fn flight_ends_replica_block_then_needs_primary(
+        &self,
+        flight: &[FrontendMessage],
+        per_message: &[Option<&ClientStatement>],
+    ) -> Option<String> {
+        if !self.in_replica_block() || self.backend.as_ref().is_some_and(|b| b.batch.is_open()) {
+            return None;
+        }
+        let mut bound = crate::net::NameMap::default();
+        let mut ended = false;
+        for (m, s) in flight.iter().zip(per_message) {
+            match m {
+                FrontendMessage::Bind { portal, .. } => bound.insert(portal, *s),
+                FrontendMessage::Execute { portal, .. } => {
+                    let Some(Some(s)) = bound.get(portal) else {
+                        continue;
+                    };
+                    if ended && needs_primary_after_block(s.class) {
+                        return Some(format!(
+                            "lsngate runs this transaction block on a replica, and this pipeline ends the block and then, before its Sync, executes a statement that needs the primary ({:?}); one pipeline segment goes to one server: send a Sync after the statement that ends the block",
+                            s.query.chars().take(80).collect::<String>()
+                        ));
+                    }
+                    ended |= crate::statement::statements(&s.query)
+                        .first()
+                        .is_some_and(|q| crate::statement::ends_block(q));
+                }
+                _ => {}
+            }
+        }
+        None
+    }
+
+    /// Inside a transaction block held on a replica.
+    fn in_replica_block(&self) -> bool {
+        self.status != TxStatus::Idle
+            && self
+                .backend
+                .as_ref()
+                .is_some_and(|b| b.target == crate::backend::Target::Replica)
+    }
+
+    /// Refuses an extended-protocol flight before anything of it is sent: each of its segments
+    /// gets the error `code`, `message`. Inside a transaction block the error fails the block,
+    /// there as on the server (as a refused simple Query's does: [`Session::answer_error`]).
+    async fn refuse_flight(
+        &mut self,
+        flight: &[FrontendMessage],
+        code: &str,
+        message: &str,
+    ) -> Result<(), ClientError> {
+        self.drain().await?;
+        self.abort_server_block().await?;
+        self.answer_flight_error(flight, code, message).await
     }
 
     /// `RESET name` (or `SET name TO DEFAULT`) of a setting the client's startup packet gave: on
@@ -1038,6 +1099,12 @@ impl Session {
 
 /// Messages a flight's vector has room for before it grows (see [`Session::take_pending`]).
 const FLIGHT_CAPACITY: usize = 8;
+
+/// What cannot run on a replica once a block held there has ended: a write, or a block that will
+/// write. (Not the session's route hint: a `ROLLBACK; SELECT …` must still end the block.)
+fn needs_primary_after_block(class: Class) -> bool {
+    matches!(class, Class::Write | Class::Begin { read_only: false })
+}
 
 /// The statements an extended-protocol flight prepares, binds or describes, from its
 /// [`Session::statement_per_message`]; `None` for a name the session does not know.

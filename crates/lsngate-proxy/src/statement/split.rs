@@ -4,26 +4,28 @@
 //! `/* … */`) ends nothing. Only the proxy's own commands need this: the proxy answers those
 //! itself, so it must know exactly where one ends and the statements it forwards begin.
 
-/// The statements of a simple Query after the first one that ends a transaction block
-/// (`COMMIT`, `END`, `ABORT`, `ROLLBACK`; not `ROLLBACK TO`, `… PREPARED` or `… AND CHAIN`),
-/// joined with `;`: they run outside the block, where the block's server may not be the one
-/// they need. None when no statement ends a block or none follows.
+/// Whether `statement` (one statement, trimmed) ends a transaction block: `COMMIT`, `END`,
+/// `ABORT`, `ROLLBACK`; not `ROLLBACK TO`, `… PREPARED` or `… AND CHAIN`, which leave a block
+/// open or were never in one.
+pub fn ends_block(statement: &str) -> bool {
+    let lower = statement.to_ascii_lowercase();
+    let words: Vec<&str> = lower.split_whitespace().collect();
+    let chains = words.windows(2).any(|w| w == ["and", "chain"]);
+    match words.as_slice() {
+        ["commit" | "end" | "abort", rest @ ..] => {
+            !chains && rest.first().is_none_or(|w| *w != "prepared")
+        }
+        ["rollback", rest @ ..] => !chains && !rest.iter().any(|w| *w == "to" || *w == "prepared"),
+        _ => false,
+    }
+}
+
+/// The statements of a simple Query after the first one that [`ends_block`], joined with `;`:
+/// they run outside the block, where the block's server may not be the one they need. None
+/// when no statement ends a block or none follows.
 pub fn after_block_end(sql: &str) -> Option<String> {
     let parts = statements(sql);
-    let end = parts.iter().position(|part| {
-        let lower = part.to_ascii_lowercase();
-        let words: Vec<&str> = lower.split_whitespace().collect();
-        let chains = words.windows(2).any(|w| w == ["and", "chain"]);
-        match words.as_slice() {
-            ["commit" | "end" | "abort", rest @ ..] => {
-                !chains && rest.first().is_none_or(|w| *w != "prepared")
-            }
-            ["rollback", rest @ ..] => {
-                !chains && !rest.iter().any(|w| *w == "to" || *w == "prepared")
-            }
-            _ => false,
-        }
-    })?;
+    let end = parts.iter().position(|part| ends_block(part))?;
     let rest = &parts[end + 1..];
     (!rest.is_empty()).then(|| rest.join(";"))
 }

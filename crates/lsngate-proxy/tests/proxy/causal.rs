@@ -323,6 +323,37 @@ fn universal_mode_sees_writes_that_bypassed_the_proxy_and_fast_mode_never_waits(
 }
 
 #[test]
+fn a_refused_floor_inside_a_block_fails_the_block_in_both_protocols() {
+    // An error inside a transaction block fails the block: every statement up to ROLLBACK gets
+    // 25P02. The simple protocol's refusal did that; over the extended protocol the proxy
+    // answered ReadyForQuery `T` and the block went on as if nothing had failed.
+    let cluster = shared_cluster();
+    let proxy = proxy_with(cluster, |_| {});
+    rt().block_on(async {
+        let client = connect(&proxy.conninfo()).await;
+        for extended in [false, true] {
+            client.batch_execute("BEGIN").await.unwrap();
+            let bad = "/* lsngate_min_lsn='0/zz' */ SELECT 1";
+            let err = if extended {
+                client.query(bad, &[]).await.map(|_| ()).unwrap_err()
+            } else {
+                client.batch_execute(bad).await.unwrap_err()
+            };
+            assert_eq!(err.as_db_error().unwrap().code().code(), "22023", "{err:?}");
+            let err = client.query("SELECT 1", &[]).await.unwrap_err();
+            assert_eq!(
+                err.as_db_error().map(|db| db.code().code()),
+                Some("25P02"),
+                "extended {extended}: {err:?}"
+            );
+            client.batch_execute("ROLLBACK").await.unwrap();
+            let one: i32 = client.query_one("SELECT 1", &[]).await.unwrap().get(0);
+            assert_eq!(one, 1);
+        }
+    });
+}
+
+#[test]
 fn bad_floors_fail_only_their_statement_and_settings_work_in_both_protocols() {
     let cluster = shared_cluster();
     let proxy = proxy_with(cluster, |_| {});

@@ -185,6 +185,58 @@ fn a_query_that_ends_a_replica_block_and_then_writes_is_refused_with_the_fix() {
 }
 
 #[test]
+fn a_pipeline_that_ends_a_replica_block_and_then_writes_before_its_sync_is_refused_with_the_fix() {
+    // The extended protocol's form of the test above, from psycopg's pipeline mode: a read,
+    // COMMIT and an UPDATE queued before one Sync inside `BEGIN READ ONLY`. The flight went whole
+    // to the replica holding the block, where the UPDATE failed with 25006; on a direct
+    // connection it runs after the block.
+    let cluster = shared_cluster();
+    let proxy = TestProxy::start(cluster);
+    let t = unique("pipeend");
+    cluster
+        .primary()
+        .sql(&format!(
+            "CREATE TABLE {t} (id int PRIMARY KEY, v int); INSERT INTO {t} VALUES (1, 10)"
+        ))
+        .unwrap();
+    caught_up(cluster);
+    let run = |url: &str| {
+        let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("clients")
+            .join("psycopg_pipeline_block_end.py");
+        run_ok(
+            std::process::Command::new("python3")
+                .arg(script)
+                .arg(url)
+                .arg(&t),
+        )
+        .0
+    };
+    let direct = run(&cluster.primary().url());
+    assert!(
+        direct.contains("pipeline ok") && direct.contains("v 11"),
+        "{direct}"
+    );
+    cluster
+        .primary()
+        .sql(&format!("UPDATE {t} SET v = 10 WHERE id = 1"))
+        .unwrap();
+    let proxied = run(&proxy.url());
+    assert!(
+        proxied.contains("in_recovery True"),
+        "the block ran on a replica: {proxied}"
+    );
+    assert!(
+        proxied.contains("pipeline error 0A000")
+            && proxied.contains("send a Sync after the statement that ends the block"),
+        "{proxied}"
+    );
+    // Nothing ran, and the error failed the block, as any error does.
+    assert!(proxied.contains("status INERROR"), "{proxied}");
+    assert!(proxied.contains("v 10"), "{proxied}");
+}
+
+#[test]
 fn a_write_hidden_in_a_function_is_rerun_on_the_primary() {
     let cluster = shared_cluster();
     let proxy = TestProxy::start(cluster);

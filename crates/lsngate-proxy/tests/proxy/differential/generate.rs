@@ -30,6 +30,10 @@ pub fn generate(seed: u64, exclusions: &Exclusions) -> Case {
         batch: Batch::default(),
         in_block: false,
         read_only_block: false,
+        read_only_segment: false,
+        block_ended_in_segment: false,
+        texts: Vec::new(),
+        portal_texts: Vec::new(),
         unnamed_is_proxy: false,
     };
     // 5-40 messages in all, with the harness's two.
@@ -62,6 +66,15 @@ struct Generator {
     in_block: bool,
     /// That block began `READ ONLY` (the proxy runs it on a replica).
     read_only_block: bool,
+    /// A message was sent inside such a block since the last Sync.
+    read_only_segment: bool,
+    /// An Execute of a statement that ends a block was sent in that segment: the README's
+    /// limit (0A000) is a later Execute before the Sync, so the generator syncs first.
+    block_ended_in_segment: bool,
+    /// The text of each statement name parsed (the unnamed one under ""), and of each portal
+    /// bound, for `block_ended_in_segment`.
+    texts: Vec<(String, String)>,
+    portal_texts: Vec<(String, String)>,
     /// The unnamed statement (and maybe portal) may be a statement the proxy answers itself,
     /// parsed by `proxy_handled`, until a simple Query drops them: describing it in a pipeline
     /// with SQL is the README's limit (0A000), so `describe_existing` does not.
@@ -82,6 +95,8 @@ impl Generator {
     }
 
     fn send(&mut self, msg: Msg) {
+        self.read_only_segment |= self.read_only_block;
+        self.note_block_end(&msg);
         match &msg {
             Msg::Query(q) => {
                 if self.unsynced && self.exclusions.excludes_query_after(&self.batch) {
@@ -109,6 +124,46 @@ impl Generator {
             }
         }
         self.steps.push(Step::Send(msg));
+    }
+
+    /// Keeps `block_ended_in_segment` (see there): a Sync goes out in front of an Execute that
+    /// follows one ending a read-only block.
+    fn note_block_end(&mut self, msg: &Msg) {
+        fn text<'a>(texts: &'a [(String, String)], name: &str) -> Option<&'a str> {
+            texts
+                .iter()
+                .find(|(n, _)| n == name)
+                .map(|(_, t)| t.as_str())
+        }
+        match msg {
+            Msg::Parse { name, sql, .. } => {
+                self.texts.retain(|(n, _)| n != name);
+                self.texts.push((name.clone(), sql.clone()));
+            }
+            Msg::Bind {
+                portal, statement, ..
+            } => {
+                let sql = text(&self.texts, statement).unwrap_or_default().to_string();
+                self.portal_texts.retain(|(p, _)| p != portal);
+                self.portal_texts.push((portal.clone(), sql));
+            }
+            Msg::Execute { portal, .. } => {
+                if self.block_ended_in_segment {
+                    self.send(Msg::Sync);
+                }
+                let ends = text(&self.portal_texts, portal).is_some_and(|sql| {
+                    let sql = sql.trim().to_ascii_uppercase();
+                    (sql.starts_with("COMMIT") || sql.starts_with("END") || sql == "ROLLBACK")
+                        && !sql.contains("CHAIN")
+                });
+                self.block_ended_in_segment = self.read_only_segment && ends;
+            }
+            Msg::Query(_) => self.texts.retain(|(n, _)| !n.is_empty()),
+            Msg::Sync => {
+                (self.read_only_segment, self.block_ended_in_segment) = (false, false);
+            }
+            _ => {}
+        }
     }
 
     fn note_transaction_control(&mut self, sql: &str) {
@@ -591,6 +646,7 @@ impl Generator {
         self.portals.clear();
         self.sql_prepared.clear();
         (self.unsynced, self.in_block, self.read_only_block) = (false, false, false);
+        (self.read_only_segment, self.block_ended_in_segment) = (false, false);
         self.batch = Batch::default();
     }
 
