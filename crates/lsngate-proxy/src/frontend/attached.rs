@@ -105,6 +105,9 @@ pub enum Batch {
     Open {
         /// Answers still due: one per Parse, Bind, Describe, Close and Execute.
         due: usize,
+        /// Of those, the Executes' (a CommandComplete, EmptyQueryResponse or PortalSuspended
+        /// each): where a `RESET` relabelled behind them starts counting (`reset_tags`).
+        executes: usize,
         /// One of them failed: the server now skips every message up to the next Sync — a
         /// simple Query included.
         skipping: bool,
@@ -118,6 +121,7 @@ impl Batch {
     /// An open batch with nothing due yet.
     pub const FRESH: Batch = Batch::Open {
         due: 0,
+        executes: 0,
         skipping: false,
         executed: None,
     };
@@ -146,20 +150,23 @@ impl Batch {
     }
 
     /// A flight ending in Flush was sent: `tail` extended messages stand behind its last Sync or
-    /// Query (`ended` says whether it had one), and its Executes ran a BEGIN or not
-    /// (`executed`). A bare Flush with nothing behind the last end leaves no batch open.
-    pub fn flushed(&mut self, ended: bool, tail: usize, executed: Option<bool>) {
-        let (due, skipping, before) = match *self {
+    /// Query (`ended` says whether it had one), `executes` of them Executes, and its Executes ran
+    /// a BEGIN or not (`executed`). A bare Flush with nothing behind the last end leaves no batch
+    /// open.
+    pub fn flushed(&mut self, ended: bool, tail: usize, executes: usize, executed: Option<bool>) {
+        let (due, executes_due, skipping, before) = match *self {
             Batch::Open {
                 due,
+                executes,
                 skipping,
                 executed,
-            } if !ended => (due, skipping, executed),
-            _ => (0, false, None),
+            } if !ended => (due, executes, skipping, executed),
+            _ => (0, 0, false, None),
         };
         *self = if tail > 0 || (self.is_open() && !ended) {
             Batch::Open {
                 due: due + tail,
+                executes: executes_due + executes,
                 skipping,
                 executed: executed
                     .map(|begun| begun || before.unwrap_or(false))
@@ -170,19 +177,36 @@ impl Batch {
         };
     }
 
+    /// The Executes sent into the open batch whose answers are still to come.
+    pub fn executes_due(&self) -> usize {
+        match self {
+            Batch::Open { executes, .. } => *executes,
+            Batch::Synced => 0,
+        }
+    }
+
     /// One reply of the server heard while the batch is open and no segment is due: an error
     /// makes the server skip to the Sync; the answer to a Parse, Bind, Describe, Close or
     /// Execute counts down what is due (a ParameterDescription, a DataRow or a notice is none).
     pub fn heard(&mut self, tag: u8) {
-        if let Batch::Open { due, skipping, .. } = self {
+        if let Batch::Open {
+            due,
+            executes,
+            skipping,
+            ..
+        } = self
+        {
             match tag {
                 b'E' => {
                     *skipping = true;
                     *due = 0;
+                    *executes = 0;
                 }
-                b'1' | b'2' | b'3' | b'n' | b'T' | b'C' | b'I' | b's' => {
-                    *due = due.saturating_sub(1)
+                b'C' | b'I' | b's' => {
+                    *due = due.saturating_sub(1);
+                    *executes = executes.saturating_sub(1);
                 }
+                b'1' | b'2' | b'3' | b'n' | b'T' => *due = due.saturating_sub(1),
                 _ => {}
             }
         }
@@ -415,48 +439,52 @@ mod tests {
     #[test]
     fn flushes_open_grow_and_end_the_batch() {
         let mut batch = Batch::Synced;
-        batch.flushed(false, 0, None);
+        batch.flushed(false, 0, 0, None);
         assert_eq!(batch, Batch::Synced, "a bare Flush");
-        batch.flushed(false, 2, Some(true));
+        batch.flushed(false, 2, 1, Some(true));
         assert_eq!(
             batch,
             Batch::Open {
                 due: 2,
+                executes: 1,
                 skipping: false,
                 executed: Some(true)
             }
         );
-        batch.flushed(false, 1, Some(false));
+        batch.flushed(false, 1, 0, Some(false));
         assert_eq!(
             batch,
             Batch::Open {
                 due: 3,
+                executes: 1,
                 skipping: false,
                 executed: Some(true)
             }
         );
         batch.heard(b'E');
-        batch.flushed(false, 0, None);
+        batch.flushed(false, 0, 0, None);
         assert_eq!(
             batch,
             Batch::Open {
                 due: 0,
+                executes: 0,
                 skipping: true,
                 executed: Some(true)
             },
             "a Flush behind a failed message keeps the batch skipping"
         );
-        batch.flushed(true, 1, Some(false));
+        batch.flushed(true, 1, 1, Some(false));
         assert_eq!(
             batch,
             Batch::Open {
                 due: 1,
+                executes: 1,
                 skipping: false,
                 executed: Some(false)
             },
             "a Sync in the flight ended the old batch; its tail opens a new one"
         );
-        batch.flushed(true, 0, None);
+        batch.flushed(true, 0, 0, None);
         assert_eq!(batch, Batch::Synced);
     }
 
@@ -464,7 +492,27 @@ mod tests {
     #[test]
     fn replies_count_down_what_is_due() {
         let mut batch = Batch::Open {
+            due: 3,
+            executes: 1,
+            skipping: false,
+            executed: Some(false),
+        };
+        batch.heard(b'2');
+        batch.heard(b'D');
+        batch.heard(b'C');
+        assert_eq!(batch.executes_due(), 0, "an Execute's CommandComplete");
+        assert_eq!(
+            batch,
+            Batch::Open {
+                due: 1,
+                executes: 0,
+                skipping: false,
+                executed: Some(false)
+            }
+        );
+        let mut batch = Batch::Open {
             due: 2,
+            executes: 0,
             skipping: false,
             executed: None,
         };
@@ -475,6 +523,7 @@ mod tests {
             batch,
             Batch::Open {
                 due: 1,
+                executes: 0,
                 skipping: false,
                 executed: None
             }
@@ -485,6 +534,7 @@ mod tests {
             batch,
             Batch::Open {
                 due: 0,
+                executes: 0,
                 skipping: false,
                 executed: None
             }

@@ -47,9 +47,9 @@ impl Route {
     }
 }
 
-/// How many answers the messages after a flight's last Sync (or Query) are due, when it ends
-/// unsynced (with Flush); `None` when it ends synced.
-fn unsynced_tail(flight: &[FrontendMessage]) -> Option<usize> {
+/// How many answers the messages after a flight's last Sync (or Query) are due, and how many of
+/// them are Executes', when it ends unsynced (with Flush); `None` when it ends synced.
+fn unsynced_tail(flight: &[FrontendMessage]) -> Option<(usize, usize)> {
     if !matches!(flight.last(), Some(FrontendMessage::Flush)) {
         return None;
     }
@@ -59,19 +59,14 @@ fn unsynced_tail(flight: &[FrontendMessage]) -> Option<usize> {
             FrontendMessage::Sync | FrontendMessage::Query(_) | FrontendMessage::FunctionCall(_)
         )
     });
-    Some(
-        tail.filter(|m| {
-            matches!(
-                m,
-                FrontendMessage::Parse { .. }
-                    | FrontendMessage::Bind { .. }
-                    | FrontendMessage::Describe { .. }
-                    | FrontendMessage::Close { .. }
-                    | FrontendMessage::Execute { .. }
-            )
-        })
-        .count(),
-    )
+    Some(tail.fold((0, 0), |(due, executes), m| match m {
+        FrontendMessage::Execute { .. } => (due + 1, executes + 1),
+        FrontendMessage::Parse { .. }
+        | FrontendMessage::Bind { .. }
+        | FrontendMessage::Describe { .. }
+        | FrontendMessage::Close { .. } => (due + 1, executes),
+        _ => (due, executes),
+    }))
 }
 
 pub(super) fn segment_ends(flight: &[FrontendMessage]) -> usize {
@@ -582,9 +577,15 @@ impl Session {
             self.reset_portals = portals;
             let attached = self.backend.as_mut().expect("attached before send");
             if attached.reset_tags.is_empty() && tags.contains(&Some(true)) {
-                // The answers of the client's segments already under way come first.
+                // The answers of the client's segments already under way come first, then those
+                // of the Executes of a batch still open (seed 333584: the RESET's label landed on
+                // an earlier, unanswered Execute's CommandComplete).
                 let due = attached.client_segments_due();
+                let executes = attached.batch.executes_due();
                 attached.reset_tags.extend(std::iter::repeat_n(None, due));
+                attached
+                    .reset_tags
+                    .extend(std::iter::repeat_n(Some(false), executes));
                 attached.reset_tags.extend(tags);
             } else if !attached.reset_tags.is_empty() {
                 attached.reset_tags.extend(tags);
@@ -639,8 +640,8 @@ impl Session {
                             | FrontendMessage::FunctionCall(_)
                     )
                 });
-                let tail = unsynced_tail(&flight).unwrap_or(0);
-                attached.batch.flushed(ended, tail, executed);
+                let (tail, executes) = unsynced_tail(&flight).unwrap_or_default();
+                attached.batch.flushed(ended, tail, executes, executed);
             }
             // A simple Query also ends an unsynced extended batch (asyncpg sends Parse/Describe/
             // Flush, then a Query); the session sends none while the server skips to a Sync.

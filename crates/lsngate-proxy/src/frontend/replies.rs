@@ -1268,6 +1268,7 @@ mod tests {
         let attached = h.attached();
         attached.batch = Batch::Open {
             due: 3,
+            executes: 0,
             skipping: false,
             executed: None,
         };
@@ -1282,6 +1283,7 @@ mod tests {
             h.attached().batch,
             Batch::Open {
                 due: 0,
+                executes: 0,
                 skipping: true,
                 ..
             }
@@ -1291,6 +1293,7 @@ mod tests {
         let attached = h.attached();
         attached.batch = Batch::Open {
             due: 2,
+            executes: 0,
             skipping: false,
             executed: None,
         };

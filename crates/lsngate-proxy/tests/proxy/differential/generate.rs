@@ -292,6 +292,15 @@ impl Generator {
                 parts.truncate(end + 1);
             }
         }
+        // The README's limit (by design): after a `RESET` of a startup setting, the statements of
+        // the same Query see the server login's value (seeds 999854, 20261209441). The Query
+        // ends there.
+        if let Some(reset) = parts
+            .iter()
+            .position(|p| p.trim().eq_ignore_ascii_case("RESET application_name"))
+        {
+            parts.truncate(reset + 1);
+        }
         let mut text = parts.join("; ");
         if self.rng.chance(30) {
             text.push(';');

@@ -1057,5 +1057,27 @@ pub fn known() -> Vec<(&'static str, Case)> {
                 q("SELECT id, v FROM {t} ORDER BY id"),
             ]),
         ),
+        (
+            // Seed 333584 (open since 2026-12-02, both versions): a RESET of a startup setting
+            // over the extended protocol (sent as the startup value's SET, its tag relabelled)
+            // pipelined behind a Flush-ended batch whose Execute was not answered yet. The
+            // labels started counting at the RESET's flight: the earlier `SELECT 1` was relayed
+            // as `RESET`, and the RESET's own answer as `SET`.
+            "a RESET pipelined behind an unanswered Execute of an open batch labels only its own answer",
+            case(vec![
+                parse("", "SELECT id FROM {t} ORDER BY id LIMIT 1"),
+                bind(""),
+                execute(),
+                Step::Send(Msg::Flush),
+                Step::Write,
+                parse("", "RESET application_name"),
+                bind(""),
+                execute(),
+                Step::Send(Msg::Flush),
+                Step::Wait,
+                sync(),
+                q("SHOW application_name"),
+            ]),
+        ),
     ]
 }
