@@ -16,8 +16,12 @@ use crate::statement::Class;
 /// What a proxy-owned segment is for; its replies are consumed here, never relayed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Duty {
-    /// Settings and prepared statements a fresh backend must carry.
+    /// Prepared statements a backend must carry (or must not: an earlier client's, closed).
     Prepare,
+    /// The client's settings, applied to a backend that lacks them. Unlike [`Duty::Prepare`]'s,
+    /// its failure inside an aborted block (25P02) says nothing of the statements the flight
+    /// binds (seed 555882).
+    Settings,
     /// The wait (or replay check) in front of a replica read.
     Verdict,
     /// The replay position after a replica read, the client's next floor: only where the

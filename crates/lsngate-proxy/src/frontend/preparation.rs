@@ -189,7 +189,7 @@ pub(super) fn preparation(
             conn.applied = client.settings.clone();
             // A simple Query drops the unnamed statement.
             conn.unnamed = None;
-            attached.expect.push_back(Owner::Proxy(Duty::Prepare));
+            attached.expect.push_back(Owner::Proxy(Duty::Settings));
         }
     }
     let mut statements = Vec::new();

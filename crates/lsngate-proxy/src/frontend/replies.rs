@@ -688,7 +688,7 @@ impl Session {
         let (node, server) = (attached.conn.node, attached.conn.facts.server.clone());
         let causal = &self.proxy.causal;
         match duty {
-            Duty::Prepare | Duty::Restore | Duty::Abort => {}
+            Duty::Prepare | Duty::Settings | Duty::Restore | Duty::Abort => {}
             Duty::Resync => {
                 if let Some(missing) = self.on_resync(status, answer) {
                     self.restore_settings(missing).await?;

@@ -1079,5 +1079,34 @@ pub fn known() -> Vec<(&'static str, Case)> {
                 q("SHOW application_name"),
             ]),
         ),
+        (
+            // Seed 555882 (open since 2026-12-02, 19): a RESET of a startup setting refused in an
+            // aborted block was recorded, the startup value's SET put in front of the next
+            // flight failed there too, and that failure was taken for the statements the flight
+            // binds: a Bind of a statement never defined got 25P02 where PostgreSQL says 26000.
+            "a Bind of an undefined statement behind a RESET refused in an aborted block gets 26000",
+            case(vec![
+                q("BEGIN"),
+                Step::Wait,
+                q("SELECT 1/0"),
+                Step::Wait,
+                q("RESET application_name"),
+                Step::Wait,
+                bind("s1"),
+                sync(),
+            ]),
+        ),
+        (
+            // The same, pipelined: the RESET is sent before the client has heard its block fail.
+            // (It passed before the fix too; kept beside the one above.)
+            "a Bind of an undefined statement behind a pipelined RESET in an aborted block gets 26000",
+            case(vec![
+                q("BEGIN"),
+                q("SELECT 1/0"),
+                q("RESET application_name"),
+                bind("s1"),
+                sync(),
+            ]),
+        ),
     ]
 }
