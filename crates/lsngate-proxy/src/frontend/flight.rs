@@ -111,10 +111,15 @@ impl Session {
                 && same_node
                 && b.retry.is_none()
                 && b.wait.is_none();
-            if !compatible
-                && want == Some(Target::Primary)
-                && self.may_leave_open_replica_batch(&flight)
-            {
+            // Ended too where the flight binds a statement of the client's the replica's
+            // connection lacks: nothing can go in front inside the batch, and the Bind would get
+            // 26000 where PostgreSQL binds it (seed 555792: the statement was parsed on the
+            // primary, then a Parse and Flush opened a batch on the replica).
+            let leaves = b.batch.is_open()
+                && b.target == Target::Replica
+                && ((!compatible && want == Some(Target::Primary))
+                    || (compatible && self.binds_statement_missing_there(&flight)));
+            if leaves && self.may_leave_open_replica_batch(&flight) {
                 if self.settle_unsynced().await? {
                     // The server skips to the client's Sync: so does this flight, there.
                     break;
@@ -248,6 +253,38 @@ impl Session {
         // connection is attached anew (the flight got 08006 "no primary is reachable" there,
         // seed 111291).
         replica_block_ending || pin_in_doubt || !self.moved_statements(flight).is_empty()
+    }
+
+    /// Whether `flight` binds or describes, before parsing it itself, a statement the client
+    /// holds that the attached connection does not hold under that name (the unnamed one
+    /// included): the preparation would put its Parse in front, where it can.
+    fn binds_statement_missing_there(&self, flight: &[FrontendMessage]) -> bool {
+        let Some(b) = self.backend.as_ref() else {
+            return false;
+        };
+        let mut parsed = crate::net::NameMap::default();
+        flight
+            .iter()
+            .zip(self.statement_per_message(flight))
+            .any(|(m, s)| match m {
+                FrontendMessage::Parse { statement, .. } => {
+                    parsed.insert(statement.as_str(), ());
+                    false
+                }
+                FrontendMessage::Bind { statement, .. }
+                | FrontendMessage::Describe {
+                    kind: b'S',
+                    name: statement,
+                } if !parsed.contains(statement) => s.is_some_and(|s| {
+                    let held = if statement.is_empty() {
+                        b.conn.unnamed.as_deref()
+                    } else {
+                        b.conn.prepared.get(statement).map(String::as_str)
+                    };
+                    held != Some(s.identity())
+                }),
+                _ => false,
+            })
     }
 
     /// Whether the extended batch open on the attached replica may end before `flight`, which

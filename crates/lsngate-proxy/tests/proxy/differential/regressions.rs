@@ -1108,5 +1108,24 @@ pub fn known() -> Vec<(&'static str, Case)> {
                 sync(),
             ]),
         ),
+        (
+            // Seed 555792 (open since 2026-12-02, 19, with replicas): s1 was parsed on the
+            // primary (its flight also bound an unknown statement, so it counted as a write),
+            // then a Parse and a Flush opened a batch on a replica, and a Bind of s1 in that
+            // batch met a connection without it: 26000 where PostgreSQL binds it. The replica's
+            // batch, reads only, now ends with the proxy's Sync, and s1 is parsed in front.
+            "a Bind inside a replica batch of a statement parsed on the primary finds it",
+            case(vec![
+                parse("s1", "SELECT id, v FROM {t} ORDER BY id"),
+                bind("s2"),
+                sync(),
+                parse("s3", "SELECT id, v FROM {t} ORDER BY id"),
+                Step::Send(Msg::Flush),
+                Step::Write,
+                bind("s1"),
+                execute(),
+                sync(),
+            ]),
+        ),
     ]
 }
