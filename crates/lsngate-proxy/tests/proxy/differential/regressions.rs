@@ -1127,5 +1127,24 @@ pub fn known() -> Vec<(&'static str, Case)> {
                 sync(),
             ]),
         ),
+        (
+            // The shape of seed 111687 (19, primary-only, seen once, timing-dependent, cause not
+            // found): a new client whose first message was a lone Sync was told the
+            // `application_name` an earlier client had set twice in one pipeline. Not reproduced
+            // by this sequence; kept as the guard for that shape.
+            "a new client's lone Sync is told no setting an earlier client set twice in a pipeline",
+            case(vec![
+                parse("", "SET application_name = 'diff-1'"),
+                bind(""),
+                execute(),
+                parse("", "SET application_name = 'diff-2'"),
+                bind(""),
+                execute(),
+                sync(),
+                Step::Reconnect,
+                sync(),
+                q("SHOW application_name"),
+            ]),
+        ),
     ]
 }
