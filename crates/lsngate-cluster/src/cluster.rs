@@ -65,6 +65,8 @@ pub struct ClusterConfig {
     pub hba: Vec<String>,
     /// TLS on every node with a certificate from a test CA, and TCP without TLS refused.
     pub tls_only: bool,
+    /// TLS on every node as with `tls_only`, and TCP without TLS still accepted.
+    pub tls_offered: bool,
 }
 
 impl Default for ClusterConfig {
@@ -79,6 +81,7 @@ impl Default for ClusterConfig {
             settings: Vec::new(),
             hba: Vec::new(),
             tls_only: false,
+            tls_offered: false,
         }
     }
 }
@@ -135,6 +138,13 @@ impl ClusterConfig {
         self.tls_only = true;
         self
     }
+    /// Every node serves TLS as with [`ClusterConfig::tls_only`], and still accepts TCP without
+    /// it: one client can use TLS and another not (the proxy's differential checker compares a
+    /// plaintext direct connection with a proxy that reaches the server over TLS).
+    pub fn tls(mut self) -> Self {
+        self.tls_offered = true;
+        self
+    }
 }
 
 /// What `cluster.json` holds.
@@ -188,7 +198,7 @@ impl Cluster {
             tls: None,
             detached: false,
         };
-        if config.tls_only {
+        if config.tls_only || config.tls_offered {
             cluster.tls = Some(ClusterTls::create(&dir.join("tls"))?);
         }
         init_primary(&cluster.primary, &tools, config, cluster.tls.as_ref())?;
@@ -289,7 +299,8 @@ impl Cluster {
         &self.bin
     }
 
-    /// The CA and server certificate of a [`ClusterConfig::tls_only`] cluster.
+    /// The CA and server certificate of a [`ClusterConfig::tls_only`] or [`ClusterConfig::tls`]
+    /// cluster.
     pub fn tls(&self) -> Option<&ClusterTls> {
         self.tls.as_ref()
     }
@@ -451,7 +462,9 @@ fn init_primary(
     let mut hba = Vec::new();
     if let Some(tls) = tls {
         conf.extend(tls.settings());
-        hba.extend(ClusterTls::hba());
+        if config.tls_only {
+            hba.extend(ClusterTls::hba());
+        }
     }
     conf.extend(config.settings.iter().cloned());
     hba.extend(config.hba.iter().cloned());

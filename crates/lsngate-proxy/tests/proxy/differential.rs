@@ -97,6 +97,39 @@ fn a_proxy_reading_replicas_in_session_mode_answers_every_case_like_postgresql()
 }
 
 #[test]
+fn a_primary_only_proxy_reaching_its_server_over_tls_answers_every_case_like_postgresql() {
+    // The proxy's TLS stream to the server (rustls: records it holds until a flush, bytes it
+    // decrypts ahead of what a poll asked for) under every flight shape the generator makes. The
+    // direct run is plaintext TCP to the same server, which offers TLS without requiring it.
+    static CLUSTER: std::sync::OnceLock<&'static Cluster> = std::sync::OnceLock::new();
+    let cluster = *CLUSTER.get_or_init(|| {
+        Cluster::start(&lsngate_cluster::ClusterConfig::default().replicas(0).tls())
+            .expect("a primary that offers TLS")
+            .leak_until_exit()
+    });
+    let ca = cluster.tls().expect("TLS").ca.cert.display().to_string();
+    let mut file = file_config(cluster);
+    file.replicas = Vec::new();
+    file.primary = Some(format!(
+        "postgres://postgres@localhost:{}/postgres?sslmode=verify-full&sslrootcert={ca}",
+        cluster.primary().port()
+    ));
+    let proxy = TestProxy::with(file);
+    let ssl: bool = rt().block_on(async {
+        let client = connect(&proxy.conninfo()).await;
+        let sql = "SELECT ssl FROM pg_stat_ssl WHERE pid = pg_backend_pid()";
+        client.query_one(sql, &[]).await.unwrap().get(0)
+    });
+    assert!(ssl, "the proxy's server connection is not TLS");
+    check(
+        cluster,
+        proxy.addr,
+        "primary-only proxy over TLS to its server",
+        false,
+    );
+}
+
+#[test]
 fn a_pipeline_the_proxy_refuses_before_its_sync_is_answered_at_the_sync() {
     // A proxy command and SQL in one pipeline are refused (0A000, a documented difference; seed
     // 999269). Behind a Flush the refusal must be what a server error is there: the error, then
