@@ -133,13 +133,9 @@ fn a_reload_reclassifies_a_statement_the_session_parsed_before() {
     });
 }
 
-#[test]
-fn a_query_that_ends_a_replica_block_and_then_writes_is_refused_with_the_fix() {
-    // Found by the differential checker (seed 20261206466): the whole Query ran on the replica
-    // holding the read-only block, and its write failed with 25006, which PostgreSQL runs.
-    let cluster = shared_cluster();
-    let proxy = TestProxy::start(cluster);
-    let t = unique("blockend");
+/// A fresh table `(id int PRIMARY KEY, v int)` holding (1, 10), replayed on every replica.
+fn one_row_table(cluster: &lsngate_cluster::Cluster, prefix: &str) -> String {
+    let t = unique(prefix);
     cluster
         .primary()
         .sql(&format!(
@@ -147,6 +143,16 @@ fn a_query_that_ends_a_replica_block_and_then_writes_is_refused_with_the_fix() {
         ))
         .unwrap();
     caught_up(cluster);
+    t
+}
+
+#[test]
+fn a_query_that_ends_a_replica_block_and_then_writes_is_refused_with_the_fix() {
+    // Found by the differential checker (seed 20261206466): the whole Query ran on the replica
+    // holding the read-only block, and its write failed with 25006, which PostgreSQL runs.
+    let cluster = shared_cluster();
+    let proxy = TestProxy::start(cluster);
+    let t = one_row_table(cluster, "blockend");
     rt().block_on(async {
         let client = connect(&proxy.conninfo()).await;
         client.batch_execute("BEGIN READ ONLY").await.unwrap();
@@ -192,14 +198,7 @@ fn a_pipeline_that_ends_a_replica_block_and_then_writes_before_its_sync_is_refus
     // connection it runs after the block.
     let cluster = shared_cluster();
     let proxy = TestProxy::start(cluster);
-    let t = unique("pipeend");
-    cluster
-        .primary()
-        .sql(&format!(
-            "CREATE TABLE {t} (id int PRIMARY KEY, v int); INSERT INTO {t} VALUES (1, 10)"
-        ))
-        .unwrap();
-    caught_up(cluster);
+    let t = one_row_table(cluster, "pipeend");
     let run = |url: &str| {
         let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
             .join("clients")
