@@ -5,6 +5,8 @@
 
 use std::collections::VecDeque;
 
+use bytes::BytesMut;
+
 use super::causal::{CausalRead, Discard, PendingVerdict, ReadWait};
 use super::copy::CopyGate;
 use super::scopes::ClientScopes;
@@ -60,9 +62,18 @@ pub enum Owner {
 pub struct RetryBuffer {
     pub(super) flight: Vec<FrontendMessage>,
     pub(super) class: Option<Class>,
-    pub(super) frames: Vec<Frame>,
-    pub(super) bytes: usize,
+    /// The replies so far, as the server sent them: one buffer, filled by the plain relay's
+    /// copy (`Session::drain_replies`) without a frame built for each.
+    pub(super) held: BytesMut,
     pub(super) read_only_violation: bool,
+}
+
+impl RetryBuffer {
+    /// Whether more is held than `limit` allows while no 25006 makes a re-run due: the replies
+    /// then go to the client, and a later 25006 reaches it as it is.
+    pub(super) fn over(&self, limit: usize) -> bool {
+        self.held.len() > limit && !self.read_only_violation
+    }
 }
 
 /// What the server answered to a proxy segment, gathered until its ReadyForQuery and handled

@@ -771,10 +771,7 @@ impl Session {
             attached.retry = Some(RetryBuffer {
                 flight,
                 class,
-                // A read's replies: parse and bind completes, row description, rows,
-                // command complete, ReadyForQuery.
-                frames: Vec::with_capacity(8),
-                bytes: 0,
+                held: bytes::BytesMut::new(),
                 read_only_violation: false,
             });
         }

@@ -153,9 +153,11 @@ impl Session {
 
     /// Handles the replies the attached backend already sent, without another turn of the
     /// session loop. Runs of ordinary replies to the client's own statements (rows, command
-    /// completions, notices…) are copied to the client as they are; everything that needs a
-    /// decision (ReadyForQuery, errors, COPY IN, the proxy's own segments, held-back replica
-    /// answers) goes through `on_backend` one by one.
+    /// completions, notices…) are copied to the client as they are, or, for a replica read that
+    /// may still run again on the primary, to the replies it holds back
+    /// ([`RetryBuffer`](super::attached::RetryBuffer));
+    /// everything that needs a decision (ReadyForQuery, errors, COPY IN, the proxy's own
+    /// segments) goes through `on_backend` one by one.
     pub(super) async fn on_buffered_replies(&mut self) -> Result<(), ClientError> {
         loop {
             let pinned = self.pinned;
@@ -166,7 +168,6 @@ impl Session {
                 return Ok(());
             }
             let plain_relay = b.expect.front() == Some(&Owner::Client)
-                && b.retry.is_none()
                 && !b.discarding()
                 && b.describing.is_empty()
                 && b.reset_rewritten.is_none()
@@ -177,14 +178,25 @@ impl Session {
                 && b.unconfirmed.is_empty()
                 // Its CommandComplete confirms it (`on_backend`).
                 && b.pin_unconfirmed.is_none();
-            if plain_relay && b.conn.take_plain(self.io.out(), relayed_as_is) > 0 {
+            if plain_relay && let Some(retry) = b.retry.as_mut() {
+                // Held back whole (one copy, as to the client) until the read is known not to
+                // need its re-run on the primary (`client_ready`), or there is too much to hold.
+                b.conn.take_plain(&mut retry.held, relayed_as_is);
+                if retry.over(self.config.retry_buffer_size) {
+                    let retry = b.retry.take().expect("checked");
+                    self.io.out().extend_from_slice(&retry.held);
+                    self.io.flush().await?;
+                }
+            } else if plain_relay && b.conn.take_plain(self.io.out(), relayed_as_is) > 0 {
                 let b = self.backend.as_ref().expect("attached");
                 if !b.conn.has_frame() || self.io.queued() > 64 * 1024 {
                     self.io.flush().await?;
                 }
             }
             let b = self.backend.as_mut().expect("attached");
+            // Not behind held-back replies: `client_ready` hands them over first.
             let last_plain = plain_relay
+                && b.retry.is_none()
                 && b.expect.len() == 1
                 && b.copy.is_idle()
                 && b.read.is_none()
@@ -377,7 +389,7 @@ impl Session {
                     attached.batch.open();
                 }
                 if let Some(retry) = attached.retry.take() {
-                    retry.frames.iter().for_each(|f| self.io.queue(f));
+                    self.io.out().extend_from_slice(&retry.held);
                 }
             }
             BackendMessage::ErrorResponse(ref e)
@@ -516,12 +528,11 @@ impl Session {
         let limit = self.config.retry_buffer_size;
         let attached = self.backend.as_mut().expect("attached");
         if let Some(retry) = attached.retry.as_mut() {
-            retry.bytes += frame.body.len() + 5;
-            retry.frames.push(frame);
-            if retry.bytes > limit && !retry.read_only_violation {
+            frame.encode(&mut retry.held);
+            if retry.over(limit) {
                 // Too much to hold: hand it over; a later 25006 then reaches the client as is.
                 let retry = attached.retry.take().expect("checked");
-                retry.frames.iter().for_each(|f| self.io.queue(f));
+                self.io.out().extend_from_slice(&retry.held);
             } else {
                 return Ok(());
             }
@@ -551,7 +562,7 @@ impl Session {
                 ))
                 .await;
             }
-            retry.frames.iter().for_each(|f| self.io.queue(f));
+            self.io.out().extend_from_slice(&retry.held);
         }
         self.status = status;
         let last = attached.client_segments_due() == 0;

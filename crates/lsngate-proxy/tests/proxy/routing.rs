@@ -236,6 +236,61 @@ fn a_pipeline_that_ends_a_replica_block_and_then_writes_before_its_sync_is_refus
 }
 
 #[test]
+fn a_write_hidden_late_in_a_long_replica_read_is_rerun_within_the_retry_buffer_and_reported_past_it()
+ {
+    // A replica read's replies are held back until it is known not to need its re-run on the
+    // primary (25006, a write hidden in a function): up to `retry_buffer_size`, then handed to
+    // the client as they come, and a 25006 after that reaches the client. The write here comes
+    // at the 1500th of 2000 rows, after about 60 kB of them.
+    let cluster = shared_cluster();
+    let t = unique("late");
+    cluster
+        .primary()
+        .sql(&format!(
+            "CREATE TABLE {t} (g int);
+             CREATE FUNCTION {t}_at(g int) RETURNS text LANGUAGE plpgsql AS $$
+             BEGIN IF g = 1500 THEN INSERT INTO {t} VALUES (g); END IF; RETURN repeat('x', 20) || g; END $$;"
+        ))
+        .unwrap();
+    caught_up(cluster);
+    let sql = format!("SELECT {t}_at(g) FROM generate_series(1, 2000) g");
+    let plain = "SELECT repeat('x', 20) || g FROM generate_series(1, 2000) g";
+    let want: Vec<String> = (1..=2000)
+        .map(|g| format!("{}{g}", "x".repeat(20)))
+        .collect();
+    for (buffer, rerun) in [(None, true), (Some(4096), false)] {
+        let mut file = file_config(cluster);
+        file.retry_buffer_size = buffer;
+        let proxy = TestProxy::with(file);
+        rt().block_on(async {
+            let client = connect(&proxy.conninfo()).await;
+            // Rows larger than the buffer stream through whole and in order either way.
+            let rows = client.query(plain, &[]).await.unwrap();
+            let got: Vec<String> = rows.iter().map(|r| r.get(0)).collect();
+            assert_eq!(got, want, "buffer {buffer:?}");
+            let read = client.query(&sql, &[]).await;
+            if rerun {
+                let got: Vec<String> = read.unwrap().iter().map(|r| r.get(0)).collect();
+                assert_eq!(got, want, "re-run on the primary");
+            } else {
+                let e = read.unwrap_err();
+                assert_eq!(
+                    e.as_db_error().map(|db| db.code().code()),
+                    Some("25006"),
+                    "past the buffer the replica's refusal reaches the client: {e:?}"
+                );
+            }
+        });
+    }
+    // The re-run wrote once; the refused read wrote nothing.
+    let written = cluster
+        .primary()
+        .sql(&format!("SELECT count(*) FROM {t}"))
+        .unwrap();
+    assert_eq!(written, "1");
+}
+
+#[test]
 fn a_write_hidden_in_a_function_is_rerun_on_the_primary() {
     let cluster = shared_cluster();
     let proxy = TestProxy::start(cluster);
