@@ -771,7 +771,7 @@ impl Session {
             attached.retry = Some(RetryBuffer {
                 flight,
                 class,
-                held: bytes::BytesMut::new(),
+                held: std::mem::take(&mut self.spare_held),
                 read_only_violation: false,
             });
         }

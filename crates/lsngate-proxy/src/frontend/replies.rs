@@ -55,6 +55,9 @@ const REPORTED_COVERS: usize = 64;
 
 /// Replies to the client's statements that need no decision by the proxy: relayed byte for byte.
 /// (Not ParameterStatus: see `Session::report_changes`.)
+/// The largest held-back reply buffer a session keeps for its next replica read.
+const SPARE_HELD_MAX: usize = 16 * 1024;
+
 fn relayed_as_is(tag: u8) -> bool {
     // RowDescription, DataRow, CommandComplete, EmptyQuery, NoData, ParameterDescription,
     // Parse/Bind/CloseComplete, PortalSuspended, Notice, Notification, CopyOutResponse,
@@ -563,6 +566,12 @@ impl Session {
                 .await;
             }
             self.io.out().extend_from_slice(&retry.held);
+            // Kept for the next read unless a large answer grew it.
+            if retry.held.capacity() <= SPARE_HELD_MAX {
+                let mut held = retry.held;
+                held.clear();
+                self.spare_held = held;
+            }
         }
         self.status = status;
         let last = attached.client_segments_due() == 0;

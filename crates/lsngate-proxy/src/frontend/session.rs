@@ -116,6 +116,9 @@ pub struct Session {
     /// The proxy answered an error for extended messages the client has not sent a Sync for:
     /// it ignores the client's messages up to that Sync (see `answer_flight_error`).
     pub(super) skip_to_sync: bool,
+    /// The last replica read's held-back replies' buffer, emptied, for the next one
+    /// ([`RetryBuffer`](super::attached::RetryBuffer)): a read then copies into room it has.
+    pub(super) spare_held: bytes::BytesMut,
     /// The ParameterStatus values the client was told, at login and since (see
     /// `Session::report_changes`).
     pub(super) reported: HashMap<String, String>,
@@ -229,6 +232,7 @@ impl Session {
             resets_parsed: false,
             reset_rewritten: None,
             skip_to_sync: false,
+            spare_held: bytes::BytesMut::new(),
             reported,
             reported_covers: Vec::new(),
             shutdown,
@@ -284,6 +288,7 @@ impl Session {
             resets_parsed: false,
             reset_rewritten: None,
             skip_to_sync: false,
+            spare_held: bytes::BytesMut::new(),
             reported: HashMap::new(),
             reported_covers: Vec::new(),
             shutdown: watch::channel(false).1,
