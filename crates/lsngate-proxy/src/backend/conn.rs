@@ -884,6 +884,25 @@ impl BackendConn {
     /// into `out` as they are — one copy, no parsing — and stops at the first other or
     /// incomplete one. Returns the bytes moved.
     pub fn take_plain(&mut self, out: &mut BytesMut, plain: impl Fn(u8) -> bool) -> usize {
+        let end = self.plain_run(plain);
+        if end > 0 {
+            out.extend_from_slice(&self.read_buf[..end]);
+            self.read_buf.advance(end);
+        }
+        end
+    }
+
+    /// Drops the complete messages at the front of the read buffer whose tag `plain` accepts,
+    /// unread (answers nobody needs: a proxy segment's BindComplete, say); the bytes dropped.
+    pub fn skip_plain(&mut self, plain: impl Fn(u8) -> bool) -> usize {
+        let end = self.plain_run(plain);
+        self.read_buf.advance(end);
+        end
+    }
+
+    /// The length of the run of complete messages at the front of the read buffer whose tag
+    /// `plain` accepts.
+    fn plain_run(&self, plain: impl Fn(u8) -> bool) -> usize {
         let b = &self.read_buf;
         let mut end = 0;
         while b.len() >= end + 5 && plain(b[end]) {
@@ -892,10 +911,6 @@ impl BackendConn {
                 break;
             }
             end += 1 + len;
-        }
-        if end > 0 {
-            out.extend_from_slice(&self.read_buf[..end]);
-            self.read_buf.advance(end);
         }
         end
     }

@@ -55,6 +55,16 @@ const REPORTED_COVERS: usize = 64;
 
 /// Replies to the client's statements that need no decision by the proxy: relayed byte for byte.
 /// (Not ParameterStatus: see `Session::report_changes`.)
+/// Replies to a proxy segment that `on_proxy_reply` ignores: Parse/Bind/CloseComplete,
+/// CommandComplete, RowDescription, NoData, ParameterDescription, EmptyQuery, PortalSuspended.
+/// (Rows, errors, notices, ParameterStatus and ReadyForQuery each mean something.)
+fn ignored_by_proxy(tag: u8) -> bool {
+    matches!(
+        tag,
+        b'1' | b'2' | b'3' | b'C' | b'T' | b'n' | b't' | b'I' | b's'
+    )
+}
+
 /// The largest held-back reply buffer a session keeps for its next replica read.
 const SPARE_HELD_MAX: usize = 16 * 1024;
 
@@ -169,6 +179,10 @@ impl Session {
             };
             if !(b.awaiting_replies() || pinned) {
                 return Ok(());
+            }
+            if matches!(b.expect.front(), Some(Owner::Proxy(_))) {
+                // What `on_proxy_reply` ignores of a proxy segment's answer goes unread.
+                b.conn.skip_plain(ignored_by_proxy);
             }
             let plain_relay = b.expect.front() == Some(&Owner::Client)
                 && !b.discarding()
