@@ -7,7 +7,7 @@ use std::collections::VecDeque;
 
 use bytes::BytesMut;
 
-use super::causal::{CausalRead, Discard, PendingVerdict, ReadWait};
+use super::causal::{CausalRead, Discard, PendingVerdict, PlacedRead, ReadWait};
 use super::copy::CopyGate;
 use super::scopes::ClientScopes;
 use crate::backend::{PooledConn, Target};
@@ -60,8 +60,6 @@ pub enum Owner {
 /// Replies held back while a replica read may still need a re-run on the primary.
 #[derive(Debug)]
 pub struct RetryBuffer {
-    pub(super) flight: Vec<FrontendMessage>,
-    pub(super) class: Option<Class>,
     /// The replies so far, as the server sent them: one buffer, filled by the plain relay's
     /// copy (`Session::drain_replies`) without a frame built for each.
     pub(super) held: BytesMut,
@@ -248,8 +246,12 @@ pub struct Attached {
     pub error_relayed: bool,
     /// The server sent FATAL: this connection is closing and takes no further flights.
     pub doomed: bool,
-    /// The causal read in flight on this backend (its flight, for a fallback re-run).
-    pub read: Option<CausalRead>,
+    /// The causal read in flight on this backend, for a fallback re-run.
+    pub read: Option<PlacedRead>,
+    /// The client's flight of the read in flight here, with its class, moved in when it was
+    /// sent (never copied): what runs elsewhere after a failed wait (`read`), a lost replica,
+    /// or a write refused with 25006 (`retry`).
+    pub rerun: Option<(Vec<FrontendMessage>, Option<Class>)>,
     /// The wait or check in front of the read: undecided, or failed (what then happens to the
     /// client's replies).
     pub wait: Option<ReadWait>,
@@ -331,6 +333,24 @@ impl Attached {
         probe_segment(Probe::Position, &mut self.conn.prepared)
     }
 
+    /// The causal read in flight here with its flight, taken to run elsewhere.
+    pub(super) fn take_read(&mut self) -> Option<CausalRead> {
+        let placed = self.read.take()?;
+        let (flight, class) = self.rerun.take()?;
+        Some(CausalRead {
+            floor: placed.floor,
+            flight,
+            class,
+        })
+    }
+
+    /// The read in flight here is over (its answer accepted, or relayed past the point of a
+    /// re-run): its flight is not kept.
+    pub(super) fn read_over(&mut self) {
+        self.read = None;
+        self.rerun = None;
+    }
+
     /// `expect` is an empty queue to reuse (it keeps its allocation from client to client).
     pub(super) fn new(conn: PooledConn, target: Target, expect: VecDeque<Owner>) -> Attached {
         debug_assert!(expect.is_empty());
@@ -344,6 +364,7 @@ impl Attached {
             error_relayed: false,
             doomed: false,
             read: None,
+            rerun: None,
             wait: None,
             answer: ProxyAnswer::default(),
             held_ready: None,

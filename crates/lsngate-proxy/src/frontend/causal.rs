@@ -127,8 +127,18 @@ impl ClientFloors {
     }
 }
 
-/// A read routed by floor, kept until its answer is accepted.
-#[derive(Debug, Clone)]
+/// A read placed on a replica by the causal planner (with its floor, if any): until the client
+/// has seen its answer it can run elsewhere (`Session::fall_back`), from the flight its
+/// connection keeps ([`Attached::rerun`](super::attached::Attached::rerun)), not a copy.
+#[derive(Debug, Clone, Copy)]
+pub struct PlacedRead {
+    /// What the read must see; `None` = any replica will do.
+    pub floor: Option<Floor>,
+}
+
+/// A read routed by floor, with the client's messages, while it is not sent (and again when it
+/// runs elsewhere).
+#[derive(Debug)]
 pub struct CausalRead {
     /// What the read must see; `None` = any replica will do.
     pub floor: Option<Floor>,
@@ -367,25 +377,13 @@ impl Session {
             Decision::Replica { index, .. } => {
                 // Counted where it is decided: `send_flight` (no wait needed on the server the
                 // connection reached), the verdict (waited or not), or the fallback.
-                let node = Some(replicas[index].0.clone());
-                let CausalRead {
-                    floor,
-                    flight,
-                    class,
-                } = read;
-                // Without a floor nothing can fail a wait: no copy of the flight is kept.
-                let read = floor.map(|floor| CausalRead {
-                    floor: Some(floor),
-                    flight: flight.clone(),
-                    class,
-                });
                 let route = Route {
                     target: Some(Target::Replica),
-                    node,
-                    read,
+                    node: Some(replicas[index].0.clone()),
+                    read: Some(PlacedRead { floor: read.floor }),
                     count: None,
                 };
-                self.dispatch_to(flight, class, route).await
+                self.dispatch_to(read.flight, read.class, route).await
             }
             // A Flush-ended flight in a fast mode: no policy answer fits a half flight.
             Decision::Primary(PrimaryReason::NotCaughtUp) if !synced => {

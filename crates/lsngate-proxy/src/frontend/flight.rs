@@ -9,7 +9,7 @@
 use std::sync::Arc;
 
 use super::attached::{Attached, Batch, Duty, Owner, RetryBuffer};
-use super::causal::{CausalRead, PendingVerdict, ReadWait};
+use super::causal::{CausalRead, PendingVerdict, PlacedRead, ReadWait};
 use super::effects::reset_tags;
 use super::error::{ClientError, NoBackend};
 use super::pipeline::{At, statements_at};
@@ -30,8 +30,8 @@ pub struct Route {
     pub target: Option<Target>,
     /// A specific replica chosen by the causal planner.
     pub node: Option<Arc<NodeState>>,
-    /// The causal read this flight is, when routed by floor.
-    pub read: Option<CausalRead>,
+    /// The causal read this flight is, when placed by the causal planner.
+    pub read: Option<PlacedRead>,
     /// How the read ended, counted when the flight is sent (a read routed by floor is counted
     /// by its wait instead).
     pub count: Option<Outcome>,
@@ -175,16 +175,8 @@ impl Session {
             }
             let floor = self.floors.own();
             route.count = None;
-            route.read = Some(match route.read {
-                Some(read) => CausalRead {
-                    floor: Floor::merge(read.floor, floor),
-                    ..read
-                },
-                None => CausalRead {
-                    floor,
-                    flight: flight.clone(),
-                    class,
-                },
+            route.read = Some(PlacedRead {
+                floor: Floor::merge(route.read.and_then(|read| read.floor), floor),
             });
         }
         if let Some(outcome) = route.count {
@@ -460,7 +452,7 @@ impl Session {
         &mut self,
         flight: Vec<FrontendMessage>,
         class: Option<Class>,
-        read: Option<CausalRead>,
+        read: Option<PlacedRead>,
     ) -> Result<(), ClientError> {
         let synced = matches!(
             flight.last(),
@@ -524,6 +516,11 @@ impl Session {
                 }
                 // As when the connection is lost before the read's answer (`backend_lost`).
                 if let Some(read) = read {
+                    let read = CausalRead {
+                        floor: read.floor,
+                        flight,
+                        class,
+                    };
                     return Box::pin(self.fall_back(read)).await;
                 }
                 let route = Route::to(Some(Target::Primary));
@@ -769,12 +766,11 @@ impl Session {
         // Kept before a lost connection is handled: `backend_lost` re-runs the read from it.
         if keep_for_retry {
             attached.retry = Some(RetryBuffer {
-                flight,
-                class,
                 held: std::mem::take(&mut self.spare_held),
                 read_only_violation: false,
             });
         }
+        attached.rerun = (keep_for_retry || attached.read.is_some()).then_some((flight, class));
         if let Err(e) = sent {
             return self.backend_lost(e).await;
         }

@@ -15,7 +15,7 @@ impl Session {
     /// The backend broke. Replies still due become errors; only a replica read (which cannot
     /// have written) is re-run, on the primary.
     pub(super) async fn backend_lost(&mut self, error: BackendError) -> Result<(), ClientError> {
-        let Some(attached) = self.backend.take() else {
+        let Some(mut attached) = self.backend.take() else {
             return Ok(());
         };
         self.cancel_slot.lock().expect("cancel slot").target = None;
@@ -25,7 +25,7 @@ impl Session {
             // Nothing of the read reached the client yet (held back, or its wait undecided or
             // failed): it can run elsewhere.
             let unseen = attached.retry.is_some() || attached.wait.is_some();
-            if let Some(read) = attached.read.filter(|_| unseen) {
+            if unseen && let Some(read) = attached.take_read() {
                 metrics::counter!("lsngate_proxy_retries_total", "reason" => "replica_lost")
                     .increment(1);
                 if let Some(n) = self.proxy.nodes.get(attached.conn.node) {
@@ -33,11 +33,13 @@ impl Session {
                 }
                 return Box::pin(self.fall_back(read)).await;
             }
-            if let Some(retry) = attached.retry {
+            if attached.retry.is_some()
+                && let Some((flight, class)) = attached.rerun.take()
+            {
                 metrics::counter!("lsngate_proxy_retries_total", "reason" => "replica_lost")
                     .increment(1);
                 let route = super::flight::Route::to(Some(Target::Primary));
-                return Box::pin(self.dispatch_to(retry.flight, retry.class, route)).await;
+                return Box::pin(self.dispatch_to(flight, class, route)).await;
             }
         }
         self.end_fallback();

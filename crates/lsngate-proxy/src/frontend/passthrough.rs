@@ -104,7 +104,7 @@ impl Session {
         attached.expect.push_back(super::attached::Owner::Client);
         attached.segments_sent += 1;
         attached.batch = super::attached::Batch::Synced;
-        attached.read = None;
+        attached.read_over();
         // Outside a transaction block every statement may commit: a FATAL under it leaves the
         // outcome unknown, as on the general path (`flight.rs`), not "terminating connection".
         attached.may_commit = true;

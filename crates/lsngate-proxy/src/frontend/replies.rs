@@ -566,15 +566,18 @@ impl Session {
     async fn client_ready(&mut self, frame: Frame, status: TxStatus) -> Result<(), ClientError> {
         let attached = self.backend.as_mut().expect("attached");
         if let Some(retry) = attached.retry.take() {
-            if retry.read_only_violation && status == TxStatus::Idle {
+            if retry.read_only_violation
+                && status == TxStatus::Idle
+                && let Some((flight, class)) = attached.rerun.take()
+            {
                 metrics::counter!("lsngate_proxy_retries_total", "reason" => "read_only")
                     .increment(1);
                 tracing::debug!("replica refused a write (25006); re-running on the primary");
                 attached.read = None;
                 // dispatch_to drains the replica's trailing segments before it lets go of it
                 return Box::pin(self.dispatch_to(
-                    retry.flight,
-                    retry.class,
+                    flight,
+                    class,
                     super::flight::Route::to(Some(Target::Primary)),
                 ))
                 .await;
@@ -598,7 +601,7 @@ impl Session {
         if last {
             let attached = self.backend.as_mut().expect("attached");
             attached.effects_due = false;
-            attached.read = None;
+            attached.read_over();
             attached.may_commit = false;
             attached.plan_changed_sent = false;
             self.end_fallback();
@@ -864,7 +867,7 @@ impl Session {
     async fn after_discarded(&mut self) -> Result<(), ClientError> {
         let attached = self.backend.as_mut().expect("attached");
         let discard = attached.take_discard();
-        let Some(read) = attached.read.take() else {
+        let Some(read) = attached.take_read() else {
             return Ok(());
         };
         attached.retry = None;
