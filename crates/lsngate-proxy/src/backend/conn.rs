@@ -186,7 +186,7 @@ pub struct BackendConn {
     /// What the server's unnamed statement is: the identity (parameter types and text, as in
     /// `ClientStatement::identity`) of the last `Parse ""` sent here; None when there is none or
     /// a simple Query dropped it.
-    pub unnamed: Option<String>,
+    pub unnamed: Option<Arc<str>>,
     /// Settings applied on behalf of a client: name → the statement that set it.
     pub applied: Settings,
     /// The values the server last reported on this connection (ParameterStatus, at login and

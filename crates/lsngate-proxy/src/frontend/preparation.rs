@@ -6,6 +6,7 @@
 //! refused or skipped statement may or may not have left.
 
 use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
 
 use super::attached::{Attached, Duty, Owner};
 use super::client_statement::ClientStatement;
@@ -39,13 +40,14 @@ fn unnamed_preparation(
     conn: &mut BackendConn,
     client: Option<&ClientStatement>,
     flight: &[FrontendMessage],
+    at: &[At<'_>],
     may_inject: bool,
 ) -> Option<Frame> {
     // Only a Bind or Describe before the flight's first `Parse ""` needs the client's (after it,
     // the flight's own is there).
     let mut checked = !may_inject;
     let mut parse = None;
-    for m in flight {
+    for (m, at) in flight.iter().zip(at) {
         match m {
             FrontendMessage::Parse {
                 statement,
@@ -53,10 +55,11 @@ fn unnamed_preparation(
                 param_types,
             } if statement.is_empty() => {
                 checked = true;
-                conn.unnamed = Some(super::client_statement::statement_identity(
-                    param_types,
-                    query,
-                ))
+                // The definition this Parse made shares its identity (not built again per flight).
+                conn.unnamed = Some(match at.statement() {
+                    Some(s) if s.is(param_types, query) => Arc::clone(&s.identity),
+                    _ => super::client_statement::statement_identity(param_types, query).into(),
+                });
             }
             FrontendMessage::Bind { statement, .. }
             | FrontendMessage::Describe {
@@ -85,7 +88,7 @@ fn unnamed_preparation(
                         param_types: s.param_types.to_vec(),
                     };
                     parse = Some(message.to_frame());
-                    conn.unnamed = Some(s.identity().to_string());
+                    conn.unnamed = Some(Arc::clone(&s.identity));
                 }
             }
             FrontendMessage::Close { kind: b'S', name } if name.is_empty() => conn.unnamed = None,
@@ -202,6 +205,7 @@ pub(super) fn preparation(
         conn,
         unnamed_before,
         flight,
+        at,
         may_inject,
     ));
     // Names whose state on the server the flight itself decides from some message on (it
