@@ -469,6 +469,11 @@ impl Session {
         flight: &[FrontendMessage],
         per_message: Vec<Option<&ClientStatement>>,
     ) -> bool {
+        if self.local_portals.is_empty() && per_message.iter().flatten().all(|s| s.local.is_none())
+        {
+            // No portal of an lsngate command exists, and the flight binds none.
+            return false;
+        }
         let mut bound = crate::net::NameMap::default();
         let mut local = false;
         for (m, s) in flight.iter().zip(per_message) {
