@@ -8,7 +8,6 @@
 //! Fed by the node monitor's polls and by every wait, check and trailing position of a client
 //! read. No I/O here, and no replay rule of its own: those are core's.
 
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -30,12 +29,21 @@ struct NodeView {
     waiters: usize,
 }
 
+/// Node `node`'s view, added (with those before it) when first seen.
+fn view(views: &mut Vec<NodeView>, node: usize) -> &mut NodeView {
+    if views.len() <= node {
+        views.resize_with(node + 1, NodeView::default);
+    }
+    &mut views[node]
+}
+
 /// Replay knowledge shared by every session of a proxy.
 #[derive(Debug)]
 pub struct Watcher {
     /// Replay knowledge, its times since `origin`; slots are node indexes.
     book: Mutex<ReplayBook>,
-    nodes: Mutex<HashMap<usize, NodeView>>,
+    /// Per node index (dense, from 0): looked up on every read, so not hashed.
+    nodes: Mutex<Vec<NodeView>>,
     origin: Instant,
     /// Woken at every replay observation, for reads waiting on the monitor's polls.
     replay_seen: tokio::sync::Notify,
@@ -100,13 +108,13 @@ impl Watcher {
 
     /// The node monitor's connection reached `server`.
     pub fn observe_monitored(&self, node: usize, server: &ServerId) {
-        lock(&self.nodes).entry(node).or_default().monitored = Some(server.clone());
+        view(&mut lock(&self.nodes), node).monitored = Some(server.clone());
     }
 
     /// Whether node `node`'s monitor polls `server` (so its polls can serve that server's waiters).
     pub fn monitors(&self, node: usize, server: &str) -> bool {
         lock(&self.nodes)
-            .get(&node)
+            .get(node)
             .and_then(|v| v.monitored.as_deref())
             .is_some_and(|m| m == server)
     }
@@ -123,12 +131,12 @@ impl Watcher {
         struct Waiting<'a>(&'a Watcher, usize);
         impl Drop for Waiting<'_> {
             fn drop(&mut self) {
-                if let Some(v) = lock(&self.0.nodes).get_mut(&self.1) {
+                if let Some(v) = lock(&self.0.nodes).get_mut(self.1) {
                     v.waiters = v.waiters.saturating_sub(1);
                 }
             }
         }
-        lock(&self.nodes).entry(node).or_default().waiters += 1;
+        view(&mut lock(&self.nodes), node).waiters += 1;
         let _waiting = Waiting(self, node);
         loop {
             let seen = self.replay_seen.notified();
@@ -176,7 +184,7 @@ impl Watcher {
 
     /// Reads waiting on node `node`'s monitor right now.
     pub fn waiters(&self, node: usize) -> usize {
-        lock(&self.nodes).get(&node).map_or(0, |v| v.waiters)
+        lock(&self.nodes).get(node).map_or(0, |v| v.waiters)
     }
 
     /// The primary was at `lsn` at `when`.
