@@ -41,7 +41,7 @@ pub fn shape(tag: u8, body: &[u8]) -> Option<Shape> {
     let count = u16::from_be_bytes(body.get(..2)?.try_into().ok()?) as usize;
     let mut at = 2;
     for _ in 0..count {
-        at += body.get(at..)?.iter().position(|&b| b == 0)? + 1;
+        at += memchr::memchr(0, body.get(at..)?)? + 1;
         // table oid 4, attnum 2, type oid 4, typlen 2, typmod 4, format 2
         let format = at + 16;
         out.get_mut(format..format + 2)?.fill(0);

@@ -155,11 +155,9 @@ impl<'a> Fields<'a> {
 
     /// A NUL-terminated string (must be UTF-8).
     pub(crate) fn cstr(&mut self) -> Result<&'a str, ProtocolError> {
-        let end = self
-            .rest
-            .iter()
-            .position(|&b| b == 0)
-            .ok_or(self.malformed("string without NUL terminator"))?;
+        // memchr: a byte-at-a-time search showed under callgrind for every query text.
+        let end = memchr::memchr(0, self.rest)
+            .ok_or_else(|| self.malformed("string without NUL terminator"))?;
         let s = std::str::from_utf8(&self.rest[..end])
             .map_err(|_| {
                 self.malformed(
