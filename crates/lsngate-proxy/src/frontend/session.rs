@@ -467,7 +467,7 @@ impl Session {
     fn runs_local_portal(
         &self,
         flight: &[FrontendMessage],
-        per_message: Vec<Option<&ClientStatement>>,
+        per_message: &[Option<&ClientStatement>],
     ) -> bool {
         if self.local_portals.is_empty() && per_message.iter().flatten().all(|s| s.local.is_none())
         {
@@ -818,13 +818,13 @@ impl Session {
             drained?;
         }
         let per_message = self.statement_per_message(&flight);
-        let used = flight_statements(&flight, &per_message);
+        let used = || flight_statements(&flight, &per_message);
         let ends_replica_block =
             self.flight_ends_replica_block_then_needs_primary(&flight, &per_message);
-        let portals_local = self.runs_local_portal(&flight, per_message);
-        let local = used.iter().flatten().filter(|s| s.local.is_some()).count();
+        let portals_local = self.runs_local_portal(&flight, &per_message);
+        let local = used().flatten().filter(|s| s.local.is_some()).count();
         if local > 0 || portals_local {
-            if local == used.len() {
+            if local == used().count() {
                 return self.answer_extended_locally(flight).await;
             }
             let message = "lsngate commands (SET/SHOW/RESET lsngate.*) cannot share a pipeline with SQL statements; send them with their own Sync";
@@ -832,7 +832,8 @@ impl Session {
                 .refuse_flight(&flight, sqlstate::FEATURE_NOT_SUPPORTED, message)
                 .await;
         }
-        if let Some(error) = used.iter().flatten().find_map(|s| s.hint_error.clone()) {
+        let hint_error = used().flatten().find_map(|s| s.hint_error.clone());
+        if let Some(error) = hint_error {
             return self
                 .refuse_flight(&flight, sqlstate::INVALID_PARAMETER_VALUE, &error)
                 .await;
@@ -847,7 +848,7 @@ impl Session {
         let mut floor = None;
         let mut scopes = Vec::new();
         let mut unknown = false;
-        for s in &used {
+        for s in used() {
             let Some(s) = s else {
                 unknown = true;
                 continue;
@@ -1117,11 +1118,12 @@ fn needs_primary_after_block(class: Class) -> bool {
 }
 
 /// The statements an extended-protocol flight prepares, binds or describes, from its
-/// [`Session::statement_per_message`]; `None` for a name the session does not know.
-fn flight_statements<'a>(
-    flight: &[FrontendMessage],
-    per_message: &[Option<&'a ClientStatement>],
-) -> Vec<Option<&'a ClientStatement>> {
+/// [`Session::statement_per_message`]; `None` for a name the session does not know. Walked
+/// where needed rather than collected (a vector allocated per flight).
+fn flight_statements<'s, 'a>(
+    flight: &'s [FrontendMessage],
+    per_message: &'s [Option<&'a ClientStatement>],
+) -> impl Iterator<Item = Option<&'a ClientStatement>> + 's {
     flight
         .iter()
         .zip(per_message)
@@ -1134,5 +1136,4 @@ fn flight_statements<'a>(
             )
         })
         .map(|(_, s)| *s)
-        .collect()
 }
