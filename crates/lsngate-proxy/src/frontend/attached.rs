@@ -285,6 +285,14 @@ pub struct Attached {
     pub segments_sent: u64,
     /// The client's Parses and Closes not answered yet, oldest first (see `pipeline.rs`).
     pub unconfirmed: VecDeque<super::pipeline::Unconfirmed>,
+    /// While `unconfirmed` holds a Parse of the unnamed statement: the client segment being
+    /// answered and how many of its messages the server has answered so far (counted from
+    /// their last reply: ParseComplete, BindComplete, CloseComplete, RowDescription or NoData,
+    /// CommandComplete, EmptyQueryResponse, PortalSuspended).
+    pub answered: (u64, u32),
+    /// The client segment and the position in it (as `answered`) of the message the server
+    /// last refused with an error.
+    pub refused_at: Option<(u64, u32)>,
     /// The client segment in flight is a RESET (or `SET ... TO DEFAULT`) sent as `set_config`
     /// (see `Session::reset_to_startup`): its row is dropped and its tag relayed as this.
     pub reset_rewritten: Option<&'static str>,
@@ -376,6 +384,8 @@ impl Attached {
             plan_changed_sent: false,
             segments_sent: 0,
             unconfirmed: VecDeque::new(),
+            answered: (0, 0),
+            refused_at: None,
             reset_rewritten: None,
             reset_tags: VecDeque::new(),
             reset_in_doubt: false,
@@ -456,6 +466,32 @@ impl Attached {
     /// the COPY, even before its CommandComplete came back).
     pub fn may_add_frames(&self) -> bool {
         !(self.batch.is_open() || self.copy.inside())
+    }
+
+    /// Counts a reply of the client segment being answered ([`Attached::answered`]), and
+    /// notes where an error refused a message ([`Attached::refused_at`]).
+    pub fn count_answer(&mut self, tag: u8) {
+        if !matches!(
+            tag,
+            b'1' | b'2' | b'3' | b'T' | b'n' | b'C' | b'I' | b's' | b'E'
+        ) {
+            return;
+        }
+        // Not while a stand-in for a proxy command answers (its segment is the proxy's).
+        let Some(segment) = self
+            .segments_sent
+            .checked_sub(self.client_segments_due() as u64)
+        else {
+            return;
+        };
+        if self.answered.0 != segment {
+            self.answered = (segment, 0);
+        }
+        match tag {
+            b'1' | b'2' | b'3' | b'T' | b'n' | b'C' | b'I' | b's' => self.answered.1 += 1,
+            b'E' => self.refused_at = Some(self.answered),
+            _ => {}
+        }
     }
 
     /// Client segments answered (or dropped, as the Syncs a COPY ignores): the number of the one

@@ -275,6 +275,7 @@ impl Session {
             segment: attached.segments_sent,
             answer: b'C',
             effects: all_dropped(held),
+            position: None,
         });
         all_in_doubt(&mut attached.conn);
     }

@@ -256,10 +256,17 @@ pub struct Unconfirmed {
     /// The tag of the answer that confirms it: ParseComplete, CloseComplete, or the
     /// CommandComplete of an Execute of `DEALLOCATE ALL`.
     pub answer: u8,
-    /// Its effects: none for one that changes nothing the proxy tracks (a Parse of the unnamed
-    /// statement or of a name the client holds, a Close of a portal), one per name dropped
-    /// for a `DEALLOCATE ALL`.
+    /// Its effects: none for one that changes nothing the proxy tracks (a Parse of a name the
+    /// client holds, a Close of a portal), one per name dropped for a `DEALLOCATE ALL`. A Parse
+    /// of the unnamed statement has one under `""`: the client's unnamed statement before it
+    /// and the identity it defines (the connection's side is put in doubt when it is undone).
     pub effects: Vec<Effect>,
+    /// A Parse of the unnamed statement: its position among the messages of its segment the
+    /// server answers one by one (Parse, Bind, Describe, Execute, Close), when the segment
+    /// began in its flight. An error answered at that position is its own: PostgreSQL then
+    /// has dropped the unnamed statement. At a later one it was skipped and the statement
+    /// before it stays (seed 20261212293).
+    pub position: Option<u32>,
 }
 
 /// What a Parse or Close of a named statement changed.

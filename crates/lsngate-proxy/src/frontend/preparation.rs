@@ -245,24 +245,56 @@ pub(super) fn preparation(
         defined_here.extend(u.effects.iter().map(|e| e.name.clone()));
     }
     let mut segment = attached.segments_sent;
+    // Each message's position among those of its segment the server answers one by one, while
+    // the segment began in this flight (not in a batch an earlier flight left open).
+    let mut answered_before = (!attached.batch.is_open()).then_some(0u32);
+    // The client's unnamed statement as each message finds it.
+    let mut unnamed_view = unnamed_before;
     let unconfirmed = &mut attached.unconfirmed;
-    let mut note = |segment: u64, answer: u8, effects: Vec<Effect>| {
+    let mut note = |segment: u64, answer: u8, effects: Vec<Effect>, position: Option<u32>| {
         unconfirmed.push_back(Unconfirmed {
             segment,
             answer,
             effects,
+            position,
         });
     };
     for (position, (m, here)) in flight.iter().zip(at).enumerate() {
+        let answered_at = answered_before;
         match m {
             FrontendMessage::Sync
             | FrontendMessage::Query(_)
-            | FrontendMessage::FunctionCall(_) => segment += 1,
+            | FrontendMessage::FunctionCall(_) => {
+                segment += 1;
+                answered_before = Some(0);
+            }
+            FrontendMessage::Parse { .. }
+            | FrontendMessage::Bind { .. }
+            | FrontendMessage::Describe { .. }
+            | FrontendMessage::Execute { .. }
+            | FrontendMessage::Close { .. } => answered_before = answered_before.map(|n| n + 1),
+            _ => {}
+        }
+        match m {
+            FrontendMessage::Query(_) => unnamed_view = None,
             FrontendMessage::Parse { statement, .. } if statement.is_empty() => {
-                note(segment, b'1', Vec::new())
+                // Undone if the server skips it or refuses it (`Session::undo_unconfirmed`).
+                let defined = here.statement();
+                let effect = Effect {
+                    name: String::new(),
+                    view_before: unnamed_view.cloned(),
+                    view_after: defined.map(|s| s.identity().to_string()),
+                    held_before: None,
+                    held_after: None,
+                };
+                note(segment, b'1', vec![effect], answered_at);
+                unnamed_view = defined;
             }
             FrontendMessage::Close { kind, name } if *kind != b'S' || name.is_empty() => {
-                note(segment, b'3', Vec::new())
+                if *kind == b'S' {
+                    unnamed_view = None;
+                }
+                note(segment, b'3', Vec::new(), None)
             }
             _ => {}
         }
@@ -270,7 +302,7 @@ pub(super) fn preparation(
             (FrontendMessage::Parse { statement, .. }, At::Duplicate(s))
                 if !statement.is_empty() =>
             {
-                note(segment, b'1', Vec::new());
+                note(segment, b'1', Vec::new(), None);
                 // The client already holds the name here: the server must too, to refuse
                 // the Parse (42P05) as it would directly. It keeps what it held.
                 let first = defined_here.insert(statement.clone()) && !server_decides;
@@ -310,6 +342,7 @@ pub(super) fn preparation(
                         held_before,
                         held_after: Some(identity),
                     }],
+                    None,
                 );
             }
             (
@@ -350,13 +383,14 @@ pub(super) fn preparation(
                         held_before,
                         held_after: None,
                     }],
+                    None,
                 );
             }
             (FrontendMessage::Execute { .. }, At::DeallocateAll) => {
                 // What the client held just before it, restored if the server skips it.
                 let held =
                     super::pipeline::held_after(client.statements, client.log, &flight[..position]);
-                note(segment, b'C', all_dropped(held));
+                note(segment, b'C', all_dropped(held), None);
                 all_in_doubt(conn);
                 if !may_inject {
                     continue;

@@ -315,6 +315,10 @@ impl Session {
             // is news to the client (`report_changes`).
             return Ok(());
         }
+        if !attached.unconfirmed.is_empty() {
+            // Which message an error refuses, for a Parse of the unnamed statement among them.
+            attached.count_answer(frame.tag);
+        }
         let mut frame = frame;
         if !attached.reset_tags.is_empty() {
             // Which Execute this answers (see `Attached::reset_tags`).
@@ -496,10 +500,26 @@ impl Session {
             .is_some_and(|u| u.segment < done)
         {
             if let Some(u) = attached.unconfirmed.pop_front() {
-                undone.extend(u.effects);
+                // A Parse of the unnamed statement refused itself dropped the one before it;
+                // one skipped after another message's error left it.
+                let refused = u
+                    .position
+                    .is_some_and(|p| attached.refused_at == Some((u.segment, p)));
+                undone.extend(u.effects.into_iter().map(|e| (e, refused)));
             }
         }
-        for effect in undone.into_iter().rev() {
+        for (mut effect, refused) in undone.into_iter().rev() {
+            if effect.name.is_empty() {
+                if refused {
+                    effect.view_before = None;
+                }
+                // What the connection holds as its unnamed statement is not known: the next
+                // flight that uses the client's parses it in front (or closes it).
+                let conn = &mut attached.conn;
+                if conn.unnamed.as_deref() == effect.view_after.as_deref() {
+                    conn.unnamed = Some(super::preparation::IN_DOUBT.into());
+                }
+            }
             let later = attached
                 .unconfirmed
                 .iter_mut()
@@ -511,7 +531,7 @@ impl Session {
                 continue;
             }
             let prepared = &mut attached.conn.prepared;
-            if prepared.get(&effect.name) == effect.held_after.as_ref() {
+            if !effect.name.is_empty() && prepared.get(&effect.name) == effect.held_after.as_ref() {
                 match effect.held_before {
                     Some(identity) => prepared.insert(effect.name.clone(), identity),
                     None => prepared.remove(&effect.name),
@@ -524,11 +544,22 @@ impl Session {
                 // Messages still pending touched the name: they start from what it really is,
                 // and the view after them is replayed from there.
                 before.1 = effect.view_before;
+                if effect.name.is_empty() {
+                    // They parsed or closed the unnamed statement (that is what put it in the
+                    // log): the view after them does not depend on what it was before.
+                    continue;
+                }
                 let after = super::pipeline::replay(&self.log, &self.pending, &effect.name);
                 match after {
                     Some(s) => self.statements.insert(effect.name, s),
                     None => self.statements.remove(&effect.name),
                 };
+                continue;
+            }
+            if effect.name.is_empty() {
+                if self.unnamed.as_ref().map(|s| s.identity()) == effect.view_after.as_deref() {
+                    self.unnamed = effect.view_before;
+                }
                 continue;
             }
             let now = self.statements.get(&effect.name).map(|s| s.identity());

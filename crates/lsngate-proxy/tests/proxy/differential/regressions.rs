@@ -1146,5 +1146,36 @@ pub fn known() -> Vec<(&'static str, Case)> {
                 q("SHOW application_name"),
             ]),
         ),
-    ]
+        (
+            // Seed 20261212293 (15.18, with replicas, 2026-12-06): a `Parse ""` skipped by the
+            // server after an earlier error in its pipeline (an Execute of no portal, 34000)
+            // still counted as the client's unnamed statement, so a later `Describe S ""`
+            // described it (its RowDescription) where PostgreSQL describes the one before
+            // (NoData).
+            "a Parse of the unnamed statement skipped after an error leaves the one before",
+            case(vec![
+                parse("", "EXECUTE q1"),
+                execute(),
+                parse("", "SELECT count(*) AS n, sum(v) AS total FROM {t}"),
+                sync(),
+                describe('S', ""),
+                sync(),
+            ]),
+        ),
+            (
+            // The other side of the one above: a `Parse ""` the server refuses itself has dropped
+            // the unnamed statement before it (PostgreSQL drops it first), so a Bind of it after
+            // the Sync gets 26000, on whichever connection it lands.
+            "a Parse of the unnamed statement refused itself leaves none",
+            case(vec![
+                parse("", "SELECT id, v FROM {t} ORDER BY id"),
+                sync(),
+                parse("", "SELECT nothing FROM no_such_table"),
+                sync(),
+                bind(""),
+                execute(),
+                sync(),
+            ]),
+        ),
+]
 }
