@@ -226,6 +226,16 @@ impl Batch {
     }
 }
 
+/// The queues of an attachment let go, emptied, for the next one: a client attaches a pooled
+/// connection for every transaction, and these would otherwise be allocated and freed each time
+/// (a Parse of the unnamed statement alone puts an entry in `unconfirmed`).
+#[derive(Debug, Default)]
+pub struct Spares {
+    expect: VecDeque<Owner>,
+    unconfirmed: VecDeque<super::pipeline::Unconfirmed>,
+    describing: VecDeque<Option<String>>,
+}
+
 /// A backend attached to the session.
 #[derive(Debug)]
 pub struct Attached {
@@ -359,9 +369,28 @@ impl Attached {
         self.rerun = None;
     }
 
-    /// `expect` is an empty queue to reuse (it keeps its allocation from client to client).
-    pub(super) fn new(conn: PooledConn, target: Target, expect: VecDeque<Owner>) -> Attached {
-        debug_assert!(expect.is_empty());
+    /// This attachment's queues, emptied, for the next one (before it is dropped).
+    pub(super) fn take_spares(&mut self) -> Spares {
+        let mut spares = Spares {
+            expect: std::mem::take(&mut self.expect),
+            unconfirmed: std::mem::take(&mut self.unconfirmed),
+            describing: std::mem::take(&mut self.describing),
+        };
+        spares.expect.clear();
+        spares.unconfirmed.clear();
+        spares.describing.clear();
+        spares
+    }
+
+    /// `spares` are the emptied queues of the attachment before (they keep their allocations
+    /// from transaction to transaction).
+    pub(super) fn new(conn: PooledConn, target: Target, spares: Spares) -> Attached {
+        let Spares {
+            expect,
+            unconfirmed,
+            describing,
+        } = spares;
+        debug_assert!(expect.is_empty() && unconfirmed.is_empty() && describing.is_empty());
         Attached {
             conn,
             target,
@@ -380,10 +409,10 @@ impl Attached {
             substitute: None,
             unprepared_in_aborted_block: None,
             may_commit: false,
-            describing: VecDeque::new(),
+            describing,
             plan_changed_sent: false,
             segments_sent: 0,
-            unconfirmed: VecDeque::new(),
+            unconfirmed,
             answered: (0, 0),
             refused_at: None,
             reset_rewritten: None,

@@ -367,8 +367,8 @@ impl Session {
         } else {
             Target::Primary
         };
-        let expect = std::mem::take(&mut self.spare_expect);
-        self.backend = Some(Attached::new(conn, serves, expect));
+        let spares = std::mem::take(&mut self.spares);
+        self.backend = Some(Attached::new(conn, serves, spares));
     }
 
     pub(super) async fn attach(
@@ -431,9 +431,7 @@ impl Session {
             return;
         };
         self.cancel_slot.lock().expect("cancel slot").target = None;
-        if attached.expect.is_empty() {
-            std::mem::swap(&mut self.spare_expect, &mut attached.expect);
-        }
+        self.spares = attached.take_spares();
         attached.conn.release();
         self.backend = None;
     }

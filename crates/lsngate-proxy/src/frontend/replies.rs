@@ -933,7 +933,6 @@ fn pins(tag: &[u8]) -> bool {
 /// session records.
 #[cfg(test)]
 mod tests {
-    use std::collections::VecDeque;
     use std::pin::Pin;
     use std::task::{Context, Poll, Waker};
 
@@ -974,7 +973,7 @@ mod tests {
         session.backend = Some(Attached::new(
             PooledConn::unpooled(conn),
             Target::Primary,
-            VecDeque::new(),
+            Default::default(),
         ));
         Harness {
             session,

@@ -70,9 +70,9 @@ pub struct Session {
     pub(super) unnamed: Option<ClientStatement>,
     pub(super) hint: RouteHint,
     pub(super) backend: Option<Attached>,
-    /// The reply queue of the last backend let go, kept for the next one (no allocation per
+    /// The queues of the last backend let go, kept for the next one (no allocation per
     /// transaction).
-    pub(super) spare_expect: std::collections::VecDeque<super::attached::Owner>,
+    pub(super) spares: super::attached::Spares,
     /// Transaction status from the last ReadyForQuery the client got.
     pub(super) status: TxStatus,
     /// Stay on one backend (session pooling, LISTEN).
@@ -202,7 +202,7 @@ impl Session {
             pools: Vec::new(),
             class_memo: Default::default(),
             definitions: Default::default(),
-            spare_expect: std::collections::VecDeque::with_capacity(4),
+            spares: Default::default(),
             pinned: config.pool_mode == crate::config::PoolMode::Session,
             proxy,
             io,
@@ -260,7 +260,7 @@ impl Session {
             pools: Vec::new(),
             class_memo: Default::default(),
             definitions: Default::default(),
-            spare_expect: std::collections::VecDeque::with_capacity(4),
+            spares: Default::default(),
             proxy,
             io,
             user: "app".into(),
