@@ -275,7 +275,7 @@ pub struct Effect {
     pub name: String,
     /// The client's statement under the name before it, and the identity after it.
     pub view_before: Option<ClientStatement>,
-    pub view_after: Option<String>,
+    pub view_after: Option<std::sync::Arc<str>>,
     /// What the connection held under the name before it, and after it.
     pub held_before: Option<String>,
     pub held_after: Option<String>,

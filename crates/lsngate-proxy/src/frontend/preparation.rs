@@ -283,7 +283,7 @@ pub(super) fn preparation(
                 let effect = Effect {
                     name: String::new(),
                     view_before: unnamed_view.cloned(),
-                    view_after: defined.map(|s| s.identity().to_string()),
+                    view_after: defined.map(|s| Arc::clone(&s.identity)),
                     held_before: None,
                     held_after: None,
                 };
@@ -338,7 +338,7 @@ pub(super) fn preparation(
                     vec![Effect {
                         name: statement.clone(),
                         view_before: None,
-                        view_after: Some(identity.clone()),
+                        view_after: Some(identity.as_str().into()),
                         held_before,
                         held_after: Some(identity),
                     }],
