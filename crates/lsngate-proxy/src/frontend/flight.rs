@@ -768,7 +768,13 @@ impl Session {
                 read_only_violation: false,
             });
         }
-        attached.rerun = (keep_for_retry || attached.read.is_some()).then_some((flight, class));
+        if keep_for_retry || attached.read.is_some() {
+            attached.rerun = Some((flight, class));
+        } else if attached.retry.is_none() {
+            // A flight sent behind a read still held back (inside the batch its unsynced tail
+            // opened) leaves that read's flight for its re-run.
+            attached.rerun = None;
+        }
         if let Err(e) = sent {
             return self.backend_lost(e).await;
         }
