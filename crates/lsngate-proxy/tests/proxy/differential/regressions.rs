@@ -1162,7 +1162,7 @@ pub fn known() -> Vec<(&'static str, Case)> {
                 sync(),
             ]),
         ),
-            (
+        (
             // The other side of the one above: a `Parse ""` the server refuses itself has dropped
             // the unnamed statement before it (PostgreSQL drops it first), so a Bind of it after
             // the Sync gets 26000, on whichever connection it lands.
@@ -1177,5 +1177,5 @@ pub fn known() -> Vec<(&'static str, Case)> {
                 sync(),
             ]),
         ),
-]
+    ]
 }
