@@ -551,6 +551,17 @@ fn verify_through_the_proxy_under_every_fault_finds_no_violation() {
         && e["kind"] == "read"
         && e["server"]["in_recovery"] == true
         && e["server"]["port"].is_i64()));
+    // And last, the op ids on the primary at the end: every acknowledged write among them, so
+    // a lost, duplicated or phantom verdict can be read again from the file.
+    let last = entries.last().unwrap();
+    assert_eq!(last["type"], "committed", "{last}");
+    for write in entries
+        .iter()
+        .filter(|e| e["type"] == "op" && e["kind"] == "write" && e["outcome"] == "ok")
+    {
+        let id = write["op_id"].as_str().unwrap();
+        assert_eq!(last["committed"][id], 1, "{id}");
+    }
 }
 
 #[test]

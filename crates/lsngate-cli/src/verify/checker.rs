@@ -2,7 +2,8 @@
 //! found on the primary at the end, says which reads broke read-your-writes or monotonic reads,
 //! which acknowledged writes were lost or applied twice, which writes ended with an unknown
 //! outcome, and which operations hung. Pure: no I/O, no clock — the same history always gives
-//! the same verdict, so a failing run's `--history` file can be checked again and again.
+//! the same verdict, so a failing run's `--history` file (which ends with the op ids found on
+//! the primary) can be checked again and again.
 //!
 //! The registers make the check exact: every committed write raises its key's version by one
 //! under the row lock, so "read saw version v" means "saw exactly the writes to that key up to

@@ -1,6 +1,6 @@
-//! What a verify run did and saw, one record per operation and per fault: the input of the
-//! checker and the `--history FILE` format (JSON lines, one [`Entry`] a line, in completion
-//! order). Records only what the clients observed — which server answered comes from PostgreSQL
+//! What a verify run did and saw, one record per operation and per fault, and last what the
+//! primary held at the end: the input of the checker and the `--history FILE` format (JSON
+//! lines, one [`Entry`] a line, in completion order). Records only what the clients observed — which server answered comes from PostgreSQL
 //! itself (`pg_is_in_recovery()`, `inet_server_port()`), never from the proxy's counters.
 //! Not the checker: nothing here judges an operation.
 
@@ -15,6 +15,12 @@ use serde::{Deserialize, Serialize};
 pub enum Entry {
     Op(Op),
     Fault(FaultWindow),
+    /// The last line: each write's op id found on the primary at the end, with how many times
+    /// (what the lost, duplicated and phantom verdicts are read from; before 2026-12-06 it was
+    /// not written, so a history could not show them again).
+    Committed {
+        committed: std::collections::BTreeMap<String, u32>,
+    },
 }
 
 /// What an operation does to its register.
@@ -130,8 +136,13 @@ impl FaultWindow {
     }
 }
 
-/// Writes the history as JSON lines.
-pub fn write(path: &Path, ops: &[Op], faults: &[FaultWindow]) -> anyhow::Result<()> {
+/// Writes the history as JSON lines, ending with the op ids `committed` on the primary.
+pub fn write(
+    path: &Path,
+    ops: &[Op],
+    faults: &[FaultWindow],
+    committed: &std::collections::HashMap<String, u32>,
+) -> anyhow::Result<()> {
     let mut out = std::io::BufWriter::new(std::fs::File::create(path)?);
     let mut entries: Vec<(f64, Entry)> = ops
         .iter()
@@ -139,7 +150,10 @@ pub fn write(path: &Path, ops: &[Op], faults: &[FaultWindow]) -> anyhow::Result<
         .chain(faults.iter().map(|f| (f.end_ms, Entry::Fault(f.clone()))))
         .collect();
     entries.sort_by(|a, b| a.0.total_cmp(&b.0));
-    for (_, entry) in entries {
+    let committed = Entry::Committed {
+        committed: committed.iter().map(|(k, v)| (k.clone(), *v)).collect(),
+    };
+    for entry in entries.into_iter().map(|(_, e)| e).chain([committed]) {
         serde_json::to_writer(&mut out, &entry)?;
         out.write_all(b"\n")?;
     }
@@ -147,18 +161,28 @@ pub fn write(path: &Path, ops: &[Op], faults: &[FaultWindow]) -> anyhow::Result<
     Ok(())
 }
 
+/// What a history written by [`write`] holds: operations, faults, and the op ids committed.
+#[cfg(test)]
+pub type Parsed = (
+    Vec<Op>,
+    Vec<FaultWindow>,
+    std::collections::BTreeMap<String, u32>,
+);
+
 /// Reads a history written by [`write`].
 #[cfg(test)]
-pub fn parse(text: &str) -> anyhow::Result<(Vec<Op>, Vec<FaultWindow>)> {
+pub fn parse(text: &str) -> anyhow::Result<Parsed> {
     let mut ops = Vec::new();
     let mut faults = Vec::new();
+    let mut committed = std::collections::BTreeMap::new();
     for line in text.lines().filter(|l| !l.trim().is_empty()) {
         match serde_json::from_str(line)? {
             Entry::Op(op) => ops.push(op),
             Entry::Fault(fault) => faults.push(fault),
+            Entry::Committed { committed: c } => committed = c,
         }
     }
-    Ok((ops, faults))
+    Ok((ops, faults, committed))
 }
 
 #[cfg(test)]
@@ -193,14 +217,24 @@ mod tests {
             start_ms: 0.5,
             end_ms: 3.0,
         }];
+        let committed =
+            std::collections::HashMap::from([("p1-1".to_string(), 1), ("p2-4".into(), 2)]);
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("h.jsonl");
-        write(&path, &ops, &faults).unwrap();
+        write(&path, &ops, &faults, &committed).unwrap();
         let text = std::fs::read_to_string(&path).unwrap();
         assert!(
             text.lines().next().unwrap().contains(r#""type":"op""#),
             "{text}"
         );
-        assert_eq!(parse(&text).unwrap(), (ops, faults));
+        assert!(
+            text.lines()
+                .last()
+                .unwrap()
+                .contains(r#""type":"committed""#),
+            "{text}"
+        );
+        let expected = committed.into_iter().collect();
+        assert_eq!(parse(&text).unwrap(), (ops, faults, expected));
     }
 }

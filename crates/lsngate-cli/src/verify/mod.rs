@@ -254,7 +254,7 @@ pub async fn run(args: VerifyArgs) -> anyhow::Result<bool> {
         &rules(args.mode, library, hang_after),
     );
     if let Some(path) = &args.history {
-        history::write(path, &ops, &fault_windows)
+        history::write(path, &ops, &fault_windows, &final_state.committed)
             .with_context(|| format!("writing the history to {}", path.display()))?;
     }
     let mut summary = Summary {
