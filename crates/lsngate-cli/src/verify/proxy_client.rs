@@ -9,11 +9,14 @@
 //! `BEGIN READ ONLY … COMMIT` blocks, which the proxy routes to a replica as a whole.
 //! Not the workload: which floor a read carries is decided there.
 
+use std::time::Duration;
+
 use lsngate_core::Lsn;
+use tokio_postgres::error::SqlState;
 use tokio_postgres::types::Type;
 use tokio_postgres::{Client, SimpleQueryMessage, Statement};
 
-use super::client::{Failure, READ_SQL, Seen, WRITE_SQL, Written, seen};
+use super::client::{Effect, Failure, READ_SQL, Seen, WRITE_SQL, Written, seen};
 use super::workload::Mode;
 use crate::inproc_proxy;
 
@@ -74,7 +77,9 @@ impl ProxyClient {
             .query_one(&self.write, &[&op_id, &key, &process])
             .await?;
         let commit = match self.mode {
-            Mode::Token => commit_lsn(&self.main).await?,
+            Mode::Token => commit_lsn_once_known(&self.main)
+                .await
+                .map_err(committed_without_position)?,
             _ => None,
         };
         Ok(Written {
@@ -133,6 +138,39 @@ fn with_floor(sql: &str, floor: Option<Lsn>) -> String {
     }
 }
 
+/// How long a write waits for the proxy to learn a commit position it lost with the primary
+/// connection (`SHOW lsngate.commit_lsn` refused with 55000 until the primary answers), asking
+/// again every [`POSITION_RETRY`].
+const POSITION_PATIENCE: Duration = Duration::from_secs(2);
+const POSITION_RETRY: Duration = Duration::from_millis(100);
+
+/// The position of the commit just acknowledged. When the proxy lost it with the primary
+/// connection it says so (55000) and asks to be asked again once the primary answers: an
+/// application in token mode asks again, for [`POSITION_PATIENCE`] at most.
+async fn commit_lsn_once_known(client: &Client) -> Result<Option<Lsn>, tokio_postgres::Error> {
+    let deadline = tokio::time::Instant::now() + POSITION_PATIENCE;
+    loop {
+        match commit_lsn(client).await {
+            Err(e)
+                if e.code() == Some(&SqlState::OBJECT_NOT_IN_PREREQUISITE_STATE)
+                    && tokio::time::Instant::now() + POSITION_RETRY < deadline =>
+            {
+                tokio::time::sleep(POSITION_RETRY).await;
+            }
+            answered => return answered,
+        }
+    }
+}
+
+/// A write whose statement was acknowledged (an autocommit statement: it committed) and whose
+/// commit position could not be had: committed, version known to the client but not its
+/// position — never "failed", whatever the position query's error says.
+fn committed_without_position(e: tokio_postgres::Error) -> Failure {
+    let mut failure = Failure::from(e);
+    failure.effect = Effect::Committed;
+    failure
+}
+
 /// `SHOW lsngate.commit_lsn`: the position of this connection's last commit, from the proxy.
 async fn commit_lsn(client: &Client) -> Result<Option<Lsn>, tokio_postgres::Error> {
     let messages = client.simple_query("SHOW lsngate.commit_lsn").await?;
@@ -140,4 +178,63 @@ async fn commit_lsn(client: &Client) -> Result<Option<Lsn>, tokio_postgres::Erro
         SimpleQueryMessage::Row(row) => row.get(0).and_then(|text| Lsn::parse(text).ok()),
         _ => None,
     }))
+}
+
+#[cfg(test)]
+mod tests {
+    use lsngate_cluster::{Cluster, ClusterConfig, Fault, Forwarder};
+
+    use super::*;
+    use crate::inproc_proxy::{InProcessProxy, ProxySetup};
+    use crate::verify::workload::{LOG_TABLE, schema_sql};
+
+    /// Found by `verify --mode token` on 15.18 (seed 20261213101, a failover under way): the
+    /// write was acknowledged, the proxy lost its commit position with the primary connection
+    /// and refused `SHOW lsngate.commit_lsn` with 55000 ("the client's last commit went
+    /// through"), and the client recorded the write as failed — so the checker called the
+    /// committed row a phantom. A write acknowledged before its position was lost is committed.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_write_whose_commit_position_the_proxy_lost_is_committed_not_failed() {
+        let cluster = Cluster::start(&ClusterConfig {
+            replicas: 0,
+            ..ClusterConfig::default()
+        })
+        .unwrap();
+        cluster.primary().sql(&schema_sql(1)).unwrap();
+        let forwarder = Forwarder::start(cluster.primary().port()).unwrap();
+        forwarder.spare("lsngate-proxy-monitor");
+        let primary = format!(
+            "postgres://postgres@127.0.0.1:{}/postgres",
+            forwarder.port()
+        );
+        let setup = ProxySetup::new(&primary, &[], 1, Duration::from_millis(200)).unwrap();
+        let proxy = InProcessProxy::start(&setup).await.unwrap();
+        let mut client = ProxyClient::open(proxy.client_config(), Mode::Token, None)
+            .await
+            .unwrap();
+        let first = client.write("p0-1", 0, 0).await.unwrap();
+        assert!(first.commit.is_some(), "a position for a healthy commit");
+
+        forwarder.set(Fault::CutAfterReady);
+        let lost = client.write("p0-2", 0, 0).await;
+        let failure = lost.err().expect(
+            "the primary stays unreachable after the cut, so the position cannot be learned",
+        );
+        assert_eq!(failure.sqlstate, "55000", "{failure:?}");
+        assert_eq!(
+            failure.effect,
+            Effect::Committed,
+            "an acknowledged write whose position was lost: {failure:?}"
+        );
+        forwarder.set(Fault::None);
+        let logged = cluster
+            .primary()
+            .sql(&format!(
+                "SELECT count(*) FROM {LOG_TABLE} WHERE op_id = 'p0-2'"
+            ))
+            .unwrap();
+        assert_eq!(logged.trim(), "1", "the write committed");
+        drop(client);
+        proxy.shutdown().await.unwrap();
+    }
 }
