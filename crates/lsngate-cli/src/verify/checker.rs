@@ -17,7 +17,10 @@ use super::history::{FaultWindow, Op, OpKind, Outcome};
 
 /// What the mode under test promises, beyond a session's own writes and monotonic reads (which
 /// every mode but `eventual` promises, and which the checker holds `eventual` to as well: that is
-/// what the self-test shows failing).
+/// what the self-test shows failing). A session is one connection of a process (`Op::session`):
+/// neither the proxy nor the library can know that a new connection is the same client, so
+/// those two promises start afresh when a process connects again. What a token, a scope or
+/// `global` promises spans connections.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Rules {
     /// `session`, `global`, `eventual`: a process's reads see its own acknowledged writes. Not in
@@ -139,11 +142,18 @@ pub fn check(
     let mut counts = Counts::default();
 
     for indices in by_process.values() {
-        // Per key: the newest own acknowledged write, the newest version read.
+        // Per key: the newest own acknowledged write, the newest version read — in the
+        // current session: a process that connects again starts a new one.
         let mut own_floor: HashMap<i32, i64> = HashMap::new();
         let mut seen: HashMap<i32, i64> = HashMap::new();
+        let mut session = None;
         for &i in indices {
             let op = &ops[i];
+            if session != Some(op.session) {
+                session = Some(op.session);
+                own_floor.clear();
+                seen.clear();
+            }
             if let (true, Some(version)) =
                 (op.is_acknowledged_write() && rules.own_writes, op.version)
             {
@@ -448,6 +458,7 @@ mod tests {
     fn write(process: usize, key: i32, id: &str, at: f64, version: i64) -> Op {
         Op {
             process,
+            session: 1,
             kind: OpKind::Write,
             key,
             scope: None,
@@ -467,6 +478,7 @@ mod tests {
     fn read(process: usize, key: i32, at: f64, version: i64, replica: bool) -> Op {
         Op {
             process,
+            session: 1,
             kind: OpKind::Read,
             key,
             scope: None,
@@ -560,6 +572,48 @@ mod tests {
         let verdict = check(&ops, &[], &all_committed(&ops), &SESSION);
         assert_eq!(kinds(&verdict), vec![ViolationKind::NonMonotonic]);
         assert_eq!(verdict.violations[0].op, 3);
+    }
+
+    /// Found by `verify --mode token` on 15.18 (seed 20261213206): a process read version 2329
+    /// of a key on one replica, lost its connections while the primary was killed, connected
+    /// again and read 2328 on the other replica, which had its token but not that version. A new
+    /// connection is a new session to the proxy: nothing told it what the old one had read, and
+    /// the token promises only the process's own commits. Within one session going back stays a
+    /// violation; so does a token missed after a reconnect.
+    #[test]
+    fn a_session_promise_starts_afresh_when_the_process_connects_again() {
+        let mut again = read(1, 5, 6.0, 1, true);
+        again.session = 2;
+        let ops = vec![
+            write(2, 5, "p2-0", 0.0, 1),
+            write(2, 5, "p2-1", 2.0, 2),
+            read(1, 5, 4.0, 2, false),
+            again,
+        ];
+        let verdict = check(&ops, &[], &all_committed(&ops), &SESSION);
+        assert_eq!(kinds(&verdict), vec![], "{verdict:?}");
+
+        // Its own write, acknowledged in the session before: not owed to the new one either.
+        let mut after = read(1, 5, 6.0, 0, true);
+        after.session = 2;
+        let ops = vec![write(1, 5, "p1-0", 0.0, 1), after];
+        let verdict = check(&ops, &[], &all_committed(&ops), &SESSION);
+        assert_eq!(kinds(&verdict), vec![], "{verdict:?}");
+
+        // A token spans sessions: the floor it carries is still owed.
+        let token = Rules {
+            own_writes: false,
+            token_floors: true,
+            ..SESSION
+        };
+        let mut carried = write(1, 5, "p1-0", 0.0, 1);
+        carried.lsn = Some("0/10".into());
+        let mut owed = read(1, 5, 6.0, 0, true);
+        owed.session = 2;
+        owed.lsn = Some("0/10".into());
+        let ops = vec![carried, owed];
+        let verdict = check(&ops, &[], &all_committed(&ops), &token);
+        assert_eq!(kinds(&verdict), vec![ViolationKind::Stale], "{verdict:?}");
     }
 
     #[test]

@@ -66,6 +66,12 @@ pub struct Server {
 pub struct Op {
     /// The client that ran it; its operations never overlap.
     pub process: usize,
+    /// Which of the process's sessions ran it: 1 for its first connection, one more each time it
+    /// connects again after giving a connection up (0 in histories written before it was
+    /// recorded: one session). A session's own promises (its own writes, monotonic reads) hold
+    /// within it; a new connection is a new session to the proxy and the library alike.
+    #[serde(default)]
+    pub session: u32,
     pub kind: OpKind,
     /// The register.
     pub key: i32,
@@ -193,6 +199,7 @@ mod tests {
     fn a_history_round_trips_through_json_lines() {
         let ops = vec![Op {
             process: 1,
+            session: 2,
             kind: OpKind::Read,
             key: 3,
             scope: None,

@@ -148,6 +148,8 @@ struct Process {
     written: Vec<i32>,
     /// Token mode: the newest commit position of this process's writes.
     token: Option<Lsn>,
+    /// Connections opened so far: the current one's session number.
+    sessions: u32,
     writes: u64,
     transactions: u64,
     ops: Vec<Op>,
@@ -166,6 +168,7 @@ impl Process {
             client: None,
             written: Vec::new(),
             token: None,
+            sessions: 0,
             writes: 0,
             transactions: 0,
             ops: Vec::new(),
@@ -216,6 +219,7 @@ impl Process {
         let invoke_ms = self.ms();
         Op {
             process: self.id,
+            session: self.sessions,
             kind,
             key,
             scope: self.scope(),
@@ -248,6 +252,7 @@ impl Process {
         match opened {
             Ok(Ok(client)) => {
                 self.client = Some(client);
+                self.sessions += 1;
                 true
             }
             failed => {
