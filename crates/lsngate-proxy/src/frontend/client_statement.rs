@@ -68,7 +68,7 @@ impl ClientStatement {
 #[derive(Debug, Default)]
 pub struct DefinitionMemo {
     /// The client's text (before hint comments were taken out), and what it defines.
-    entries: Vec<(Arc<str>, ClientStatement)>,
+    entries: Vec<(Arc<str>, Arc<ClientStatement>)>,
     next: usize,
 }
 
@@ -77,19 +77,19 @@ const MEMO_SIZE: usize = 8;
 impl DefinitionMemo {
     /// The definition of a Parse of `query` with `param_types`, as fresh as a new one (no shape
     /// seen), when one was memoised.
-    pub fn get(&self, param_types: &[u32], query: &str) -> Option<ClientStatement> {
+    pub fn get(&self, param_types: &[u32], query: &str) -> Option<Arc<ClientStatement>> {
         self.entries
             .iter()
             .find(|(text, s)| {
                 same_text(text, query) && crate::net::same(&s.param_types, param_types)
             })
-            .map(|(_, s)| s.clone())
+            .map(|(_, s)| Arc::clone(s))
     }
 
     /// Keeps `defined`, a fresh definition of the client's `query`, in place of the oldest. Not
     /// one whose comment gave a floor or a scope, or had one refused: a token is checked against
     /// the clock (it expires), so each Parse of it is checked again.
-    pub fn keep(&mut self, query: &str, defined: &ClientStatement) {
+    pub fn keep(&mut self, query: &str, defined: &Arc<ClientStatement>) {
         if defined.floor.is_some() || defined.scope.is_some() || defined.hint_error.is_some() {
             return;
         }
@@ -98,7 +98,7 @@ impl DefinitionMemo {
         } else {
             Arc::from(query)
         };
-        let entry = (text, defined.clone());
+        let entry = (text, Arc::clone(defined));
         if self.entries.len() < MEMO_SIZE {
             self.entries.push(entry);
         } else {
@@ -172,12 +172,13 @@ mod tests {
         let mut memo = DefinitionMemo::default();
         // Kept under the client's text, hint comment included, not the text sent.
         let client = "/* lsngate:route=primary */ SELECT $1";
-        memo.keep(client, &defined("SELECT $1"));
+        memo.keep(client, &Arc::new(defined("SELECT $1")));
         assert_eq!(&*memo.get(&[23], client).unwrap().query, "SELECT $1");
         assert!(memo.get(&[23], "SELECT $1").is_none());
         assert!(memo.get(&[25], client).is_none(), "other parameter types");
         for i in 0..MEMO_SIZE {
-            memo.keep(&format!("SELECT {i}"), &defined(&format!("SELECT {i}")));
+            let query = format!("SELECT {i}");
+            memo.keep(&query, &Arc::new(defined(&query)));
         }
         assert!(memo.get(&[23], client).is_none(), "the oldest went");
         assert!(memo.get(&[23], "SELECT 0").is_some());
@@ -190,7 +191,7 @@ mod tests {
         let mut memo = DefinitionMemo::default();
         let mut refused = defined("SELECT 1");
         refused.hint_error = Some("invalid lsngate_min_lsn comment".into());
-        memo.keep("/* lsngate_min_lsn=x */ SELECT 1", &refused);
+        memo.keep("/* lsngate_min_lsn=x */ SELECT 1", &Arc::new(refused));
         assert!(
             memo.get(&[23], "/* lsngate_min_lsn=x */ SELECT 1")
                 .is_none()
@@ -200,7 +201,7 @@ mod tests {
             lsn: lsngate_core::Lsn::new(1),
             timeline: None,
         });
-        memo.keep("/* lsngate_min_lsn=0/1 */ SELECT 1", &floored);
+        memo.keep("/* lsngate_min_lsn=0/1 */ SELECT 1", &Arc::new(floored));
         assert!(
             memo.get(&[23], "/* lsngate_min_lsn=0/1 */ SELECT 1")
                 .is_none()

@@ -568,7 +568,7 @@ impl Session {
             let kept = after.map(|after| {
                 after
                     .into_iter()
-                    .map(|(name, s)| (name, s.clone()))
+                    .map(|(name, s)| (name, Arc::clone(s)))
                     .collect::<std::collections::HashMap<_, _>>()
             });
             (

@@ -13,6 +13,8 @@
 
 use std::collections::HashMap;
 
+use std::sync::Arc;
+
 use super::client_statement::ClientStatement;
 use crate::net::{FrontendMessage, NameMap, same_text};
 
@@ -21,9 +23,9 @@ use crate::net::{FrontendMessage, NameMap, same_text};
 pub struct FlightLog {
     /// Each name the flight parsed or closed, with the statement the client held under it
     /// before the flight's first message that touched it (`""` is the unnamed statement).
-    pub before: Vec<(String, Option<ClientStatement>)>,
+    pub before: Vec<(String, Option<Arc<ClientStatement>>)>,
     /// What each Parse of the flight defines, in order.
-    pub parsed: Vec<(String, ClientStatement)>,
+    pub parsed: Vec<(String, Arc<ClientStatement>)>,
 }
 
 impl FlightLog {
@@ -35,7 +37,7 @@ impl FlightLog {
     }
 
     /// Records the value of `name` before the flight first touches it.
-    pub fn touch(&mut self, name: &str, current: Option<&ClientStatement>) {
+    pub fn touch(&mut self, name: &str, current: Option<&Arc<ClientStatement>>) {
         if !self.before.iter().any(|(n, _)| same_text(n, name)) {
             self.before.push((name.to_string(), current.cloned()));
         }
@@ -48,16 +50,21 @@ pub enum At<'a> {
     /// Not a message that names a statement, or a name the client does not hold there.
     Nothing,
     /// The statement a Bind or Describe names, or the one a Parse defines.
-    Statement(&'a ClientStatement),
+    Statement(&'a Arc<ClientStatement>),
     /// A Parse of a name the client already holds there: the server refuses it with `42P05` and
     /// keeps this one.
-    Duplicate(&'a ClientStatement),
+    Duplicate(&'a Arc<ClientStatement>),
     /// An Execute of a portal bound to `DEALLOCATE ALL`: every named statement is gone after it.
     DeallocateAll,
 }
 
 impl<'a> At<'a> {
     pub fn statement(self) -> Option<&'a ClientStatement> {
+        self.definition().map(|s| &**s)
+    }
+
+    /// [`At::statement`], shared.
+    pub fn definition(self) -> Option<&'a Arc<ClientStatement>> {
         match self {
             At::Statement(s) | At::Duplicate(s) => Some(s),
             At::Nothing | At::DeallocateAll => None,
@@ -66,39 +73,38 @@ impl<'a> At<'a> {
 }
 
 /// The named statements the client holds after a flight, with their definitions.
-pub type Kept<'a> = Vec<(String, &'a ClientStatement)>;
+pub type Kept<'a> = Vec<(String, &'a Arc<ClientStatement>)>;
 
 /// The client's view replayed over `flight`: per message its [`At`], and, when a
 /// `DEALLOCATE ALL` runs in it, the named statements the client holds after the flight.
 /// `statements` and `unnamed` are the view after the flight's messages, `log` how the flight
 /// got there (empty for a flight re-run later: its Parses then count as defining).
 pub fn statements_at<'a>(
-    statements: &'a HashMap<String, ClientStatement>,
-    unnamed: Option<&'a ClientStatement>,
+    statements: &'a HashMap<String, Arc<ClientStatement>>,
+    unnamed: Option<&'a Arc<ClientStatement>>,
     log: &'a FlightLog,
     flight: &[FrontendMessage],
 ) -> (Vec<At<'a>>, Option<Kept<'a>>) {
     // The flight's own changes so far, by name; untouched names are what they were before it.
-    let mut now: NameMap<'_, Option<&'a ClientStatement>> = NameMap::default();
+    let mut now: NameMap<'_, Option<&'a Arc<ClientStatement>>> = NameMap::default();
     let mut all_gone = false;
     let mut parsed = log.parsed.iter();
     // Portals bound in this flight to DEALLOCATE ALL (kept only for those).
     let mut deallocating: Vec<&str> = Vec::new();
-    let before = |name: &str| -> Option<&'a ClientStatement> {
+    let before = |name: &str| -> Option<&'a Arc<ClientStatement>> {
         match log.before.iter().find(|(n, _)| same_text(n, name)) {
             Some((_, s)) => s.as_ref(),
             None if name.is_empty() => unnamed,
             None => statements.get(name),
         }
     };
-    let lookup =
-        |now: &NameMap<'_, Option<&'a ClientStatement>>, all_gone: bool, name: &str| match now
-            .get(name)
-        {
-            Some(s) => *s,
-            None if all_gone && !name.is_empty() => None,
-            None => before(name),
-        };
+    let lookup = |now: &NameMap<'_, Option<&'a Arc<ClientStatement>>>,
+                  all_gone: bool,
+                  name: &str| match now.get(name) {
+        Some(s) => *s,
+        None if all_gone && !name.is_empty() => None,
+        None => before(name),
+    };
     let mut at = Vec::with_capacity(flight.len());
     for m in flight {
         let here = match m {
@@ -185,13 +191,13 @@ pub fn statements_at<'a>(
 
 /// The named statements the client holds after `flight` (a flight's first messages, say).
 pub fn held_after(
-    statements: &HashMap<String, ClientStatement>,
+    statements: &HashMap<String, Arc<ClientStatement>>,
     log: &FlightLog,
     flight: &[FrontendMessage],
-) -> Vec<(String, ClientStatement)> {
+) -> Vec<(String, Arc<ClientStatement>)> {
     let (_, after) = statements_at(statements, None, log, flight);
     if let Some(after) = after {
-        return after.into_iter().map(|(n, s)| (n, s.clone())).collect();
+        return after.into_iter().map(|(n, s)| (n, Arc::clone(s))).collect();
     }
     let mut names: Vec<&str> = statements.keys().map(String::as_str).collect();
     names.extend(log.before.iter().map(|(n, _)| n.as_str()));
@@ -210,15 +216,19 @@ pub fn held_after(
             with_probe.push(probe);
             let (at, _) = statements_at(statements, None, log, &with_probe);
             at.last()
-                .and_then(|a| a.statement())
-                .map(|s| (name.to_string(), s.clone()))
+                .and_then(|a| a.definition())
+                .map(|s| (name.to_string(), Arc::clone(s)))
         })
         .collect()
 }
 
 /// The client's statement under `name` after the pending messages `pending`, from what it was
 /// before them (`log`): Parses of a name it holds change nothing, Closes drop it.
-pub fn replay(log: &FlightLog, pending: &[FrontendMessage], name: &str) -> Option<ClientStatement> {
+pub fn replay(
+    log: &FlightLog,
+    pending: &[FrontendMessage],
+    name: &str,
+) -> Option<Arc<ClientStatement>> {
     let mut held = log
         .before
         .iter()
@@ -274,7 +284,7 @@ pub struct Unconfirmed {
 pub struct Effect {
     pub name: String,
     /// The client's statement under the name before it, and the identity after it.
-    pub view_before: Option<ClientStatement>,
+    pub view_before: Option<Arc<ClientStatement>>,
     pub view_after: Option<std::sync::Arc<str>>,
     /// What the connection held under the name before it, and after it.
     pub held_before: Option<String>,

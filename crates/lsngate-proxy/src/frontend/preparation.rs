@@ -107,7 +107,7 @@ pub(super) const IN_DOUBT: &str = "";
 /// before it: every one gone from the client's view, put back if the server does not confirm it
 /// ran (`replies.rs` `undo_unconfirmed`).
 pub(super) fn all_dropped(
-    held: impl IntoIterator<Item = (String, ClientStatement)>,
+    held: impl IntoIterator<Item = (String, Arc<ClientStatement>)>,
 ) -> Vec<Effect> {
     held.into_iter()
         .map(|(name, s)| Effect {
@@ -161,8 +161,8 @@ pub(super) fn closes_unnamed(flight: &[FrontendMessage]) -> bool {
 pub(super) struct ClientView<'a> {
     pub settings: &'a Settings,
     pub closing: &'a std::collections::VecDeque<String>,
-    pub statements: &'a HashMap<String, ClientStatement>,
-    pub unnamed: Option<&'a ClientStatement>,
+    pub statements: &'a HashMap<String, Arc<ClientStatement>>,
+    pub unnamed: Option<&'a Arc<ClientStatement>>,
     pub log: &'a FlightLog,
 }
 
@@ -203,7 +203,7 @@ pub(super) fn preparation(
     };
     statements.extend(unnamed_preparation(
         conn,
-        unnamed_before,
+        unnamed_before.map(|s| &**s),
         flight,
         at,
         may_inject,
@@ -279,7 +279,7 @@ pub(super) fn preparation(
             FrontendMessage::Query(_) => unnamed_view = None,
             FrontendMessage::Parse { statement, .. } if statement.is_empty() => {
                 // Undone if the server skips it or refuses it (`Session::undo_unconfirmed`).
-                let defined = here.statement();
+                let defined = here.definition();
                 let effect = Effect {
                     name: String::new(),
                     view_before: unnamed_view.cloned(),
@@ -378,7 +378,7 @@ pub(super) fn preparation(
                     b'3',
                     vec![Effect {
                         name: name.clone(),
-                        view_before: here.statement().cloned(),
+                        view_before: here.definition().cloned(),
                         view_after: None,
                         held_before,
                         held_after: None,
@@ -414,8 +414,7 @@ pub(super) fn preparation(
             .filter(|(name, identity)| {
                 !defined_here.contains(*name)
                     && !crate::causal::sql::is_proxy_statement(name)
-                    && client.statements.get(*name).map(ClientStatement::identity)
-                        != Some(identity.as_str())
+                    && client.statements.get(*name).map(|s| s.identity()) != Some(identity.as_str())
             })
             .map(|(name, _)| name.clone())
             .collect();

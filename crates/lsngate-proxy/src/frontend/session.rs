@@ -65,9 +65,9 @@ pub struct Session {
     pub(super) database: String,
     /// Settings to apply on every backend: name → SQL value text.
     pub(super) settings: crate::backend::Settings,
-    pub(super) statements: HashMap<String, ClientStatement>,
+    pub(super) statements: HashMap<String, Arc<ClientStatement>>,
     /// The last unnamed Parse, for Binds to "".
-    pub(super) unnamed: Option<ClientStatement>,
+    pub(super) unnamed: Option<Arc<ClientStatement>>,
     pub(super) hint: RouteHint,
     pub(super) backend: Option<Attached>,
     /// The queues of the last backend let go, kept for the next one (no allocation per
@@ -697,7 +697,7 @@ impl Session {
 
     /// What a Parse of `query` with `param_types` defines, and the text the server gets for it
     /// (hint comments taken out, a `RESET` of a startup setting sent as its `SET`).
-    fn define(&mut self, param_types: &[u32], query: String) -> (ClientStatement, String) {
+    fn define(&mut self, param_types: &[u32], query: String) -> (Arc<ClientStatement>, String) {
         let (hints, query) = comment_hints(&query).unwrap_or((Hints::default(), query));
         let (floor, floor_error) = self.hinted_floor(&hints);
         let (scope, scope_error) = hinted_scope(&self.config, &hints);
@@ -731,7 +731,7 @@ impl Session {
             reset_as_set,
             deallocates_all,
         };
-        (defined, query)
+        (Arc::new(defined), query)
     }
 
     /// A floor from a statement's `lsngate_min_lsn` comment, or why it was refused.

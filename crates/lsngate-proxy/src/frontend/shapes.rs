@@ -17,6 +17,8 @@
 //! and skips to the Sync exactly as the real error would. Redefining or closing the statement
 //! clears the mark. The round trip costs only the first use of a statement on a connection.
 
+use std::sync::Arc;
+
 use bytes::{Bytes, BytesMut};
 
 use super::error::ClientError;
@@ -111,7 +113,7 @@ impl Session {
         if let Some(Some(name)) = attached.describing.pop_front()
             && let Some(statement) = self.statements.get_mut(&name)
         {
-            statement.shape = shape(tag, body);
+            Arc::make_mut(statement).shape = shape(tag, body);
         }
     }
 
@@ -219,7 +221,7 @@ impl Session {
                     if found != s.shape {
                         tracing::debug!(statement = %name, "the statement's result columns changed since the client described it");
                         if let Some(statement) = self.statements.get_mut(&name) {
-                            statement.plan_changed = true;
+                            Arc::make_mut(statement).plan_changed = true;
                             self.plans_changed = true;
                         }
                     }
