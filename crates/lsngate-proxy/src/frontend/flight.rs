@@ -727,9 +727,13 @@ impl Session {
                     if ends_block
                         || owed
                         || (status == TxStatus::Idle
-                            && matches!(class, Some(Class::Read | Class::Write))) =>
+                            && (matches!(class, Some(Class::Read | Class::Write))
+                                || state_then_more(class, &flight))) =>
                 {
-                    let wrote = ends_block || owed || class == Some(Class::Write);
+                    let wrote = ends_block
+                        || owed
+                        || class == Some(Class::Write)
+                        || state_then_more(class, &flight);
                     Some(attached.position_probe(&mut self.scopes, wrote))
                 }
                 _ => None,
@@ -780,6 +784,17 @@ impl Session {
         }
         Ok(())
     }
+}
+
+/// A simple Query classified by its first statement as session state or a pin (`SET …;
+/// INSERT …`, `PREPARE …; EXECUTE …`) that holds more statements: those may write, so its
+/// position is taken as a write's (differential seed 20261213921: without it the next read
+/// went to a replica that lacked the INSERT).
+fn state_then_more(class: Option<Class>, flight: &[FrontendMessage]) -> bool {
+    matches!(class, Some(Class::SessionState | Class::Pin))
+        && flight.iter().any(|m| {
+            matches!(m, FrontendMessage::Query(sql) if crate::statement::several_statements(sql))
+        })
 }
 
 #[cfg(test)]

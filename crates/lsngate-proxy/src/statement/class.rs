@@ -125,8 +125,8 @@ pub fn classify(sql: &str, write_functions: &[String]) -> Class {
 
 /// Whether a string holds more than one statement, split naively on `;` (a `;` inside a literal
 /// only makes a statement count as several, the conservative side).
-fn several_statements(lower: &str) -> bool {
-    lower.trim().trim_end_matches(';').contains(';')
+pub fn several_statements(sql: &str) -> bool {
+    sql.trim().trim_end_matches(';').contains(';')
 }
 
 /// A single `SET LOCAL`, `SET TRANSACTION` or `SET CONSTRAINTS`: its effect ends with the

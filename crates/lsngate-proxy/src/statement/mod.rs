@@ -18,7 +18,7 @@ mod key;
 mod split;
 
 pub use cache::{ClassCache, ClassMemo};
-pub use class::Class;
+pub use class::{Class, several_statements};
 pub use command::{
     LocalCommand, MixedCommands, Verb, local_command, may_reset_in_parts, mentions_lsngate_setting,
     mixed_commands, resets_all_in_parts, session_set, sets_session_in_parts, setting_reset,

@@ -1173,6 +1173,75 @@ fn a_write_committed_by_a_proxy_commands_stand_in_is_read_back() {
     }
 }
 
+/// Differential seed 20261213921 (19rc1 and 15.18, 2 replicas, `session`, under load): a simple
+/// Query whose first statement is `SET` was classified as session state by that statement, and
+/// no commit position was taken behind it though its `INSERT` committed; the next read went to a
+/// replica that had not replayed it and missed the row. So for every statement that leads a
+/// string as session state or a pin: the read after it sees the write, and `SHOW
+/// lsngate.commit_lsn` names the commit (the replica is held 50 ms behind).
+#[test]
+fn a_write_behind_a_leading_set_or_pin_in_one_query_is_read_back() {
+    let cluster = shared_delayed_cluster();
+    let table = unique("leading_set");
+    create(cluster, &table);
+    let proxy = proxy_with(cluster, |_| {});
+    let leads = [
+        "SET application_name = 'r{n}'",
+        "SET work_mem = '5MB'",
+        "RESET work_mem",
+        "DISCARD TEMP",
+        "SELECT set_config('application_name', 'c{n}', false)",
+    ];
+    let mut inserted = 0;
+    for (i, lead) in leads.iter().enumerate() {
+        let mut wire = Wire::connect(&proxy);
+        for round in 1..=3 {
+            inserted += 1;
+            let lead = lead.replace("{n}", &round.to_string());
+            let write = wire.flight(&[FrontendMessage::Query(format!(
+                "{lead}; INSERT INTO {table} VALUES ({inserted}, 1)"
+            ))]);
+            assert!(write.errors.is_empty(), "{lead}: {write:?}");
+            let shown = wire.flight(&[FrontendMessage::Query("SHOW lsngate.commit_lsn".into())]);
+            let commit = shown
+                .rows
+                .last()
+                .and_then(|row| row.first().cloned())
+                .flatten();
+            assert!(
+                commit.as_ref().is_some_and(|c| c.contains('/')),
+                "{lead} (lead {i}, round {round}): no commit position was taken: {shown:?}"
+            );
+            let read = wire.flight(&[FrontendMessage::Query(format!(
+                "SELECT count(*) FROM {table}"
+            ))]);
+            assert_eq!(
+                read.rows.last(),
+                Some(&vec![Some(inserted.to_string())]),
+                "{lead} (round {round}): the read missed the write: {read:?}"
+            );
+        }
+    }
+    // A pin (SQL PREPARE) leading the string: its reads stay on the primary, but the commit's
+    // position is the client's token and every `global` reader's floor.
+    let mut wire = Wire::connect(&proxy);
+    inserted += 1;
+    let pinned = wire.flight(&[FrontendMessage::Query(format!(
+        "PREPARE w AS INSERT INTO {table} VALUES ({inserted}, 1); EXECUTE w"
+    ))]);
+    assert!(pinned.errors.is_empty(), "{pinned:?}");
+    let shown = wire.flight(&[FrontendMessage::Query("SHOW lsngate.commit_lsn".into())]);
+    assert!(
+        shown
+            .rows
+            .last()
+            .and_then(|row| row.first().cloned())
+            .flatten()
+            .is_some_and(|c| c.contains('/')),
+        "PREPARE …; EXECUTE: no commit position was taken: {shown:?}"
+    );
+}
+
 /// Per (wait budget in ms, retry buffer size) setting, `rounds` rounds of one read per label in
 /// `reads`, each of `statements` statements, pipelined behind an INSERT in one network write on
 /// the replica held 50 ms behind: every statement answers its own label and the count with the
