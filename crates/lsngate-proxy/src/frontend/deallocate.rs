@@ -87,14 +87,6 @@ impl Session {
     /// hold it at all outside a transaction block (see the module doc); false when the server
     /// must run the statement.
     pub(super) async fn deallocate(&mut self, what: &Deallocate) -> Result<bool, ClientError> {
-        let name = match what {
-            Deallocate::All => {
-                let names: Vec<String> = self.statements.keys().cloned().collect();
-                names.into_iter().for_each(|n| self.close_later(n));
-                return Ok(false);
-            }
-            Deallocate::One(name) => name,
-        };
         if self
             .backend
             .as_ref()
@@ -104,10 +96,20 @@ impl Session {
             // date: a batch pipelined in front may yet fail and abort the block.
             self.drain().await?;
         }
-        // In an aborted transaction the server refuses everything with 25P02: let it say so.
+        // In an aborted transaction the server refuses everything with 25P02: let it say so,
+        // and drop nothing (a refused `DEALLOCATE ALL` closed the client's statements on the
+        // next server connections, seed 20261214677).
         if self.status == TxStatus::Failed {
             return Ok(false);
         }
+        let name = match what {
+            Deallocate::All => {
+                let names: Vec<String> = self.statements.keys().cloned().collect();
+                names.into_iter().for_each(|n| self.close_later(n));
+                return Ok(false);
+            }
+            Deallocate::One(name) => name,
+        };
         if self.statements.remove(name).is_some() {
             self.close_later(name.clone());
             let answer = vec![build::command_complete("DEALLOCATE")];

@@ -271,10 +271,21 @@ impl Session {
     fn drop_all_unconfirmed(&mut self) {
         let held = std::mem::take(&mut self.statements);
         let attached = self.backend.as_mut().expect("attached");
+        let mut effects = all_dropped(held);
+        // Undone, the connection holds them again as it did (seed 20261214677: left in doubt
+        // after a refusal, a Bind of one had a Parse in front, refused in the aborted block
+        // with 25P02 where PostgreSQL answers the Bind itself).
+        for effect in &mut effects {
+            effect.held_before = attached.conn.prepared.get(&effect.name).cloned();
+            effect.held_after = effect
+                .held_before
+                .as_ref()
+                .map(|_| super::preparation::IN_DOUBT.to_string());
+        }
         attached.unconfirmed.push_back(Unconfirmed {
             segment: attached.segments_sent,
             answer: b'C',
-            effects: all_dropped(held),
+            effects,
             position: None,
         });
         all_in_doubt(&mut attached.conn);

@@ -1177,5 +1177,26 @@ pub fn known() -> Vec<(&'static str, Case)> {
                 sync(),
             ]),
         ),
+        (
+            // Seed 20261214677 (19rc1, every setup): a `DEALLOCATE ALL` Query in an aborted
+            // block, which the server refuses with 25P02, still made the proxy close the
+            // client's statements on the server connections it used next; the client kept them.
+            // So a Bind of `s1` with too few parameters had `Close`/`Parse s1` in front, whose
+            // 25P02 the client got where PostgreSQL checks the parameters first (08P01).
+            "a DEALLOCATE ALL refused in an aborted block closes nothing",
+            case(vec![
+                parse(
+                    "s1",
+                    "WITH moved AS (UPDATE {t} SET v = v - 1 WHERE id = $1 RETURNING v) SELECT v FROM moved",
+                ),
+                parse("", "START TRANSACTION"),
+                bind(""),
+                execute(),
+                q("EXECUTE q2"),
+                q("DEALLOCATE ALL"),
+                bind_with("p2", "s1", &[]),
+                sync(),
+            ]),
+        ),
     ]
 }
