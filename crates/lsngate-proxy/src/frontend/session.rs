@@ -921,11 +921,14 @@ impl Session {
                 .answer_error(sqlstate::FEATURE_NOT_SUPPORTED, &message)
                 .await;
         }
-        let sql = self.reset_to_startup(sql);
-        if self.reset_rewritten.is_some() {
-            // Its answer is told apart by being the only one due (see `reset_to_startup`).
+        if setting_reset(&sql).is_some_and(|(name, _)| self.startup_settings.contains_key(&name)) {
+            // Its answer is told apart by being the only one due (see `reset_to_startup`), so
+            // what is due is read first, before the rewrite is noted: a flight sent meanwhile (a
+            // held-back replica read run again on 15–18) took the rewrite and its answers were
+            // relayed as RESET's (seed 20261213607).
             self.drain().await?;
         }
+        let sql = self.reset_to_startup(sql);
         self.scopes.flight = scope.into_iter().collect();
         let dispatched = self
             .dispatch(

@@ -1242,6 +1242,50 @@ fn a_write_behind_a_leading_set_or_pin_in_one_query_is_read_back() {
     );
 }
 
+/// Differential seed 20261213607 (15.18, 2 replicas, `session`, under load): a Query reading
+/// the replica behind a write, then `RESET application_name` (a startup setting, so sent as its
+/// `set_config` with the answer relayed as RESET's), pipelined in one network write. On 15–18
+/// the read's replay check failed while the replica was behind, so the read waited to run
+/// again; the RESET's rewrite was noted before the proxy drained what was due, the read's re-run
+/// took it, and the client got `RESET` tags for its SELECT and the replies out of order. The
+/// replica is held 50 ms behind here, so on 15–18 every round's read waits (on 19, `WAIT FOR
+/// LSN` runs in the read's own flight, and this checks the same order).
+#[test]
+fn a_reset_pipelined_behind_a_read_that_waits_is_answered_in_order() {
+    let cluster = shared_delayed_cluster();
+    let table = unique("reset_behind_read");
+    create(cluster, &table);
+    let proxy = proxy_with(cluster, |_| {});
+    let settings = [("application_name", "diff-start")];
+    let round = |wire: &mut Wire, n: usize| {
+        let insert = wire.flight(&[FrontendMessage::Query(format!(
+            "INSERT INTO {table} VALUES ({n}, 1)"
+        ))]);
+        assert!(insert.errors.is_empty(), "{insert:?}");
+        wire.flight(&[
+            FrontendMessage::Query(format!("SELECT count(*) FROM {table}")),
+            FrontendMessage::Query("RESET application_name".into()),
+        ])
+    };
+    let primary: std::net::SocketAddr = format!("127.0.0.1:{}", cluster.primary().port())
+        .parse()
+        .unwrap();
+    let expected = round(&mut Wire::connect_to_with(primary, &settings), 1);
+    let mut wire = Wire::connect_to_with(proxy.addr, &settings);
+    for n in 2..=6 {
+        let got = round(&mut wire, n);
+        assert_eq!(
+            got.tags, expected.tags,
+            "round {n}: the replies' order differs from PostgreSQL's: {got:?} against {expected:?}"
+        );
+        assert_eq!(
+            got.rows,
+            vec![vec![Some(n.to_string())]],
+            "round {n}: {got:?}"
+        );
+    }
+}
+
 /// Per (wait budget in ms, retry buffer size) setting, `rounds` rounds of one read per label in
 /// `reads`, each of `statements` statements, pipelined behind an INSERT in one network write on
 /// the replica held 50 ms behind: every statement answers its own label and the count with the

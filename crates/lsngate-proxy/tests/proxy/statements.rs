@@ -42,6 +42,12 @@ impl Wire {
 
     /// Logs in as `postgres` at `addr` (a proxy, or a server directly).
     pub(crate) fn connect_to(addr: std::net::SocketAddr) -> Wire {
+        Wire::connect_to_with(addr, &[])
+    }
+
+    /// Logs in as `postgres` at `addr` with `settings` in the startup packet too
+    /// (`application_name`, say).
+    pub(crate) fn connect_to_with(addr: std::net::SocketAddr, settings: &[(&str, &str)]) -> Wire {
         let stream = TcpStream::connect(addr).unwrap();
         // A reply that never comes fails the test instead of hanging it.
         stream
@@ -54,10 +60,11 @@ impl Wire {
         let mut startup = BytesMut::new();
         StartupFrame::Startup {
             minor: 0,
-            params: vec![
-                ("user".into(), "postgres".into()),
-                ("database".into(), "postgres".into()),
-            ],
+            params: [("user", "postgres"), ("database", "postgres")]
+                .iter()
+                .chain(settings)
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
         }
         .encode(&mut startup);
         wire.stream.write_all(&startup).unwrap();
