@@ -96,6 +96,23 @@ fn a_proxy_reading_replicas_in_session_mode_answers_every_case_like_postgresql()
     );
 }
 
+/// The same on a replica held 50 ms behind, so a read right after a write always finds it
+/// behind: a floor the proxy failed to take shows as a stale answer, not only under load (seed
+/// 20261213921: a write whose position was not taken passed the 2-replica setup whenever the
+/// replicas kept up), and the paths a read takes while it waits (on 15–18 a failed replay check,
+/// then a wait on the watcher and a re-run; seed 20261213607) run in every such case.
+#[test]
+fn a_proxy_reading_a_lagging_replica_in_session_mode_answers_every_case_like_postgresql() {
+    let cluster = lsngate_cluster::shared_delayed_cluster();
+    let proxy = TestProxy::start(cluster);
+    check(
+        cluster,
+        proxy.addr,
+        "proxy with a replica 50 ms behind, consistency session",
+        true,
+    );
+}
+
 #[test]
 fn a_primary_only_proxy_reaching_its_server_over_tls_answers_every_case_like_postgresql() {
     // The proxy's TLS stream to the server (rustls: records it holds until a flush, bytes it
