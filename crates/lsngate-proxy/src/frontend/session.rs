@@ -921,14 +921,7 @@ impl Session {
                 .answer_error(sqlstate::FEATURE_NOT_SUPPORTED, &message)
                 .await;
         }
-        if setting_reset(&sql).is_some_and(|(name, _)| self.startup_settings.contains_key(&name)) {
-            // Its answer is told apart by being the only one due (see `reset_to_startup`), so
-            // what is due is read first, before the rewrite is noted: a flight sent meanwhile (a
-            // held-back replica read run again on 15–18) took the rewrite and its answers were
-            // relayed as RESET's (seed 20261213607).
-            self.drain().await?;
-        }
-        let sql = self.reset_to_startup(sql);
+        let sql = self.reset_to_startup(sql).await?;
         self.scopes.flight = scope.into_iter().collect();
         let dispatched = self
             .dispatch(
@@ -1032,17 +1025,23 @@ impl Session {
     /// would return to its own login's. So the statement sent is the startup value's
     /// `set_config`, and its answer is relayed as the original's (`replies.rs`: row and
     /// description dropped, the original's tag).
-    fn reset_to_startup(&mut self, sql: String) -> String {
+    ///
+    /// The answer is told apart by being the only one due, so what is due is read first, before
+    /// the rewrite is noted: a flight sent meanwhile (a held-back replica read run again on
+    /// 15–18) took the rewrite and its answers were relayed as RESET's (seed 20261213607).
+    async fn reset_to_startup(&mut self, sql: String) -> Result<String, ClientError> {
         let Some((name, tag)) = setting_reset(&sql) else {
-            return sql;
+            return Ok(sql);
         };
-        match self.startup_settings.get(&name) {
-            Some(statement) if self.status != TxStatus::Failed => {
-                self.reset_rewritten = Some(tag);
-                statement.clone()
-            }
-            _ => sql,
+        let Some(statement) = self.startup_settings.get(&name).cloned() else {
+            return Ok(sql);
+        };
+        self.drain().await?;
+        if self.status == TxStatus::Failed {
+            return Ok(sql);
         }
+        self.reset_rewritten = Some(tag);
+        Ok(statement)
     }
 
     /// `RESET name` (or `SET name TO DEFAULT`) of a startup setting, parsed over the extended
