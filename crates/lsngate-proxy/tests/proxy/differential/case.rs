@@ -293,21 +293,58 @@ pub struct Exclusions {
 }
 
 /// What the extended messages since the last Sync did, as far as the exclusions care.
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Clone, Default)]
 pub struct Batch {
     /// An Execute was sent.
     pub executed: bool,
-    /// A BEGIN or START TRANSACTION was parsed (the batch opens an explicit block).
+    /// An Execute ran a portal bound, in this batch, to a BEGIN or START TRANSACTION parsed in
+    /// it: the batch opened an explicit block. A BEGIN only parsed, or replaced before it was
+    /// bound, opens none (seed 20261215436: `Parse "" "BEGIN"`, then another `Parse ""`).
     pub begins: bool,
+    /// Statements parsed in this batch, by name: whether each is a BEGIN.
+    statements: Vec<(String, bool)>,
+    /// Portals bound in this batch, by name: whether each runs a BEGIN.
+    portals: Vec<(String, bool)>,
+}
+
+fn set(named: &mut Vec<(String, bool)>, name: &str, begin: bool) {
+    named.retain(|(n, _)| n != name);
+    named.push((name.to_string(), begin));
+}
+
+fn get(named: &[(String, bool)], name: &str) -> bool {
+    named.iter().any(|(n, begin)| n == name && *begin)
 }
 
 impl Batch {
     pub fn note(&mut self, msg: &Msg) {
         match msg {
-            Msg::Execute { .. } => self.executed = true,
-            Msg::Parse { sql, .. } => {
+            Msg::Execute { portal, .. } => {
+                self.executed = true;
+                self.begins |= get(&self.portals, portal);
+            }
+            Msg::Parse { name, sql, .. } => {
                 let upper = sql.trim_start().to_ascii_uppercase();
-                self.begins |= upper.starts_with("BEGIN") || upper.starts_with("START");
+                let begin = upper.starts_with("BEGIN") || upper.starts_with("START");
+                set(&mut self.statements, name, begin);
+            }
+            Msg::Bind {
+                portal, statement, ..
+            } => {
+                let begin = get(&self.statements, statement);
+                set(&mut self.portals, portal, begin);
+            }
+            // A Query that may end the block (seed 20261215436: `ROLLBACK` behind an executed
+            // BEGIN, then an Execute and a Query outside any block): what runs after it is
+            // outside the block unless another BEGIN runs.
+            Msg::Query(q) => {
+                let upper = q.to_ascii_uppercase();
+                if ["COMMIT", "ROLLBACK", "END", "ABORT", "PREPARE TRANSACTION"]
+                    .iter()
+                    .any(|word| upper.contains(word))
+                {
+                    self.begins = false;
+                }
             }
             _ => {}
         }
@@ -365,7 +402,8 @@ impl Exclusions {
             }
             match msg {
                 Msg::Query(_) if unsynced && self.excludes_query_after(&batch) => return false,
-                Msg::Query(_) | Msg::CopyData(_) | Msg::CopyDone | Msg::CopyFail(_) => {}
+                Msg::Query(_) => batch.note(msg),
+                Msg::CopyData(_) | Msg::CopyDone | Msg::CopyFail(_) => {}
                 Msg::Sync => {
                     unsynced = false;
                     batch = Batch::default();

@@ -105,6 +105,7 @@ impl Generator {
                 self.unnamed_is_proxy = false;
                 // A simple Query drops the unnamed statement and portal; so does PostgreSQL.
                 self.note_transaction_control(q);
+                self.batch.note(&msg);
             }
             Msg::Sync => {
                 self.unsynced = false;
