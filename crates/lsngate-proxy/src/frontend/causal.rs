@@ -16,7 +16,7 @@ use lsngate_core::{Decision, Fallback, Lsn, PrimaryReason, ReadRequest, Verdict,
 use tokio::time::Instant;
 
 use super::error::ClientError;
-use super::flight::Route;
+use super::flight::{Replan, Route};
 use super::plan::{Plan, SessionView, plan};
 use super::session::Session;
 use crate::backend::replay::ServerId;
@@ -238,8 +238,17 @@ impl Session {
                     heard = true;
                     self.drain().await?;
                 }
+                // Anything else: `dispatch_to` plans it again if the connection it was planned
+                // to stay on is let go.
                 Plan::Send(target) => {
-                    return self.dispatch_to(flight, class, Route::to(target)).await;
+                    let route = Route {
+                        replan: Some(Replan {
+                            hint,
+                            statement_floor,
+                        }),
+                        ..Route::to(target)
+                    };
+                    return self.dispatch_to(flight, class, route).await;
                 }
             }
         }
@@ -316,6 +325,7 @@ impl Session {
                     node: Some(node),
                     read: None,
                     count: Some(outcome),
+                    replan: None,
                 },
                 None => Route {
                     count: Some(outcome),
@@ -371,6 +381,7 @@ impl Session {
                     node: Some(replicas[index].0.clone()),
                     read: None,
                     count: Some(Outcome::Replica),
+                    replan: None,
                 };
                 self.dispatch_to(read.flight, read.class, route).await
             }
@@ -382,6 +393,7 @@ impl Session {
                     node: Some(replicas[index].0.clone()),
                     read: Some(PlacedRead { floor: read.floor }),
                     count: None,
+                    replan: None,
                 };
                 self.dispatch_to(read.flight, read.class, route).await
             }
@@ -762,6 +774,7 @@ impl Session {
                     node: Some(node),
                     read: None,
                     count: None,
+                    replan: None,
                 };
                 self.dispatch_to(read.flight, read.class, route).await
             }
@@ -772,6 +785,7 @@ impl Session {
                     node: Some(node),
                     read: None,
                     count: None,
+                    replan: None,
                 };
                 self.dispatch_to(read.flight, read.class, route).await
             }

@@ -21,7 +21,7 @@ use crate::causal::{Floor, Outcome};
 use crate::net::backend::TxStatus;
 use crate::net::sqlstate;
 use crate::net::{ErrorFields, FrontendMessage};
-use crate::statement::Class;
+use crate::statement::{Class, RouteHint};
 
 /// Where a flight should go.
 #[derive(Debug, Default)]
@@ -35,6 +35,19 @@ pub struct Route {
     /// How the read ended, counted when the flight is sent (a read routed by floor is counted
     /// by its wait instead).
     pub count: Option<Outcome>,
+    /// A read planned to stay on the session's connection (inside a block, a COPY, a pin): what
+    /// it was planned with, to plan it again if the replies heard before it is sent end that
+    /// state and the connection is let go (see `Session::dispatch_to`).
+    pub replan: Option<Replan>,
+}
+
+/// What [`Session::dispatch`] planned a flight with.
+#[derive(Debug, Clone, Copy)]
+pub struct Replan {
+    /// The statement's route hint.
+    pub hint: Option<RouteHint>,
+    /// The floor the statement itself names (`lsngate.min_lsn`).
+    pub statement_floor: Option<Floor>,
 }
 
 impl Route {
@@ -150,6 +163,19 @@ impl Session {
                 continue;
             }
             self.release_backend();
+        }
+        if self.backend.is_none()
+            && want == Some(Target::Replica)
+            && self.status == TxStatus::Idle
+            && !self.pinned
+            && let Some(replan) = route.replan
+        {
+            // A read planned to stay on the session's connection, which the replies heard since
+            // let go: they ended its block, COPY or pin. Sent on as planned it went to a replica
+            // with no floor (seed 20261214754: the read-back of a RESET pipelined between a
+            // COPY's end and the read was heard first). It is a standalone read now.
+            return Box::pin(self.dispatch(flight, class, replan.hint, replan.statement_floor))
+                .await;
         }
         if self.backend.is_none()
             && let Err(e) = self

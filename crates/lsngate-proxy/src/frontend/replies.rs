@@ -224,6 +224,7 @@ impl Session {
                 // connection goes back to the pool before the client hears of it.
                 b.expect.pop_front();
                 b.error_relayed = false;
+                self.block_ended(status);
                 self.status = status;
                 self.report_changes();
                 self.io.queue_ready(status);
@@ -594,6 +595,29 @@ impl Session {
         Ok(())
     }
 
+    /// Before the client hears `status`: a transaction block on the primary that ends here with
+    /// no commit position due behind it leaves the client's commit position unknown, so its next
+    /// read asks the primary for one. A position is taken behind a flight that ends a block
+    /// where its first statement does (`COMMIT`); one such as `COMMIT; RESET …` as a Query, or
+    /// `INSERT …; COMMIT`, is classified a write and inside a block took none: the next read went
+    /// to a replica 50 ms behind without the block's rows.
+    fn block_ended(&mut self, status: TxStatus) {
+        let attached = self.backend.as_ref().expect("attached");
+        let ended = self.status != TxStatus::Idle
+            && status == TxStatus::Idle
+            && attached.target == Target::Primary
+            && self.floors.mode.tracks_positions();
+        let position_due = attached
+            .expect
+            .iter()
+            .any(|o| matches!(o, Owner::Proxy(Duty::Position { wrote: true, .. })));
+        if ended && !position_due {
+            for unknown in self.floors.commit_lost(&self.proxy.causal) {
+                self.io.queue(&unknown);
+            }
+        }
+    }
+
     async fn client_ready(&mut self, frame: Frame, status: TxStatus) -> Result<(), ClientError> {
         let attached = self.backend.as_mut().expect("attached");
         if let Some(retry) = attached.retry.take() {
@@ -621,7 +645,9 @@ impl Session {
                 self.spare_held = held;
             }
         }
+        self.block_ended(status);
         self.status = status;
+        let attached = self.backend.as_mut().expect("attached");
         let last = attached.client_segments_due() == 0;
         let held = attached.copy.on_ready();
         if !held.is_empty()

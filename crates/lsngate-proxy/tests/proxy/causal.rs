@@ -1438,6 +1438,159 @@ fn copy_from_stdin_over_either_protocol_is_read_back_on_a_replica() {
     }
 }
 
+/// A read pipelined behind the end of a COPY FROM STDIN and a Query holding a RESET, on the
+/// replica held 50 ms behind, reads the copied rows (differential seed 20261214754). The read
+/// arrived while the COPY's answer was still to come, so it was planned to stay on the COPY's
+/// connection; the RESET's read-back was then heard first, which ended the COPY, the connection
+/// was let go, and the read went to a replica with no floor (a stale read). Each round: the
+/// COPY's data sent after its CopyInResponse or in the same write, and a Query between the
+/// COPY and the read that resets a setting, alone or behind a write.
+#[test]
+fn a_read_pipelined_behind_a_copy_and_a_reset_reads_the_copied_rows() {
+    let cluster = shared_delayed_cluster();
+    let table = unique("copy_reset_read");
+    create(cluster, &table);
+    let proxy = proxy_with(cluster, |_| {});
+    let mut wire = Wire::connect(&proxy);
+    use FrontendMessage::{CopyData, CopyDone, Query};
+    let mut count = 0;
+    let mut round = 0;
+    for between in [
+        "RESET work_mem",
+        "INSERT INTO {t} (id, v) VALUES ({n}, 0); RESET work_mem",
+        "COMMIT; INSERT INTO {t} (id, v) VALUES ({n}, 0); RESET work_mem",
+        "SET work_mem = '8MB'",
+    ] {
+        for copy_in_first in [true, false] {
+            round += 1;
+            let first = round * 10;
+            let copy = Query(format!("COPY {table} (id, v) FROM STDIN"));
+            let between = between
+                .replace("{t}", &table)
+                .replace("{n}", &(first + 5).to_string());
+            count += 2 + usize::from(between.contains("INSERT"));
+            let read = format!("SELECT count(*), pg_is_in_recovery() FROM {table}");
+            let mut messages = vec![
+                CopyData(Bytes::from(format!("{first}\t1\n{}\t2\n", first + 1))),
+                CopyDone,
+                Query(between.clone()),
+                Query(read),
+            ];
+            if copy_in_first {
+                wire.send(&[copy]);
+                let started = wire.until(b'G');
+                assert!(started.errors.is_empty(), "{started:?}");
+            } else {
+                messages.insert(0, copy);
+            }
+            let reply = wire.flight_with(&messages, 3);
+            let context =
+                format!("round {round} ({between:?}, CopyInResponse first: {copy_in_first})");
+            assert!(reply.errors.is_empty(), "{context}: {reply:?}");
+            assert_eq!(
+                reply.rows.last().and_then(|r| r[0].as_deref()),
+                Some(count.to_string().as_str()),
+                "{context}: the read missed rows (on a replica: {:?}); {}",
+                reply.rows.last().map(|r| r[1].clone()),
+                proxy.status()["causal"]["outcomes"]
+            );
+        }
+    }
+}
+
+/// A transaction block on the primary ended by a flight whose first statement is not `COMMIT`
+/// (a Query `COMMIT; RESET …`, `INSERT …; COMMIT`, an extended batch of `COMMIT` and another
+/// statement) is read back on the replica held 50 ms behind: by a read pipelined behind it and by
+/// the next read on its own. Such a flight is classified a write, and inside a block it took no
+/// commit position: the next read went to a replica without the block's rows. And with a RESET
+/// among the statements, the pipelined read, planned while the block was open to stay on its
+/// connection, had the RESET's read-back heard first, which ended the block, and it went to a
+/// replica with no floor at all.
+#[test]
+fn a_block_ended_by_a_flight_led_by_another_statement_is_read_back() {
+    let cluster = shared_delayed_cluster();
+    let table = unique("block_end_read");
+    create(cluster, &table);
+    let proxy = proxy_with(cluster, |_| {});
+    let mut wire = Wire::connect(&proxy);
+    use FrontendMessage::{Query, Sync};
+    let execute = || FrontendMessage::Execute {
+        portal: String::new(),
+        max_rows: 0,
+    };
+    let bind = || FrontendMessage::Bind {
+        portal: String::new(),
+        statement: String::new(),
+        // no parameter formats, no parameters, no result formats
+        rest: Bytes::from_static(&[0, 0, 0, 0, 0, 0]),
+    };
+    let mut rows = 0;
+    // Each round's end of its block, with the id an INSERT among its statements writes.
+    let ends = |id: usize| -> [(&'static str, Vec<FrontendMessage>); 5] {
+        [
+            (
+                "COMMIT, then RESET",
+                vec![Query("COMMIT".into()), Query("RESET work_mem".into())],
+            ),
+            (
+                "COMMIT; RESET",
+                vec![Query("COMMIT; RESET work_mem".into())],
+            ),
+            (
+                "INSERT; COMMIT",
+                vec![Query(format!(
+                    "INSERT INTO {table} VALUES ({id}, 1); COMMIT"
+                ))],
+            ),
+            (
+                "COMMIT; SET",
+                vec![Query("COMMIT; SET work_mem = '8MB'".into())],
+            ),
+            (
+                "an extended COMMIT and RESET",
+                vec![
+                    parse_unnamed("COMMIT"),
+                    bind(),
+                    execute(),
+                    parse_unnamed("RESET work_mem"),
+                    bind(),
+                    execute(),
+                    Sync,
+                ],
+            ),
+        ]
+    };
+    for round in 0..5 {
+        let id = round * 10;
+        let (what, end) = ends(id + 2).into_iter().nth(round).expect("five ends");
+        for messages in [
+            vec![Query("BEGIN".into())],
+            vec![Query(format!("INSERT INTO {table} VALUES ({}, 0)", id + 1))],
+        ] {
+            let reply = wire.flight(&messages);
+            assert!(reply.errors.is_empty(), "{what}: {reply:?}");
+        }
+        rows += 1 + usize::from(what.contains("INSERT"));
+        let read = || Query(format!("SELECT count(*), pg_is_in_recovery() FROM {table}"));
+        let mut messages = end;
+        messages.push(read());
+        for (how, messages) in [
+            ("pipelined behind it", messages),
+            ("after it", vec![read()]),
+        ] {
+            let reply = wire.flight(&messages);
+            assert!(reply.errors.is_empty(), "{what}, {how}: {reply:?}");
+            assert_eq!(
+                reply.rows.last().and_then(|r| r[0].as_deref()),
+                Some(rows.to_string().as_str()),
+                "a read {how} a block ended by {what} missed its rows (on a replica: {:?}); {}",
+                reply.rows.last().map(|r| r[1].clone()),
+                proxy.status()["causal"]["outcomes"]
+            );
+        }
+    }
+}
+
 /// Issue #21's failover: replica 1 stops receiving, the primary writes a long tail that only
 /// replica 2 replays, the primary dies and replica 1 is promoted. Replica 2 is left on the old
 /// timeline *ahead* of the fork point, its WAL receiver failing. A bare `X/Y` committed on the new

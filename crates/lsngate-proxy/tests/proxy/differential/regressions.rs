@@ -1198,5 +1198,22 @@ pub fn known() -> Vec<(&'static str, Case)> {
                 sync(),
             ]),
         ),
+        (
+            // Seed 20261214754 (every version, the replica 50 ms behind): a read pipelined
+            // behind a COPY's end and a Query holding a RESET was planned while the COPY's
+            // answer was still to come, to stay on its connection. The RESET's read-back was
+            // heard first, which ended the COPY; the connection was let go and the read went to
+            // a replica with no floor: it missed the copied rows and the INSERT.
+            "a read pipelined behind a COPY's end and a RESET sees the copied rows",
+            case(vec![
+                q("COPY {t} (id, v) FROM STDIN"),
+                Step::Wait,
+                copy_data("101\t\\N\n1"),
+                copy_data("02\t28\n103\t\\N\n"),
+                copy_done(),
+                q("COMMIT; INSERT INTO {t} (id, v) VALUES ('104', '5'); RESET work_mem"),
+                q("SELECT id, v FROM {t} ORDER BY id"),
+            ]),
+        ),
     ]
 }
