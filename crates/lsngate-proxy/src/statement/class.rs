@@ -82,7 +82,9 @@ pub fn classify(sql: &str, write_functions: &[String]) -> Class {
     match first.as_str() {
         "set" | "reset" | "discard" | "deallocate" => return Class::SessionState,
         "listen" | "unlisten" | "prepare" | "declare" => return Class::Pin,
-        "show" => return Class::Read,
+        // Alone: among other statements the string is judged by all of them (seed
+        // 20261218805: `SHOW …; START TRANSACTION` opened its block on a replica).
+        "show" if !several_statements(&lower) => return Class::Read,
         "savepoint" | "release" if !several_statements(&lower) => {
             return Class::TransactionLocal;
         }
@@ -109,6 +111,7 @@ pub fn classify(sql: &str, write_functions: &[String]) -> Class {
                 read_only: is_read_only_begin(&lower),
             },
             Statement::Commit { .. } | Statement::Rollback { .. } => Class::TransactionControl,
+            Statement::ShowVariable { .. } => Class::Read,
             _ => Class::Write,
         };
         class = Some(match (class, this) {
@@ -287,6 +290,12 @@ mod tests {
             Class::SessionState
         );
         assert_eq!(c("SAVEPOINT a; INSERT INTO t VALUES (1)"), Class::Write);
+        assert_eq!(
+            c("SHOW application_name; START TRANSACTION"),
+            Class::Write,
+            "a block opened behind a SHOW goes to the primary (seed 20261218805)"
+        );
+        assert_eq!(c("SHOW work_mem; SHOW application_name"), Class::Read);
         assert_eq!(c("SET search_path = app"), Class::SessionState);
         assert_eq!(
             c("SELECT pg_catalog.set_config('search_path', 'app', false)"),

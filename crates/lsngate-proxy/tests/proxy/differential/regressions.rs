@@ -1215,5 +1215,17 @@ pub fn known() -> Vec<(&'static str, Case)> {
                 q("SELECT id, v FROM {t} ORDER BY id"),
             ]),
         ),
+        (
+            // Seed 20261218805 (every version, 2 replicas): `SHOW …; START TRANSACTION` was
+            // classified by its first statement as a read, and its block opened on a replica:
+            // the INSERT in it got 25006 where PostgreSQL runs it.
+            "a block opened behind a SHOW in one Query takes writes",
+            case(vec![
+                q("SHOW application_name; START TRANSACTION"),
+                q("INSERT INTO {t} (id, v) VALUES ('101', '5')"),
+                q("COMMIT"),
+                q("SELECT id, v FROM {t} ORDER BY id"),
+            ]),
+        ),
     ]
 }
