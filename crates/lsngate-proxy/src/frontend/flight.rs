@@ -573,7 +573,8 @@ impl Session {
         let mut frames = attached.copy.before_flight(&flight);
         // The statement behind each message as of its position, read once for the preparation
         // and the three questions after it.
-        let (executed, effects, copy_start, kept) = {
+        let in_block = self.status != TxStatus::Idle;
+        let (executed, effects, copy_start, kept, may_end_block) = {
             let (at, after) =
                 statements_at(&self.statements, self.unnamed.as_ref(), &self.log, &flight);
             let attached = self.backend.as_mut().expect("attached before send");
@@ -602,6 +603,7 @@ impl Session {
                 self.session_effects(&flight, class, &per_message),
                 copy_start,
                 kept,
+                in_block && may_end_block(&flight, class, &per_message),
             )
         };
         if let Some(kept) = kept {
@@ -684,6 +686,11 @@ impl Session {
             let clients_due = attached.client_segments_due();
             attached.copy.started_by(&flight, start, clients_due);
         }
+        // The block the client last heard of may be over when this flight runs: a flight still
+        // due here may end it (CI's seed 20261394: an INSERT sent right behind a COMMIT was
+        // planned as inside the block and took no position).
+        let may_run_outside_block =
+            status == TxStatus::Idle || (attached.may_commit && attached.client_segments_due() > 0);
         attached
             .expect
             .extend(std::iter::repeat_n(Owner::Client, ends));
@@ -724,7 +731,7 @@ impl Session {
             attached.batch.is_open() || (attached.copy.closed && attached.copy.extended);
         if tracks && batch_goes_on {
             // Its transaction ends, and its position can be taken, behind a later flight's Sync.
-            attached.position_owed |= status == TxStatus::Idle
+            attached.position_owed |= may_run_outside_block
                 && attached.target == Target::Primary
                 && class == Some(Class::Write)
                 && (copy_start.is_some()
@@ -752,7 +759,7 @@ impl Session {
                 Target::Primary
                     if ends_block
                         || owed
-                        || (status == TxStatus::Idle
+                        || (may_run_outside_block
                             && (matches!(class, Some(Class::Read | Class::Write))
                                 || state_then_more(class, &flight))) =>
                 {
@@ -776,17 +783,7 @@ impl Session {
         if let Some(tag) = self.reset_rewritten.take() {
             attached.reset_rewritten = Some(tag);
         }
-        attached.may_commit |= status == TxStatus::Idle
-            || !matches!(
-                class,
-                Some(
-                    Class::Read
-                        | Class::Write
-                        | Class::SessionState
-                        | Class::TransactionLocal
-                        | Class::Begin { .. }
-                )
-            );
+        attached.may_commit |= status == TxStatus::Idle || may_end_block;
         let sent = match client_at {
             Some(at) => attached.conn.send_around(&frames, at, &flight).await,
             None => attached.conn.send(&frames).await,
@@ -821,6 +818,31 @@ fn state_then_more(class: Option<Class>, flight: &[FrontendMessage]) -> bool {
         && flight.iter().any(|m| {
             matches!(m, FrontendMessage::Query(sql) if crate::statement::several_statements(sql))
         })
+}
+
+/// Whether a flight sent inside a transaction block may end it (see
+/// [`crate::statement::may_end_block`]): a flight of `COMMIT` or `ROLLBACK`, one the proxy could
+/// not classify, a Query with such a statement among others (`INSERT …; COMMIT`), or a Bind of
+/// one, or of a statement the client does not hold (`per_message` is the flight's
+/// [`At::statement`]s). Flights classified read, `BEGIN` or transaction-local end nothing.
+fn may_end_block(
+    flight: &[FrontendMessage],
+    class: Option<Class>,
+    per_message: &[Option<&super::client_statement::ClientStatement>],
+) -> bool {
+    match class {
+        Some(Class::Read | Class::Begin { .. } | Class::TransactionLocal) => false,
+        Some(Class::TransactionControl) | None => true,
+        Some(Class::Write | Class::SessionState | Class::Pin) => {
+            flight.iter().zip(per_message).any(|(m, s)| match m {
+                FrontendMessage::Query(sql) => crate::statement::may_end_block(sql),
+                FrontendMessage::Bind { .. } => {
+                    s.is_none_or(|s| crate::statement::may_end_block(&s.query))
+                }
+                _ => false,
+            })
+        }
+    }
 }
 
 #[cfg(test)]

@@ -8,7 +8,7 @@
 /// `ABORT`, `ROLLBACK`; not `ROLLBACK TO`, `… PREPARED` or `… AND CHAIN`, which leave a block
 /// open or were never in one.
 pub fn ends_block(statement: &str) -> bool {
-    let lower = statement.to_ascii_lowercase();
+    let lower = after_comments(statement).to_ascii_lowercase();
     let words: Vec<&str> = lower.split_whitespace().collect();
     let chains = words.windows(2).any(|w| w == ["and", "chain"]);
     match words.as_slice() {
@@ -18,6 +18,23 @@ pub fn ends_block(statement: &str) -> bool {
         ["rollback", rest @ ..] => !chains && !rest.iter().any(|w| *w == "to" || *w == "prepared"),
         _ => false,
     }
+}
+
+/// Whether a statement of `sql` may end the transaction block it runs in: one that
+/// [`ends_block`], or `PREPARE TRANSACTION` (the block becomes a prepared transaction and the
+/// session is outside any).
+pub fn may_end_block(sql: &str) -> bool {
+    statements(sql).iter().any(|statement| {
+        ends_block(statement) || {
+            let mut words = after_comments(statement).split_whitespace();
+            words
+                .next()
+                .is_some_and(|w| w.eq_ignore_ascii_case("prepare"))
+                && words
+                    .next()
+                    .is_some_and(|w| w.eq_ignore_ascii_case("transaction"))
+        }
+    })
 }
 
 /// The statements of a simple Query after the first one that [`ends_block`], joined with `;`:
@@ -72,6 +89,11 @@ fn push<'a>(found: &mut Vec<&'a str>, statement: &'a str) {
 
 /// Whether a statement is nothing but comments (the server sends EmptyQueryResponse for it).
 fn only_comments(statement: &str) -> bool {
+    after_comments(statement).is_empty()
+}
+
+/// `statement` from its first word on: the whitespace and comments before it skipped.
+fn after_comments(statement: &str) -> &str {
     let bytes = statement.as_bytes();
     let mut i = 0;
     while i < bytes.len() {
@@ -82,10 +104,10 @@ fn only_comments(statement: &str) -> bool {
                 .position(|&b| b == b'\n')
                 .map_or(bytes.len(), |n| i + n + 1),
             b'/' if bytes.get(i + 1) == Some(&b'*') => block_comment(bytes, i),
-            _ => return false,
+            _ => return &statement[i..],
         };
     }
-    true
+    ""
 }
 
 fn is_ident(b: u8) -> bool {
@@ -152,7 +174,7 @@ fn dollar_quoted(bytes: &[u8], open: usize) -> usize {
 
 #[cfg(test)]
 mod tests {
-    use super::{after_block_end, statements};
+    use super::{after_block_end, may_end_block, statements};
     use proptest::prelude::*;
 
     #[test]
@@ -232,5 +254,31 @@ mod tests {
             None
         );
         assert_eq!(after_block_end("SELECT 'commit; update t'"), None);
+    }
+
+    #[test]
+    fn what_may_end_the_block_it_runs_in() {
+        for ends in [
+            "COMMIT",
+            "end work",
+            "INSERT INTO t VALUES (1); COMMIT",
+            "SET work_mem = '8MB'; rollback",
+            "/* app */ COMMIT",
+            "-- app\nABORT;",
+            "PREPARE TRANSACTION 'x'",
+        ] {
+            assert!(may_end_block(ends), "{ends}");
+        }
+        for stays in [
+            "INSERT INTO t VALUES (1)",
+            "ROLLBACK TO SAVEPOINT a",
+            "COMMIT AND CHAIN",
+            "COMMIT PREPARED 'x'",
+            "PREPARE q AS SELECT 1",
+            "SELECT 'commit'",
+            "/* commit */ SELECT 1",
+        ] {
+            assert!(!may_end_block(stays), "{stays}");
+        }
     }
 }

@@ -1591,6 +1591,93 @@ fn a_block_ended_by_a_flight_led_by_another_statement_is_read_back() {
     }
 }
 
+/// CI's differential seed 20261394 (15.18, the lagging setup; intermittent there): a write
+/// pipelined right behind the `COMMIT` (or `ROLLBACK`) of its client's block runs outside any
+/// block, but it was planned while the client's last ReadyForQuery still said "in a block", so
+/// it took no position; the next read went to the replica without its row. Here the client
+/// sends the block's end and the write in one network write, so both are planned before the
+/// server has answered either; a read on its own follows each round.
+#[test]
+fn a_write_pipelined_behind_its_blocks_end_is_read_back() {
+    let cluster = shared_delayed_cluster();
+    let table = unique("write_behind_block_end");
+    create(cluster, &table);
+    let proxy = proxy_with(cluster, |_| {});
+    let mut wire = Wire::connect(&proxy);
+    use FrontendMessage::{Query, Sync};
+    let insert_extended = |id: usize| {
+        vec![
+            parse_unnamed(&format!("INSERT INTO {table} VALUES ({id}, 2)")),
+            FrontendMessage::Bind {
+                portal: String::new(),
+                statement: String::new(),
+                // no parameter formats, no parameters, no result formats
+                rest: Bytes::from_static(&[0, 0, 0, 0, 0, 0]),
+            },
+            FrontendMessage::Execute {
+                portal: String::new(),
+                max_rows: 0,
+            },
+            Sync,
+        ]
+    };
+    let mut rows = 0;
+    // (what, the block's end, whether its own INSERT survives, whether the block fails first)
+    let rounds: [(&str, &str, bool, bool, bool); 5] = [
+        ("COMMIT, then an INSERT", "COMMIT", true, false, false),
+        ("ROLLBACK, then an INSERT", "ROLLBACK", false, false, false),
+        (
+            "COMMIT of a failed block, then an INSERT",
+            "COMMIT",
+            false,
+            true,
+            false,
+        ),
+        (
+            "COMMIT, then an extended INSERT",
+            "COMMIT",
+            true,
+            false,
+            true,
+        ),
+        ("END, then an extended INSERT", "END", true, false, true),
+    ];
+    for (round, (what, end, kept, fail, extended)) in rounds.into_iter().enumerate() {
+        let id = round * 10;
+        for messages in [
+            vec![Query("BEGIN".into())],
+            vec![Query(format!("INSERT INTO {table} VALUES ({}, 0)", id + 1))],
+        ] {
+            let reply = wire.flight(&messages);
+            assert!(reply.errors.is_empty(), "{what}: {reply:?}");
+        }
+        if fail {
+            let reply = wire.flight(&[Query("SELECT 1/0".into())]);
+            assert_eq!(reply.errors.len(), 1, "{what}: {reply:?}");
+        }
+        rows += usize::from(kept && !fail) + 1;
+        let mut messages = vec![Query(end.into())];
+        if extended {
+            messages.extend(insert_extended(id + 2));
+        } else {
+            messages.push(Query(format!("INSERT INTO {table} VALUES ({}, 1)", id + 2)));
+        }
+        let reply = wire.flight(&messages);
+        assert!(reply.errors.is_empty(), "{what}: {reply:?}");
+        let reply = wire.flight(&[Query(format!(
+            "SELECT count(*), pg_is_in_recovery() FROM {table}"
+        ))]);
+        assert!(reply.errors.is_empty(), "{what}: {reply:?}");
+        assert_eq!(
+            reply.rows.last().and_then(|r| r[0].as_deref()),
+            Some(rows.to_string().as_str()),
+            "a read after {what} missed a row (on a replica: {:?}); {}",
+            reply.rows.last().map(|r| r[1].clone()),
+            proxy.status()["causal"]["outcomes"]
+        );
+    }
+}
+
 /// Issue #21's failover: replica 1 stops receiving, the primary writes a long tail that only
 /// replica 2 replays, the primary dies and replica 1 is promoted. Replica 2 is left on the old
 /// timeline *ahead* of the fork point, its WAL receiver failing. A bare `X/Y` committed on the new

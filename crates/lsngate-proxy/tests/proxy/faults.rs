@@ -880,6 +880,79 @@ fn a_block_whose_connection_died_before_its_statement_was_sent_is_told_it_was_ro
     );
 }
 
+/// A pipeline that commits its block among its statements (`INSERT`, `COMMIT`, `SELECT
+/// pg_sleep(3)`, one Sync) and loses its server connection (closed, no FATAL) after the COMMIT:
+/// the rows are committed, so the client must hear the outcome is unknown, never "the open
+/// transaction is rolled back". A guard for the rule that says which flights inside a block
+/// may commit (`flight::may_end_block`, rewritten for CI's seed 20261394).
+#[test]
+fn a_block_whose_pipeline_commits_it_and_then_loses_the_connection_is_an_unknown_outcome() {
+    use crate::statements::{Wire, parse_unnamed};
+    use lsngate_proxy::net::FrontendMessage;
+    let cluster = shared_cluster();
+    let t = unique("commitlost");
+    cluster
+        .primary()
+        .sql(&format!("CREATE TABLE {t} (id int)"))
+        .unwrap();
+    let forwarder = lsngate_cluster::Forwarder::start(cluster.primary().port()).unwrap();
+    let proxy = proxy_through(cluster, &forwarder, false, |_| {});
+    let mut x = Wire::connect(&proxy);
+    for sql in ["BEGIN".to_string(), format!("INSERT INTO {t} VALUES (0)")] {
+        let opened = x.flight(&[FrontendMessage::Query(sql)]);
+        assert_eq!(opened.statuses, vec![b'T'], "{opened:?}");
+    }
+    let sleep = format!("SELECT pg_sleep(3) AS after_{t}");
+    let mut pipeline = Vec::new();
+    for sql in [
+        format!("INSERT INTO {t} VALUES (1)"),
+        "COMMIT".into(),
+        sleep.clone(),
+    ] {
+        pipeline.extend([
+            parse_unnamed(&sql),
+            FrontendMessage::Bind {
+                portal: String::new(),
+                statement: String::new(),
+                rest: bytes::Bytes::from_static(&[0, 0, 0, 0, 0, 0]),
+            },
+            FrontendMessage::Execute {
+                portal: String::new(),
+                max_rows: 0,
+            },
+        ]);
+    }
+    pipeline.push(FrontendMessage::Sync);
+    let sleeping = format!(
+        "SELECT count(*) FROM pg_stat_activity WHERE query = '{sleep}' AND wait_event = 'PgSleep'"
+    );
+    let client = std::thread::spawn(move || x.flight(&pipeline));
+    let primary = cluster.primary();
+    primary
+        .wait_until(
+            "the pipeline sleeps, past its COMMIT",
+            Duration::from_secs(30),
+            || Ok(primary.sql(&sleeping)? == "1"),
+        )
+        .unwrap();
+    // Every relayed connection is closed: the proxy loses the block's connection mid-pipeline.
+    drop(forwarder);
+    let lost = client.join().unwrap();
+    assert_eq!(lost.errors.len(), 1, "{lost:?}");
+    assert!(
+        lost.errors[0].contains("outcome is unknown"),
+        "the COMMIT ran before the connection was lost: {lost:?}"
+    );
+    assert_eq!(
+        cluster
+            .primary()
+            .sql(&format!("SELECT count(*) FROM {t}"))
+            .unwrap(),
+        "2",
+        "the block was committed"
+    );
+}
+
 /// A write that found no server connection (the primary refusing connections) was never sent,
 /// and the client is told so with its own code: 08001 and "not sent", where a write lost
 /// mid-statement gets 08006 and "outcome unknown" (before, both got 08006, so an application
