@@ -289,4 +289,7 @@ pub struct Effect {
     /// What the connection held under the name before it, and after it.
     pub held_before: Option<String>,
     pub held_after: Option<String>,
+    /// Of a `Parse ""`: the unnamed statement the connection held before it
+    /// (`BackendConn::unnamed`), held again if the server skips the Parse.
+    pub unnamed_held_before: Option<Arc<str>>,
 }

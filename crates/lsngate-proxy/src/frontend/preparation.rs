@@ -35,18 +35,20 @@ pub(super) fn settings_sql(wanted: &Settings, applied: &Settings) -> Option<Stri
 /// one there, a simple Query dropped it, or the client parsed it on another connection). Tracks
 /// what `conn`'s unnamed statement is once the flight has run; injects nothing unless `may_inject`.
 /// When the client has no unnamed statement (a simple Query dropped it) and the server has one,
-/// it is a `Close S ""` instead, so the server answers 26000 as it would directly.
+/// it is a `Close S ""` instead, so the server answers 26000 as it would directly. Also returns
+/// what the connection holds as its unnamed statement when the flight's first `Parse ""` runs.
 fn unnamed_preparation(
     conn: &mut BackendConn,
     client: Option<&ClientStatement>,
     flight: &[FrontendMessage],
     at: &[At<'_>],
     may_inject: bool,
-) -> Option<Frame> {
+) -> (Option<Frame>, Option<Arc<str>>) {
     // Only a Bind or Describe before the flight's first `Parse ""` needs the client's (after it,
     // the flight's own is there).
     let mut checked = !may_inject;
     let mut parse = None;
+    let mut held_at_first_parse = None;
     for (m, at) in flight.iter().zip(at) {
         match m {
             FrontendMessage::Parse {
@@ -54,12 +56,11 @@ fn unnamed_preparation(
                 query,
                 param_types,
             } if statement.is_empty() => {
+                if held_at_first_parse.is_none() {
+                    held_at_first_parse = Some(conn.unnamed.clone());
+                }
                 checked = true;
-                // The definition this Parse made shares its identity (not built again per flight).
-                conn.unnamed = Some(match at.statement() {
-                    Some(s) if s.is(param_types, query) => Arc::clone(&s.identity),
-                    _ => super::client_statement::statement_identity(param_types, query).into(),
-                });
+                conn.unnamed = Some(parsed_identity(*at, param_types, query));
             }
             FrontendMessage::Bind { statement, .. }
             | FrontendMessage::Describe {
@@ -96,7 +97,16 @@ fn unnamed_preparation(
             _ => {}
         }
     }
-    parse
+    (parse, held_at_first_parse.flatten())
+}
+
+/// The identity of the statement a `Parse ""` of `query` makes on the server: the client's
+/// definition's when it is this Parse's (shared, not built again per flight).
+fn parsed_identity(at: At<'_>, param_types: &[u32], query: &str) -> Arc<str> {
+    match at.statement() {
+        Some(s) if s.is(param_types, query) => Arc::clone(&s.identity),
+        _ => super::client_statement::statement_identity(param_types, query).into(),
+    }
 }
 
 /// The identity recorded for a statement a connection may or may not hold: no statement's
@@ -116,6 +126,7 @@ pub(super) fn all_dropped(
             view_after: None,
             held_before: None,
             held_after: None,
+            unnamed_held_before: None,
         })
         .collect()
 }
@@ -201,13 +212,9 @@ pub(super) fn preparation(
         Some((_, s)) => s.as_ref(),
         None => client.unnamed,
     };
-    statements.extend(unnamed_preparation(
-        conn,
-        unnamed_before.map(|s| &**s),
-        flight,
-        at,
-        may_inject,
-    ));
+    let (front, mut held_unnamed) =
+        unnamed_preparation(conn, unnamed_before.map(|s| &**s), flight, at, may_inject);
+    statements.extend(front);
     // Names whose state on the server the flight itself decides from some message on (it
     // parses, closes or uses them there): nothing goes in front for them after that.
     let mut defined_here = HashSet::new();
@@ -276,16 +283,25 @@ pub(super) fn preparation(
             _ => {}
         }
         match m {
-            FrontendMessage::Query(_) => unnamed_view = None,
-            FrontendMessage::Parse { statement, .. } if statement.is_empty() => {
+            FrontendMessage::Query(_) => {
+                unnamed_view = None;
+                held_unnamed = None;
+            }
+            FrontendMessage::Parse {
+                statement,
+                query,
+                param_types,
+            } if statement.is_empty() => {
                 // Undone if the server skips it or refuses it (`Session::undo_unconfirmed`).
                 let defined = here.definition();
+                let held = parsed_identity(*here, param_types, query);
                 let effect = Effect {
                     name: String::new(),
                     view_before: unnamed_view.cloned(),
                     view_after: defined.map(|s| Arc::clone(&s.identity)),
                     held_before: None,
                     held_after: None,
+                    unnamed_held_before: held_unnamed.replace(held),
                 };
                 note(segment, b'1', vec![effect], answered_at);
                 unnamed_view = defined;
@@ -293,6 +309,7 @@ pub(super) fn preparation(
             FrontendMessage::Close { kind, name } if *kind != b'S' || name.is_empty() => {
                 if *kind == b'S' {
                     unnamed_view = None;
+                    held_unnamed = None;
                 }
                 note(segment, b'3', Vec::new(), None)
             }
@@ -341,6 +358,7 @@ pub(super) fn preparation(
                         view_after: Some(identity.as_str().into()),
                         held_before,
                         held_after: Some(identity),
+                        unnamed_held_before: None,
                     }],
                     None,
                 );
@@ -382,6 +400,7 @@ pub(super) fn preparation(
                         view_after: None,
                         held_before,
                         held_after: None,
+                        unnamed_held_before: None,
                     }],
                     None,
                 );

@@ -513,12 +513,16 @@ impl Session {
             if effect.name.is_empty() {
                 if refused {
                     effect.view_before = None;
+                    effect.unnamed_held_before = Some(super::preparation::IN_DOUBT.into());
                 }
-                // What the connection holds as its unnamed statement is not known: the next
-                // flight that uses the client's parses it in front (or closes it).
+                // Skipped, the Parse left the connection's unnamed statement as it was (seed
+                // 20261218660: taken as in doubt, a Describe of it in the aborted block had a
+                // Parse in front, refused with 25P02, where PostgreSQL describes the one there).
+                // Refused, what it holds is not known: the next flight that uses the client's
+                // parses it in front (or closes it).
                 let conn = &mut attached.conn;
                 if conn.unnamed.as_deref() == effect.view_after.as_deref() {
-                    conn.unnamed = Some(super::preparation::IN_DOUBT.into());
+                    conn.unnamed = effect.unnamed_held_before.clone();
                 }
             }
             let later = attached
@@ -529,6 +533,7 @@ impl Session {
             if let Some(later) = later {
                 later.view_before = effect.view_before;
                 later.held_before = effect.held_before;
+                later.unnamed_held_before = effect.unnamed_held_before;
                 continue;
             }
             let prepared = &mut attached.conn.prepared;

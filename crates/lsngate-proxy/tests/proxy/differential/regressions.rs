@@ -1244,5 +1244,25 @@ pub fn known() -> Vec<(&'static str, Case)> {
                 q("SELECT id, v FROM {t} ORDER BY id"),
             ]),
         ),
+        (
+            // Seed 20261218660 (every version, 2 replicas): a `Parse ""` the server skipped after
+            // an error in a block left the connection's unnamed statement as it was (the BEGIN);
+            // the proxy took it as in doubt, so a `Describe S ""` in the aborted block had a
+            // Parse of the BEGIN in front, which the block refused (25P02) where PostgreSQL
+            // describes the BEGIN.
+            "a Parse \"\" skipped after an error leaves the unnamed statement there",
+            case(vec![
+                parse("", "BEGIN"),
+                bind(""),
+                execute_rows(1),
+                execute(),
+                parse("", "SELECT count(*) AS n, sum(v) AS total FROM {t}"),
+                sync(),
+                describe('S', ""),
+                Step::Send(Msg::Flush),
+                Step::Wait,
+                sync(),
+            ]),
+        ),
     ]
 }
