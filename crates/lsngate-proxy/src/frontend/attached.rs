@@ -9,6 +9,7 @@ use bytes::BytesMut;
 
 use super::causal::{CausalRead, Discard, PendingVerdict, PlacedRead, ReadWait};
 use super::copy::CopyGate;
+use super::pipeline::FlightLog;
 use super::scopes::ClientScopes;
 use crate::backend::{PooledConn, Target};
 use crate::causal::sql::{Probe, Segment, probe_segment};
@@ -234,6 +235,7 @@ pub struct Spares {
     expect: VecDeque<Owner>,
     unconfirmed: VecDeque<super::pipeline::Unconfirmed>,
     describing: VecDeque<Option<String>>,
+    rerun_log: FlightLog,
 }
 
 /// A backend attached to the session.
@@ -262,6 +264,11 @@ pub struct Attached {
     /// sent (never copied): what runs elsewhere after a failed wait (`read`), a lost replica,
     /// or a write refused with 25006 (`retry`).
     pub rerun: Option<(Vec<FrontendMessage>, Option<Class>)>,
+    /// How the client's statements stood before the flight in `rerun` (its [`FlightLog`]): a
+    /// re-run reads its messages against it, not against the flight being assembled by then
+    /// (seed 20261220829: a `Describe S ""` re-run on the primary described the unnamed
+    /// statement its own later Parse defines).
+    pub rerun_log: FlightLog,
     /// The wait or check in front of the read: undecided, or failed (what then happens to the
     /// client's replies).
     pub wait: Option<ReadWait>,
@@ -354,12 +361,21 @@ impl Attached {
     /// The causal read in flight here with its flight, taken to run elsewhere.
     pub(super) fn take_read(&mut self) -> Option<CausalRead> {
         let placed = self.read.take()?;
-        let (flight, class) = self.rerun.take()?;
+        let (flight, class, log) = self.take_rerun()?;
         Some(CausalRead {
             floor: placed.floor,
             flight,
             class,
+            log: Some(log),
         })
+    }
+
+    /// The flight kept here for a re-run, with its record.
+    pub(super) fn take_rerun(
+        &mut self,
+    ) -> Option<(Vec<FrontendMessage>, Option<Class>, FlightLog)> {
+        let (flight, class) = self.rerun.take()?;
+        Some((flight, class, std::mem::take(&mut self.rerun_log)))
     }
 
     /// The read in flight here is over (its answer accepted, or relayed past the point of a
@@ -375,7 +391,9 @@ impl Attached {
             expect: std::mem::take(&mut self.expect),
             unconfirmed: std::mem::take(&mut self.unconfirmed),
             describing: std::mem::take(&mut self.describing),
+            rerun_log: std::mem::take(&mut self.rerun_log),
         };
+        spares.rerun_log.clear();
         spares.expect.clear();
         spares.unconfirmed.clear();
         spares.describing.clear();
@@ -389,6 +407,7 @@ impl Attached {
             expect,
             unconfirmed,
             describing,
+            rerun_log,
         } = spares;
         debug_assert!(expect.is_empty() && unconfirmed.is_empty() && describing.is_empty());
         Attached {
@@ -402,6 +421,7 @@ impl Attached {
             doomed: false,
             read: None,
             rerun: None,
+            rerun_log,
             wait: None,
             answer: ProxyAnswer::default(),
             held_ready: None,

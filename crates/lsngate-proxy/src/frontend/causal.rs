@@ -17,6 +17,7 @@ use tokio::time::Instant;
 
 use super::error::ClientError;
 use super::flight::{Replan, Route};
+use super::pipeline::FlightLog;
 use super::plan::{Plan, SessionView, plan};
 use super::session::Session;
 use crate::backend::replay::ServerId;
@@ -146,6 +147,10 @@ pub struct CausalRead {
     pub flight: Vec<FrontendMessage>,
     /// Their class.
     pub class: Option<Class>,
+    /// How the client's statements stood before the flight, when it runs again after other
+    /// messages were received (see [`Route::log`]); `None` while it is the flight being
+    /// assembled.
+    pub log: Option<FlightLog>,
 }
 
 /// The wait or check sent in front of a replica read, until its [`Verdict`] arrives.
@@ -326,6 +331,7 @@ impl Session {
                     read: None,
                     count: Some(outcome),
                     replan: None,
+                    log: None,
                 },
                 None => Route {
                     count: Some(outcome),
@@ -367,6 +373,7 @@ impl Session {
             floor,
             flight,
             class,
+            log: None,
         };
         match route(&request, &states) {
             _ if older_timeline => {
@@ -382,6 +389,7 @@ impl Session {
                     read: None,
                     count: Some(Outcome::Replica),
                     replan: None,
+                    log: None,
                 };
                 self.dispatch_to(read.flight, read.class, route).await
             }
@@ -394,6 +402,7 @@ impl Session {
                     read: Some(PlacedRead { floor: read.floor }),
                     count: None,
                     replan: None,
+                    log: None,
                 };
                 self.dispatch_to(read.flight, read.class, route).await
             }
@@ -427,8 +436,11 @@ impl Session {
     }
 
     async fn read_primary(&mut self, read: CausalRead) -> Result<(), ClientError> {
-        self.dispatch_to(read.flight, read.class, Route::to(Some(Target::Primary)))
-            .await
+        let route = Route {
+            log: read.log,
+            ..Route::to(Some(Target::Primary))
+        };
+        self.dispatch_to(read.flight, read.class, route).await
     }
 
     /// No replica showed the floor in time: the fallback policy decides (`stale` was handled
@@ -775,6 +787,7 @@ impl Session {
                     read: None,
                     count: None,
                     replan: None,
+                    log: read.log,
                 };
                 self.dispatch_to(read.flight, read.class, route).await
             }
@@ -786,6 +799,7 @@ impl Session {
                     read: None,
                     count: None,
                     replan: None,
+                    log: read.log,
                 };
                 self.dispatch_to(read.flight, read.class, route).await
             }

@@ -145,10 +145,11 @@ fn push_decimal(out: &mut String, mut n: u32) {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
 
-    fn defined(query: &str) -> ClientStatement {
+    /// A read the client defined with one `int4` parameter (for other modules' tests too).
+    pub(in crate::frontend) fn defined(query: &str) -> ClientStatement {
         ClientStatement {
             query: Arc::from(query),
             param_types: Arc::from(&[23u32][..]),

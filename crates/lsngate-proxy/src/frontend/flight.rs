@@ -12,7 +12,7 @@ use super::attached::{Attached, Batch, Duty, Owner, RetryBuffer};
 use super::causal::{CausalRead, PendingVerdict, PlacedRead, ReadWait};
 use super::effects::reset_tags;
 use super::error::{ClientError, NoBackend};
-use super::pipeline::{At, statements_at};
+use super::pipeline::{At, FlightLog, statements_at};
 use super::preparation::{ClientView, closes_unnamed, preparation, settings_sql};
 use super::session::Session;
 use crate::backend::{NodeState, PooledConn, Role, Target};
@@ -39,6 +39,10 @@ pub struct Route {
     /// it was planned with, to plan it again if the replies heard before it is sent end that
     /// state and the connection is let go (see `Session::dispatch_to`).
     pub replan: Option<Replan>,
+    /// A flight run again (after a failed wait, a lost replica, a write refused with 25006):
+    /// how the client's statements stood before it. Its messages are read against this, not
+    /// against the messages received since (see [`FlightLog::under`]).
+    pub log: Option<FlightLog>,
 }
 
 /// What [`Session::dispatch`] planned a flight with.
@@ -102,8 +106,17 @@ impl Session {
         &mut self,
         flight: Vec<FrontendMessage>,
         class: Option<Class>,
-        route: Route,
+        mut route: Route,
     ) -> Result<(), ClientError> {
+        if let Some(log) = route.log.take() {
+            // Everything that reads the flight's record, here and in what this calls, reads the
+            // re-run's; the record of the messages received since comes back after it.
+            let log = log.under(&self.log);
+            let later = std::mem::replace(&mut self.log, log);
+            let result = Box::pin(self.dispatch_to(flight, class, route)).await;
+            self.log = later;
+            return result;
+        }
         let want = route.target;
         while let Some(b) = self.backend.as_ref() {
             if b.doomed {
@@ -544,6 +557,7 @@ impl Session {
                         floor: read.floor,
                         flight,
                         class,
+                        log: None,
                     };
                     return Box::pin(self.fall_back(read)).await;
                 }
@@ -606,10 +620,12 @@ impl Session {
                 in_block && may_end_block(&flight, class, &per_message),
             )
         };
-        if let Some(kept) = kept {
+        // A re-run changed the view when it was first sent (messages received since may have
+        // changed it again).
+        if let Some(kept) = kept.filter(|_| !self.log.rerun) {
             self.statements = kept;
         }
-        if closes_unnamed(&flight) {
+        if closes_unnamed(&flight) && !self.log.rerun {
             self.unnamed = None;
         }
         if self.note_session_effects(&flight, effects) {
@@ -796,6 +812,7 @@ impl Session {
             });
         }
         if keep_for_retry || attached.read.is_some() {
+            attached.rerun_log.clone_from(&self.log);
             attached.rerun = Some((flight, class));
         } else if attached.retry.is_none() {
             // A flight sent behind a read still held back (inside the batch its unsynced tail

@@ -34,11 +34,14 @@ impl Session {
                 return Box::pin(self.fall_back(read)).await;
             }
             if attached.retry.is_some()
-                && let Some((flight, class)) = attached.rerun.take()
+                && let Some((flight, class, log)) = attached.take_rerun()
             {
                 metrics::counter!("lsngate_proxy_retries_total", "reason" => "replica_lost")
                     .increment(1);
-                let route = super::flight::Route::to(Some(Target::Primary));
+                let route = super::flight::Route {
+                    log: Some(log),
+                    ..super::flight::Route::to(Some(Target::Primary))
+                };
                 return Box::pin(self.dispatch_to(flight, class, route)).await;
             }
         }

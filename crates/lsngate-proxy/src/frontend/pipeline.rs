@@ -26,6 +26,9 @@ pub struct FlightLog {
     pub before: Vec<(String, Option<Arc<ClientStatement>>)>,
     /// What each Parse of the flight defines, in order.
     pub parsed: Vec<(String, Arc<ClientStatement>)>,
+    /// The record of a flight sent before and running again (see [`FlightLog::under`]): what
+    /// its send changes in the client's view was changed when it was first sent.
+    pub rerun: bool,
 }
 
 impl FlightLog {
@@ -34,6 +37,19 @@ impl FlightLog {
     pub fn clear(&mut self) {
         self.before.clear();
         self.parsed.clear();
+        self.rerun = false;
+    }
+
+    /// This record of a flight run again, read while `later`, the record of the messages
+    /// received since, is being assembled: names this flight did not touch stand as they did
+    /// before `later`'s messages (as this flight left them).
+    pub fn under(&self, later: &FlightLog) -> FlightLog {
+        let mut log = self.clone();
+        log.rerun = true;
+        for (name, before) in &later.before {
+            log.touch(name, before.as_ref());
+        }
+        log
     }
 
     /// Records the value of `name` before the flight first touches it.
@@ -292,4 +308,59 @@ pub struct Effect {
     /// Of a `Parse ""`: the unnamed statement the connection held before it
     /// (`BackendConn::unnamed`), held again if the server skips the Parse.
     pub unnamed_held_before: Option<Arc<str>>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::frontend::client_statement::tests::defined;
+
+    fn describe(name: &str) -> FrontendMessage {
+        FrontendMessage::Describe {
+            kind: b'S',
+            name: name.into(),
+        }
+    }
+
+    #[test]
+    fn a_flight_run_again_reads_its_messages_as_they_stood_before_it() {
+        let a = Arc::new(defined("SELECT 1"));
+        let b = Arc::new(defined("SELECT 2"));
+        let c = Arc::new(defined("SELECT 3"));
+        let x = Arc::new(defined("SELECT 4"));
+        // The read: it describes the unnamed statement, parses another over it, and describes
+        // `s1`. Before it, the client held `a` unnamed and `x` as `s1`.
+        let read = vec![
+            describe(""),
+            FrontendMessage::Parse {
+                statement: String::new(),
+                query: "SELECT 2".into(),
+                param_types: vec![23],
+            },
+            describe("s1"),
+            FrontendMessage::Sync,
+        ];
+        let mut kept = FlightLog::default();
+        kept.touch("", Some(&a));
+        kept.parsed.push((String::new(), Arc::clone(&b)));
+        // Received since, not sent yet: a Parse of `c` unnamed and a Close of `s1`.
+        let mut later = FlightLog::default();
+        later.touch("", Some(&b));
+        later.touch("s1", Some(&x));
+        let statements = HashMap::new();
+        let log = kept.under(&later);
+        assert!(log.rerun);
+        let (at, _) = statements_at(&statements, Some(&c), &log, &read);
+        let texts: Vec<_> = at
+            .iter()
+            .map(|a| a.statement().map(|s| &*s.query))
+            .collect();
+        assert_eq!(
+            texts,
+            [Some("SELECT 1"), Some("SELECT 2"), Some("SELECT 4"), None]
+        );
+        // The flight's own record alone misses what the later messages changed.
+        let (at, _) = statements_at(&statements, Some(&c), &kept, &read);
+        assert!(at[2].statement().is_none());
+    }
 }

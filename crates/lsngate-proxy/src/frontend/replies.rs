@@ -628,19 +628,18 @@ impl Session {
         if let Some(retry) = attached.retry.take() {
             if retry.read_only_violation
                 && status == TxStatus::Idle
-                && let Some((flight, class)) = attached.rerun.take()
+                && let Some((flight, class, log)) = attached.take_rerun()
             {
                 metrics::counter!("lsngate_proxy_retries_total", "reason" => "read_only")
                     .increment(1);
                 tracing::debug!("replica refused a write (25006); re-running on the primary");
                 attached.read = None;
                 // dispatch_to drains the replica's trailing segments before it lets go of it
-                return Box::pin(self.dispatch_to(
-                    flight,
-                    class,
-                    super::flight::Route::to(Some(Target::Primary)),
-                ))
-                .await;
+                let route = super::flight::Route {
+                    log: Some(log),
+                    ..super::flight::Route::to(Some(Target::Primary))
+                };
+                return Box::pin(self.dispatch_to(flight, class, route)).await;
             }
             self.io.out().extend_from_slice(&retry.held);
             // Kept for the next read unless a large answer grew it.

@@ -1264,5 +1264,29 @@ pub fn known() -> Vec<(&'static str, Case)> {
                 sync(),
             ]),
         ),
+        (
+            // Seed 20261220829 (15.18, the replica 50 ms behind): a read flight that describes
+            // the unnamed statement and then parses another failed its wait and ran again. The
+            // re-run read its messages against the record of the flight being assembled by
+            // then (empty), so the `Describe S ""` took the statement the flight's own later
+            // Parse defines: ParameterDescription [23] where PostgreSQL describes the count.
+            "a read run again after its wait describes the statement it found",
+            case(vec![
+                q("INSERT INTO {t} (id, v) VALUES ('101', '7')"),
+                parse(
+                    "",
+                    "/* lsngate:route=primary */ VALUES (1, 'one'), (2, NULL)",
+                ),
+                parse("", "SELECT count(*) AS n, sum(v) AS total FROM {t}"),
+                sync(),
+                describe('S', ""),
+                parse(
+                    "",
+                    "SELECT g AS n, g * $1 AS m FROM generate_series(1, 4) g",
+                ),
+                sync(),
+                sync(),
+            ]),
+        ),
     ]
 }
