@@ -385,6 +385,15 @@ impl Attached {
         self.rerun = None;
     }
 
+    /// Every client segment sent here is answered: what was kept for the flights in flight is
+    /// over.
+    pub(super) fn all_answered(&mut self) {
+        self.effects_due = false;
+        self.read_over();
+        self.may_commit = false;
+        self.plan_changed_sent = false;
+    }
+
     /// This attachment's queues, emptied, for the next one (before it is dropped).
     pub(super) fn take_spares(&mut self) -> Spares {
         let mut spares = Spares {

@@ -224,6 +224,9 @@ impl Session {
                 // connection goes back to the pool before the client hears of it.
                 b.expect.pop_front();
                 b.error_relayed = false;
+                // As on the slow path (`client_ready`): a flight sent next in a block opened
+                // since is not taken as one that may commit.
+                b.all_answered();
                 self.block_ended(status);
                 self.status = status;
                 self.report_changes();
@@ -660,11 +663,7 @@ impl Session {
             return self.backend_lost(e).await;
         }
         if last {
-            let attached = self.backend.as_mut().expect("attached");
-            attached.effects_due = false;
-            attached.read_over();
-            attached.may_commit = false;
-            attached.plan_changed_sent = false;
+            self.backend.as_mut().expect("attached").all_answered();
             self.end_fallback();
         }
         let attached = self.backend.as_mut().expect("attached");

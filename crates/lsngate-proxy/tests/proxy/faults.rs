@@ -887,7 +887,7 @@ fn a_block_whose_connection_died_before_its_statement_was_sent_is_told_it_was_ro
 /// may commit (`flight::may_end_block`, rewritten for CI's seed 20261394).
 #[test]
 fn a_block_whose_pipeline_commits_it_and_then_loses_the_connection_is_an_unknown_outcome() {
-    use crate::statements::{Wire, parse_unnamed};
+    use crate::statements::Wire;
     use lsngate_proxy::net::FrontendMessage;
     let cluster = shared_cluster();
     let t = unique("commitlost");
@@ -903,41 +903,14 @@ fn a_block_whose_pipeline_commits_it_and_then_loses_the_connection_is_an_unknown
         assert_eq!(opened.statuses, vec![b'T'], "{opened:?}");
     }
     let sleep = format!("SELECT pg_sleep(3) AS after_{t}");
-    let mut pipeline = Vec::new();
-    for sql in [
+    let pipeline = extended(&[
         format!("INSERT INTO {t} VALUES (1)"),
         "COMMIT".into(),
         sleep.clone(),
-    ] {
-        pipeline.extend([
-            parse_unnamed(&sql),
-            FrontendMessage::Bind {
-                portal: String::new(),
-                statement: String::new(),
-                rest: bytes::Bytes::from_static(&[0, 0, 0, 0, 0, 0]),
-            },
-            FrontendMessage::Execute {
-                portal: String::new(),
-                max_rows: 0,
-            },
-        ]);
-    }
-    pipeline.push(FrontendMessage::Sync);
-    let sleeping = format!(
-        "SELECT count(*) FROM pg_stat_activity WHERE query = '{sleep}' AND wait_event = 'PgSleep'"
-    );
-    let client = std::thread::spawn(move || x.flight(&pipeline));
-    let primary = cluster.primary();
-    primary
-        .wait_until(
-            "the pipeline sleeps, past its COMMIT",
-            Duration::from_secs(30),
-            || Ok(primary.sql(&sleeping)? == "1"),
-        )
-        .unwrap();
-    // Every relayed connection is closed: the proxy loses the block's connection mid-pipeline.
-    drop(forwarder);
-    let lost = client.join().unwrap();
+    ]);
+    // Every relayed connection is closed while it sleeps: the proxy loses the block's
+    // connection mid-pipeline.
+    let lost = lose_while_sleeping(cluster, forwarder, &sleep, move || x.flight(&pipeline));
     assert_eq!(lost.errors.len(), 1, "{lost:?}");
     assert!(
         lost.errors[0].contains("outcome is unknown"),
@@ -951,6 +924,91 @@ fn a_block_whose_pipeline_commits_it_and_then_loses_the_connection_is_an_unknown
         "2",
         "the block was committed"
     );
+}
+
+/// The other side of the rule above: once the flight that may have ended the block is
+/// answered and the client is in a block again (`INSERT …; COMMIT; BEGIN`), a statement of the
+/// new block lost with its connection is reported as rolled back, not as an unknown outcome.
+/// Before, the flag saying "a flight here may commit" was reset only where the last reply of a
+/// flight was handled on the slow path, not where it was relayed as is.
+#[test]
+fn a_statement_of_a_block_opened_after_a_commit_lost_with_its_connection_is_rolled_back() {
+    use crate::statements::Wire;
+    let cluster = shared_cluster();
+    let t = unique("newblock");
+    cluster
+        .primary()
+        .sql(&format!("CREATE TABLE {t} (id int)"))
+        .unwrap();
+    let forwarder = lsngate_cluster::Forwarder::start(cluster.primary().port()).unwrap();
+    let proxy = proxy_through(cluster, &forwarder, false, |_| {});
+    let mut x = Wire::connect(&proxy);
+    let opened = x.flight(&extended(&["BEGIN".into()]));
+    assert_eq!(opened.statuses, vec![b'T'], "{opened:?}");
+    let again = x.flight(&[lsngate_proxy::net::FrontendMessage::Query(format!(
+        "INSERT INTO {t} VALUES (1); COMMIT; BEGIN"
+    ))]);
+    assert_eq!(again.statuses, vec![b'T'], "{again:?}");
+    let sleep = format!("SELECT pg_sleep(3) AS after_{t}");
+    let pipeline = extended(&[format!("INSERT INTO {t} VALUES (2)"), sleep.clone()]);
+    let lost = lose_while_sleeping(cluster, forwarder, &sleep, move || x.flight(&pipeline));
+    assert_eq!(lost.errors.len(), 1, "{lost:?}");
+    assert!(
+        lost.errors[0].contains("rolled back"),
+        "nothing of the new block could commit: {lost:?}"
+    );
+    assert_eq!(
+        cluster
+            .primary()
+            .sql(&format!("SELECT count(*) FROM {t}"))
+            .unwrap(),
+        "1",
+        "the first block committed, the second did not"
+    );
+}
+
+/// Each statement as Parse "", Bind, Execute, then one Sync.
+fn extended(statements: &[String]) -> Vec<lsngate_proxy::net::FrontendMessage> {
+    use lsngate_proxy::net::FrontendMessage;
+    let mut pipeline = Vec::new();
+    for sql in statements {
+        pipeline.extend([
+            crate::statements::parse_unnamed(sql),
+            FrontendMessage::Bind {
+                portal: String::new(),
+                statement: String::new(),
+                rest: bytes::Bytes::from_static(&[0, 0, 0, 0, 0, 0]),
+            },
+            FrontendMessage::Execute {
+                portal: String::new(),
+                max_rows: 0,
+            },
+        ]);
+    }
+    pipeline.push(FrontendMessage::Sync);
+    pipeline
+}
+
+/// Runs `send` (a client's flight ending in `sleep`) and, once the primary shows `sleep`
+/// sleeping, closes every connection `forwarder` relays; the client's reply.
+fn lose_while_sleeping<R: Send + 'static>(
+    cluster: &Cluster,
+    forwarder: lsngate_cluster::Forwarder,
+    sleep: &str,
+    send: impl FnOnce() -> R + Send + 'static,
+) -> R {
+    let sleeping = format!(
+        "SELECT count(*) FROM pg_stat_activity WHERE query = '{sleep}' AND wait_event = 'PgSleep'"
+    );
+    let client = std::thread::spawn(send);
+    let primary = cluster.primary();
+    primary
+        .wait_until("the flight sleeps", Duration::from_secs(30), || {
+            Ok(primary.sql(&sleeping)? == "1")
+        })
+        .unwrap();
+    drop(forwarder);
+    client.join().unwrap()
 }
 
 /// A write that found no server connection (the primary refusing connections) was never sent,
