@@ -1288,5 +1288,22 @@ pub fn known() -> Vec<(&'static str, Case)> {
                 sync(),
             ]),
         ),
+        (
+            // Seed 20261217757 (15.18, the replica 50 ms behind): the same hole as 20261220829.
+            // A read that parses a name the client already holds (`s3`, parsed in the flight
+            // before) failed its wait and ran again on the primary against an empty record, so
+            // its Parse was taken as defining the name, not as one PostgreSQL refuses: the
+            // client got ParseComplete where PostgreSQL says 42P05.
+            "a read run again that parses a name the client holds is refused",
+            case(vec![
+                q("COPY {t} (id, v) FROM STDIN"),
+                copy_data("101\t26\n"),
+                copy_done(),
+                parse("s3", "SELECT id, v FROM {t} ORDER BY id"),
+                q("COMMIT"),
+                parse("s3", "SELECT id, v FROM {t} ORDER BY id"),
+                sync(),
+            ]),
+        ),
     ]
 }
