@@ -1858,3 +1858,45 @@ fn a_read_behind_a_skipped_prepare_still_waits_for_its_floor() {
         "the read behind the batch sees the client's own write"
     );
 }
+
+/// Reads that fail their wait and run again elsewhere, sent by libpq's pipeline mode (a driver
+/// nobody here wrote), answer as PostgreSQL does on a direct connection: a `Describe S ""` ahead
+/// of the flight's own `Parse ""`, a Parse of a name the client holds (42P05). Before
+/// 885f13f a read run again was read against the record of the flight being assembled by then:
+/// by hand on 2026-12-07 (15.18, one replica 50 ms behind) the Parse shape answered unlike
+/// PostgreSQL in 23 of 30 rounds.
+#[test]
+fn reads_run_again_from_a_libpq_pipeline_answer_like_postgresql() {
+    let cluster = shared_delayed_cluster();
+    // A budget shorter than the replica's delay: the reads' waits fail and they run again (the
+    // breaker never opens: every read may fall back).
+    let proxy = proxy_with(cluster, |f| {
+        f.wait_timeout_ms = Some(20);
+        f.breaker_ratio = Some(1.0);
+    });
+    let t = unique("rerun");
+    cluster
+        .primary()
+        .sql(&format!("CREATE TABLE {t} (id int)"))
+        .unwrap();
+    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("clients")
+        .join("libpq_pipeline_reruns.py");
+    let (stdout, stderr) = run_ok(std::process::Command::new("python3").arg(script).args([
+        &cluster.primary().url(),
+        &proxy.url(),
+        &t,
+        "20",
+    ]));
+    let fallback = outcome(&proxy, "fallback");
+    println!("{stdout} (reads run again on the primary: {fallback})");
+    assert!(
+        stdout.contains("rounds 20, unlike PostgreSQL: describe 0, reparse 0"),
+        "{stdout}\n{stderr}"
+    );
+    assert!(
+        fallback > 0,
+        "no read ran again, so the comparison proves nothing: {}",
+        proxy.status()["causal"]["outcomes"]
+    );
+}
