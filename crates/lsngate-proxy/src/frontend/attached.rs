@@ -47,6 +47,10 @@ pub enum Duty {
     /// A statement that fails on purpose: the server's transaction block fails with an error the
     /// proxy answered itself (see [`Session::abort_server_block`]).
     Abort,
+    /// The proxy's own `ROLLBACK` of a block the client never heard of (a discarded read's
+    /// `BEGIN READ ONLY`), or of one the client's statement ends elsewhere (see
+    /// `Session::chain_failed_replica_block`).
+    Rollback,
 }
 
 /// Who is waiting for the replies of one segment.

@@ -280,7 +280,7 @@ impl Session {
                     // It opened a transaction block the client never heard of (`BEGIN READ
                     // ONLY`): ended here, before the flight runs again, on this connection or
                     // (once it is back in the pool) on another client's.
-                    let rollback = attached.send_query("ROLLBACK", Owner::Proxy(Duty::Prepare));
+                    let rollback = attached.send_query("ROLLBACK", Owner::Proxy(Duty::Rollback));
                     if let Err(e) = rollback.await {
                         return self.backend_lost(e).await;
                     }
@@ -785,7 +785,7 @@ impl Session {
         let (node, server) = (attached.conn.node, attached.conn.facts.server.clone());
         let causal = &self.proxy.causal;
         match duty {
-            Duty::Prepare | Duty::Settings | Duty::Restore | Duty::Abort => {}
+            Duty::Prepare | Duty::Settings | Duty::Restore | Duty::Abort | Duty::Rollback => {}
             Duty::Resync => {
                 if let Some(missing) = self.on_resync(status, answer) {
                     self.restore_settings(missing).await?;

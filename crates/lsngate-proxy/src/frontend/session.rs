@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use tokio::sync::watch;
 
-use super::attached::Attached;
+use super::attached::{Attached, Duty, Owner};
 use super::causal::ClientFloors;
 use super::client_io::{ClientIo, Incoming, ReadError};
 use super::client_statement::{ClientStatement, statement_identity};
@@ -916,6 +916,19 @@ impl Session {
         let class =
             self.class_memo
                 .classify(&self.proxy.classes, &sql, &self.config.write_functions);
+        let on_replica =
+            (self.backend.as_ref()).is_some_and(|b| b.target == crate::backend::Target::Replica);
+        if on_replica && crate::statement::chains_block(&sql) {
+            // Whether a block is open there and failed is what the replies say, all of them
+            // heard (the client may have sent its statements without waiting for them).
+            self.drain().await?;
+            // Not in the middle of an extended batch or a COPY there: the ROLLBACK goes first.
+            let may_add = (self.backend.as_ref()).is_some_and(|b| b.may_add_frames());
+            if self.status == TxStatus::Failed && self.in_replica_block() && !self.pinned && may_add
+            {
+                return self.chain_failed_replica_block().await;
+            }
+        }
         if let Some(message) = self.ends_replica_block_then_needs_primary(&sql) {
             return self
                 .answer_error(sqlstate::FEATURE_NOT_SUPPORTED, &message)
@@ -932,6 +945,38 @@ impl Session {
             )
             .await;
         self.scopes.flight.clear();
+        dispatched
+    }
+
+    /// `COMMIT AND CHAIN` or `ROLLBACK AND CHAIN` alone in a Query, ending a failed block held on
+    /// a replica (`BEGIN READ ONLY`). PostgreSQL rolls the failed block back and chains a block
+    /// with the default characteristics, not the failed one's (15.18 and 19rc1:
+    /// `transaction_read_only` is off in it), so it takes writes; on the replica they failed
+    /// with 25006 where PostgreSQL runs them (seed 20261218249). The replica's block is rolled
+    /// back by the proxy, the connection let go, and the chained block opened on the primary
+    /// with `BEGIN`, whose answer the client gets as its statement's: `ROLLBACK`, then `T`.
+    async fn chain_failed_replica_block(&mut self) -> Result<(), ClientError> {
+        let attached = self.backend.as_mut().expect("in a block on a replica");
+        if let Err(e) = attached
+            .send_query("ROLLBACK", Owner::Proxy(Duty::Rollback))
+            .await
+        {
+            return self.backend_lost(e).await;
+        }
+        self.drain().await?;
+        if self.backend.is_none() {
+            // Lost on the way: the client was told (`backend_lost`).
+            return Ok(());
+        }
+        self.release_backend();
+        self.status = TxStatus::Idle;
+        self.reset_rewritten = Some("ROLLBACK");
+        let begin = vec![FrontendMessage::Query("BEGIN".into())];
+        let dispatched = self
+            .dispatch(begin, Some(Class::Begin { read_only: false }), None, None)
+            .await;
+        // Taken by the flight when it was sent; not left for another if it was not.
+        self.reset_rewritten = None;
         dispatched
     }
 

@@ -20,6 +20,17 @@ pub fn ends_block(statement: &str) -> bool {
     }
 }
 
+/// Whether `statement` (one statement, trimmed) ends a transaction block and chains the next:
+/// `COMMIT AND CHAIN`, `ROLLBACK AND CHAIN` (and `END`, `ABORT`; not `AND NO CHAIN`).
+pub fn chains_block(statement: &str) -> bool {
+    let lower = after_comments(statement).to_ascii_lowercase();
+    let words: Vec<&str> = lower.split_whitespace().collect();
+    matches!(
+        words.first(),
+        Some(&("commit" | "end" | "abort" | "rollback"))
+    ) && words.windows(2).any(|w| w == ["and", "chain"])
+}
+
 /// Whether a statement of `sql` may end the transaction block it runs in: one that
 /// [`ends_block`], or `PREPARE TRANSACTION` (the block becomes a prepared transaction and the
 /// session is outside any).
@@ -174,7 +185,7 @@ fn dollar_quoted(bytes: &[u8], open: usize) -> usize {
 
 #[cfg(test)]
 mod tests {
-    use super::{after_block_end, may_end_block, statements};
+    use super::{after_block_end, chains_block, may_end_block, statements};
     use proptest::prelude::*;
 
     #[test]
@@ -279,6 +290,26 @@ mod tests {
             "/* commit */ SELECT 1",
         ] {
             assert!(!may_end_block(stays), "{stays}");
+        }
+    }
+
+    #[test]
+    fn what_ends_a_block_and_chains_the_next() {
+        for chains in [
+            "COMMIT AND CHAIN",
+            "rollback work and chain",
+            "END TRANSACTION AND CHAIN",
+            "/* app */ ABORT AND CHAIN",
+        ] {
+            assert!(chains_block(chains), "{chains}");
+        }
+        for not in [
+            "COMMIT",
+            "COMMIT AND NO CHAIN",
+            "ROLLBACK TO SAVEPOINT chain",
+            "SELECT 'commit and chain'",
+        ] {
+            assert!(!chains_block(not), "{not}");
         }
     }
 }

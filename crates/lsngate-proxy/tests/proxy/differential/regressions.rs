@@ -1305,5 +1305,36 @@ pub fn known() -> Vec<(&'static str, Case)> {
                 sync(),
             ]),
         ),
+        (
+            // Seed 20261218249 (19rc1, 2 replicas): `COMMIT AND CHAIN` of a failed
+            // `BEGIN READ ONLY` block chains a block with the default characteristics (15.18 and
+            // 19rc1 alike: it takes writes). The block was on a replica and stayed there: the
+            // INSERT in the chained block got 25006 where PostgreSQL runs it.
+            "a failed read-only block chained with COMMIT AND CHAIN takes writes",
+            case(vec![
+                q("BEGIN READ ONLY"),
+                q("SELECT 1 / 0"),
+                q("COMMIT AND CHAIN"),
+                q("SHOW transaction_read_only"),
+                q("INSERT INTO {t} (id, v) VALUES ('101', '5')"),
+                q("COMMIT"),
+                q("SELECT id, v FROM {t} ORDER BY id"),
+            ]),
+        ),
+        (
+            // The same with ROLLBACK AND CHAIN, each statement waiting for the one before.
+            "a failed read-only block chained with ROLLBACK AND CHAIN takes writes",
+            case(vec![
+                q("BEGIN READ ONLY"),
+                Step::Wait,
+                q("SELECT 1 / 0"),
+                Step::Wait,
+                q("ROLLBACK AND CHAIN"),
+                Step::Wait,
+                q("INSERT INTO {t} (id, v) VALUES ('101', '5')"),
+                q("COMMIT"),
+                q("SELECT id, v FROM {t} ORDER BY id"),
+            ]),
+        ),
     ]
 }
