@@ -887,17 +887,9 @@ fn a_block_whose_connection_died_before_its_statement_was_sent_is_told_it_was_ro
 /// may commit (`flight::may_end_block`, rewritten for CI's seed 20261394).
 #[test]
 fn a_block_whose_pipeline_commits_it_and_then_loses_the_connection_is_an_unknown_outcome() {
-    use crate::statements::Wire;
     use lsngate_proxy::net::FrontendMessage;
     let cluster = shared_cluster();
-    let t = unique("commitlost");
-    cluster
-        .primary()
-        .sql(&format!("CREATE TABLE {t} (id int)"))
-        .unwrap();
-    let forwarder = lsngate_cluster::Forwarder::start(cluster.primary().port()).unwrap();
-    let proxy = proxy_through(cluster, &forwarder, false, |_| {});
-    let mut x = Wire::connect(&proxy);
+    let (t, forwarder, _proxy, mut x) = client_through_forwarder(cluster, "commitlost");
     for sql in ["BEGIN".to_string(), format!("INSERT INTO {t} VALUES (0)")] {
         let opened = x.flight(&[FrontendMessage::Query(sql)]);
         assert_eq!(opened.statuses, vec![b'T'], "{opened:?}");
@@ -933,16 +925,8 @@ fn a_block_whose_pipeline_commits_it_and_then_loses_the_connection_is_an_unknown
 /// flight was handled on the slow path, not where it was relayed as is.
 #[test]
 fn a_statement_of_a_block_opened_after_a_commit_lost_with_its_connection_is_rolled_back() {
-    use crate::statements::Wire;
     let cluster = shared_cluster();
-    let t = unique("newblock");
-    cluster
-        .primary()
-        .sql(&format!("CREATE TABLE {t} (id int)"))
-        .unwrap();
-    let forwarder = lsngate_cluster::Forwarder::start(cluster.primary().port()).unwrap();
-    let proxy = proxy_through(cluster, &forwarder, false, |_| {});
-    let mut x = Wire::connect(&proxy);
+    let (t, forwarder, _proxy, mut x) = client_through_forwarder(cluster, "newblock");
     let opened = x.flight(&extended(&["BEGIN".into()]));
     assert_eq!(opened.statuses, vec![b'T'], "{opened:?}");
     let again = x.flight(&[lsngate_proxy::net::FrontendMessage::Query(format!(
@@ -965,6 +949,28 @@ fn a_statement_of_a_block_opened_after_a_commit_lost_with_its_connection_is_roll
         "1",
         "the first block committed, the second did not"
     );
+}
+
+/// A table of its own (`id int`), and a client of a proxy that reaches the primary through a
+/// forwarder (dropping it closes every relayed connection).
+fn client_through_forwarder(
+    cluster: &Cluster,
+    prefix: &str,
+) -> (
+    String,
+    lsngate_cluster::Forwarder,
+    TestProxy,
+    crate::statements::Wire,
+) {
+    let t = unique(prefix);
+    cluster
+        .primary()
+        .sql(&format!("CREATE TABLE {t} (id int)"))
+        .unwrap();
+    let forwarder = lsngate_cluster::Forwarder::start(cluster.primary().port()).unwrap();
+    let proxy = proxy_through(cluster, &forwarder, false, |_| {});
+    let x = crate::statements::Wire::connect(&proxy);
+    (t, forwarder, proxy, x)
 }
 
 /// Each statement as Parse "", Bind, Execute, then one Sync.
