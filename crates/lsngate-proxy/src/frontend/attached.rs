@@ -377,9 +377,9 @@ impl Attached {
     /// The flight kept here for a re-run, with its record.
     pub(super) fn take_rerun(
         &mut self,
-    ) -> Option<(Vec<FrontendMessage>, Option<Class>, FlightLog)> {
+    ) -> Option<(Vec<FrontendMessage>, Option<Class>, Box<FlightLog>)> {
         let (flight, class) = self.rerun.take()?;
-        Some((flight, class, std::mem::take(&mut self.rerun_log)))
+        Some((flight, class, Box::new(std::mem::take(&mut self.rerun_log))))
     }
 
     /// The read in flight here is over (its answer accepted, or relayed past the point of a

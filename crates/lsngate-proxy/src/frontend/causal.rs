@@ -150,7 +150,7 @@ pub struct CausalRead {
     /// How the client's statements stood before the flight, when it runs again after other
     /// messages were received (see [`Route::log`]); `None` while it is the flight being
     /// assembled.
-    pub log: Option<FlightLog>,
+    pub log: Option<Box<FlightLog>>,
 }
 
 /// The wait or check sent in front of a replica read, until its [`Verdict`] arrives.
