@@ -131,11 +131,12 @@ impl Session {
         if let Some((floors, hint)) = installs {
             (self.floors, self.hint) = (floors, hint);
         }
+        answer.iter().for_each(|f| self.io.queue(f));
         if failed {
             // Inside a transaction block the error fails the block, there as on the server.
             self.abort_server_block().await?;
+            self.report_changes();
         }
-        answer.iter().for_each(|f| self.io.queue(f));
         let status = self.status;
         self.io.queue_ready(status);
         self.io.flush().await?;
@@ -147,6 +148,10 @@ impl Session {
     /// up to ROLLBACK. So the server's block is made to fail too, with a statement whose replies
     /// the proxy keeps, and the client's status is `E`. False (nothing done) where no server
     /// connection holds the block, or it is inside a batch or a COPY.
+    ///
+    /// The failure is waited for: a `SET` inside the block is undone by it, and PostgreSQL
+    /// reports the old value ahead of its ReadyForQuery `E` (seed 20261229615), so the caller
+    /// reports the changes (`Session::report_changes`) ahead of its own.
     pub(super) async fn abort_server_block(&mut self) -> Result<bool, ClientError> {
         let Some(attached) = self.backend.as_mut() else {
             return Ok(false);
@@ -160,7 +165,9 @@ impl Session {
             .await
         {
             self.backend_lost(e).await?;
+            return Ok(true);
         }
+        self.drain().await?;
         Ok(true)
     }
 }

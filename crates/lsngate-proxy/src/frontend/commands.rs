@@ -411,6 +411,7 @@ impl Session {
                 FrontendMessage::Sync => {
                     if std::mem::take(&mut failed) && self.status == TxStatus::InBlock {
                         self.abort_server_block().await?;
+                        self.report_changes();
                     }
                     if self.status == TxStatus::Idle {
                         // The implicit transaction ends here, and every portal with it.

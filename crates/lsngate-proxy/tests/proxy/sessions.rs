@@ -440,6 +440,34 @@ fn a_proxy_command_that_fails_in_a_transaction_block_fails_the_block() {
             assert_eq!(rows.get::<_, i64>(0), 0, "the failed block wrote nothing");
         }
     });
+    // The failure undoes a SET made inside the block, and PostgreSQL reports the value it
+    // returns to ahead of its ReadyForQuery `E`; so must the proxy's own answer, or the client
+    // goes on believing the undone value (seed 20261229615 found it over the extended protocol).
+    use lsngate_proxy::net::FrontendMessage::Query;
+    let mut wire =
+        crate::statements::Wire::connect_to_with(proxy.addr, &[("application_name", "login")]);
+    let opened = wire.flight(&[
+        Query("BEGIN".into()),
+        Query("SET application_name = 'in-block'".into()),
+    ]);
+    assert_eq!(
+        opened.parameters,
+        [("application_name".to_string(), "in-block".to_string())]
+    );
+    let refused = wire.flight(&[Query("SET lsngate.consistency = 'nonsense'".into())]);
+    assert_eq!(refused.tags, b"ESZ", "{refused:?}");
+    assert_eq!(refused.statuses, b"E", "{refused:?}");
+    assert_eq!(
+        refused.parameters,
+        [("application_name".to_string(), "login".to_string())]
+    );
+    let ended = wire.flight(&[
+        Query("ROLLBACK".into()),
+        Query("SHOW application_name".into()),
+    ]);
+    assert!(ended.errors.is_empty(), "{ended:?}");
+    assert!(ended.parameters.is_empty(), "{ended:?}");
+    assert_eq!(ended.rows, [vec![Some("login".to_string())]]);
 }
 
 #[test]

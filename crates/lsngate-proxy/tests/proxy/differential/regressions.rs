@@ -1336,5 +1336,28 @@ pub fn known() -> Vec<(&'static str, Case)> {
                 q("SELECT id, v FROM {t} ORDER BY id"),
             ]),
         ),
+        (
+            // Seed 20261229615 (15.18 and 19rc1, the replica 50 ms behind): a `SET` that became
+            // part of a block, then a proxy command whose portal runs twice (55000) inside it.
+            // The error fails the block, which undoes the SET, and PostgreSQL reports the old
+            // `application_name` ahead of its ReadyForQuery `E`; the proxy's own answer came
+            // without it, so the client kept believing the rolled-back value.
+            "a proxy command failing a block reports the settings the block's end undid",
+            case(vec![
+                parse("", "SET application_name = 'diff-3'"),
+                bind(""),
+                execute(),
+                parse("", "BEGIN"),
+                bind(""),
+                execute(),
+                sync(),
+                parse("", "SET lsngate.consistency = session"),
+                bind(""),
+                execute_rows(1),
+                execute_rows(2),
+                sync(),
+                q("SHOW application_name"),
+            ]),
+        ),
     ]
 }
