@@ -31,10 +31,11 @@ impl Session {
     /// behind extended messages still unsynced on the server, the server's transaction must move
     /// as it would for the client's Query: PostgreSQL 15 commits the batch's implicit
     /// transaction at a Query, 19 keeps it open, and an error aborts it. So a stand-in Query
-    /// goes there in its place (empty, or one that fails), its answer is replaced by `answer`
-    /// (`replies.rs`), and the client gets the server's ReadyForQuery with the status it reports.
-    /// Elsewhere the proxy answers at once, with the status the client last saw (`E` behind an
-    /// error inside a transaction block, which fails the server's block too:
+    /// goes there in its place (`SELECT 1`, or one that fails), its answer is replaced by
+    /// `answer` (`replies.rs`), and the client gets the server's ReadyForQuery with the status
+    /// it reports. So it does inside a transaction block, where a Query drops the unnamed portal
+    /// a synced batch left. Elsewhere the proxy answers at once, with the status the client last
+    /// saw (`E` behind an error inside a transaction block, which fails the server's block too:
     /// `Session::abort_server_block`).
     ///
     /// Not on PostgreSQL 19 when an Execute outside a transaction block is among the unsynced
@@ -86,17 +87,17 @@ impl Session {
                     }
                 )
         };
-        if let Some(attached) = self
-            .backend
-            .as_mut()
-            .filter(|b| b.batch.open_and_sound() && stand_in_safe(b))
-        {
-            let stand_in = match (failed, status) {
-                (true, _) => "SELECT 1/0",
-                (false, TxStatus::Failed) => "SELECT 1",
-                (false, _) => "",
-            };
-            // The empty stand-in ends the batch's implicit transaction outside a block (15 to 18
+        // Inside a block the server's unnamed portal may outlive the batch that bound it, and
+        // a Query drops it (seed 20261234471): a stand-in goes there too, unless the answer is
+        // an error, whose failing of the block is a Query of its own (`abort_server_block`).
+        let in_block = !failed && status == TxStatus::InBlock;
+        if let Some(attached) = self.backend.as_mut().filter(|b| {
+            (b.batch.open_and_sound() && stand_in_safe(b)) || (in_block && b.may_add_frames())
+        }) {
+            // Each drops the unnamed portal, as the client's Query would have (an empty Query
+            // runs no statement and drops nothing).
+            let stand_in = if failed { "SELECT 1/0" } else { "SELECT 1" };
+            // The stand-in ends the batch's implicit transaction outside a block (15 to 18
             // commit it at a Query; on 19 no stand-in is sent then, see `stand_in_safe`), and
             // with it the writes the batch executed: their commit position, owed since they
             // were sent, is taken behind it, as behind the client's own Sync (seed 20261206836:
@@ -112,9 +113,9 @@ impl Session {
                 );
             let owed = commits && std::mem::take(&mut attached.position_owed);
             // What a Query does to the server's state: the batch needs no Sync any more.
+            attached.may_commit |= attached.batch.is_open();
             attached.batch = Batch::Synced;
             attached.substitute = Some(Substitute { answer, installs });
-            attached.may_commit = true;
             let sent = attached.send_query(stand_in, super::attached::Owner::Client);
             if let Err(e) = sent.await {
                 return self.backend_lost(e).await;

@@ -284,6 +284,12 @@ pub struct Attached {
     /// A write ran in an extended batch a later flight's Sync ends (a flight ending in Flush, a
     /// COPY over the extended protocol): that flight takes the position behind it.
     pub position_owed: bool,
+    /// The batch ran a BEGIN nothing after it may have ended, so what it ran commits at that
+    /// block's end, not at its Sync: the position owed waits for a flight that may end a
+    /// block. Taken before, it would be a SELECT inside the block, taking the block's snapshot
+    /// ahead of the client's first query (seed 20261237149: `BEGIN ISOLATION LEVEL` then
+    /// failed with 25001).
+    pub owed_at_block_end: bool,
     /// The proxy's own answer to a simple Query it took over inside an extended batch still open
     /// (see `Session::answer_query`): the server runs a stand-in Query, whose answer this
     /// replaces, so its transaction moves as it would for the client's Query.
@@ -439,6 +445,7 @@ impl Attached {
             answer: ProxyAnswer::default(),
             held_ready: None,
             position_owed: false,
+            owed_at_block_end: false,
             substitute: None,
             unprepared_in_aborted_block: None,
             may_commit: false,

@@ -52,6 +52,17 @@ pub(super) fn reset_tags(
 pub(super) const RESYNC_SQL: &str =
     "SELECT name, setting FROM pg_catalog.pg_settings WHERE source = 'session'";
 
+/// What a flight's Executes after its last Sync (or Query) run ([`Session::unsynced_run`]).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(super) struct UnsyncedRun {
+    /// `None` when there are none, else whether one of them runs a BEGIN.
+    pub executed: Option<bool>,
+    /// The batch is inside a block it opened: one of its Executes ran a BEGIN and none after it
+    /// may end a block. Its implicit transaction became that block (what ran before the BEGIN
+    /// joins it), so nothing of it commits at the batch's Sync.
+    pub in_block: bool,
+}
+
 impl Session {
     /// The statements a flight runs that change session state (SET, RESET, DISCARD, DEALLOCATE,
     /// LISTEN, ...): a simple Query's text, or the statement behind each portal an
@@ -95,13 +106,15 @@ impl Session {
         effects
     }
 
-    /// Whether the flight executes a portal after its last Sync (or Query): `None` when it does
-    /// not, else whether one of those Executes runs a BEGIN.
-    /// `per_message` is the flight's [`Session::statement_per_message`].
-    pub(super) fn executed_after_last_sync(
+    /// What the flight's Executes after its last Sync (or Query) run, left for a later Sync to
+    /// end; `in_block` is whether the batch they join already opened a block
+    /// ([`UnsyncedRun::in_block`] of the flights before in it). `per_message` is the flight's
+    /// [`Session::statement_per_message`].
+    pub(super) fn unsynced_run(
         flight: &[FrontendMessage],
         per_message: &[Option<&ClientStatement>],
-    ) -> Option<bool> {
+        in_block: bool,
+    ) -> UnsyncedRun {
         let ends = |m: &FrontendMessage| {
             matches!(
                 m,
@@ -112,24 +125,29 @@ impl Session {
         };
         let tail = flight.iter().rposition(ends).map_or(0, |i| i + 1);
         let mut portals = NameMap::default();
-        let mut executed = None;
+        let mut run = UnsyncedRun {
+            executed: None,
+            in_block,
+        };
         for (m, statement) in flight.iter().zip(per_message.iter().copied()).skip(tail) {
             match m {
                 FrontendMessage::Bind { portal, .. } => {
                     portals.insert(portal, statement);
                 }
                 FrontendMessage::Execute { portal, .. } => {
-                    let begins = portals
-                        .get(portal)
-                        .copied()
-                        .flatten()
-                        .is_some_and(|s| matches!(s.class, Class::Begin { .. }));
-                    executed = Some(begins || executed.unwrap_or(false));
+                    let statement = portals.get(portal).copied().flatten();
+                    let begins = statement.is_some_and(|s| matches!(s.class, Class::Begin { .. }));
+                    run.executed = Some(begins || run.executed.unwrap_or(false));
+                    if begins {
+                        run.in_block = true;
+                    } else if statement.is_none_or(|s| crate::statement::may_end_block(&s.query)) {
+                        run.in_block = false;
+                    }
                 }
                 _ => {}
             }
         }
-        executed
+        run
     }
 
     /// Tracks the session-level `effects` of a flight (its [`Session::session_effects`]). True
@@ -366,5 +384,71 @@ impl Session {
             return self.backend_lost(e).await;
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::frontend::client_statement::tests::defined;
+
+    fn statement(query: &str, class: Class) -> ClientStatement {
+        ClientStatement {
+            class,
+            ..defined(query)
+        }
+    }
+
+    /// Parse, Bind and Execute of each statement, unsynced, with the statement each message
+    /// finds (`None`: one the client does not hold).
+    fn run(statements: &[Option<&ClientStatement>], in_block: bool) -> UnsyncedRun {
+        let mut flight = Vec::new();
+        let mut per_message = Vec::new();
+        for s in statements {
+            flight.push(FrontendMessage::Bind {
+                portal: String::new(),
+                statement: String::new(),
+                rest: bytes::Bytes::new(),
+            });
+            flight.push(FrontendMessage::Execute {
+                portal: String::new(),
+                max_rows: 0,
+            });
+            per_message.extend([*s, None]);
+        }
+        flight.push(FrontendMessage::Flush);
+        per_message.push(None);
+        Session::unsynced_run(&flight, &per_message, in_block)
+    }
+
+    #[test]
+    fn a_begin_nothing_after_may_end_leaves_the_batch_in_its_block() {
+        let begin = statement("BEGIN", Class::Begin { read_only: false });
+        let insert = statement("INSERT INTO t VALUES (1)", Class::Write);
+        let savepoint = statement("SAVEPOINT a", Class::TransactionLocal);
+        let commit = statement("COMMIT", Class::TransactionControl);
+        let maybe = statement("SELECT f(); COMMIT", Class::Write);
+        let in_block =
+            |statements: &[Option<&ClientStatement>], before| run(statements, before).in_block;
+        assert!(in_block(&[Some(&begin)], false));
+        assert!(in_block(
+            &[Some(&insert), Some(&begin), Some(&savepoint)],
+            false
+        ));
+        assert!(in_block(&[Some(&begin), Some(&insert)], false));
+        assert!(!in_block(&[Some(&begin), Some(&commit)], false));
+        assert!(!in_block(&[Some(&begin), Some(&maybe)], false));
+        // A statement the client does not hold may be anything.
+        assert!(!in_block(&[Some(&begin), None], false));
+        // A batch already in its block stays there, or leaves it.
+        assert!(in_block(&[Some(&insert)], true));
+        assert!(!in_block(&[Some(&commit)], true));
+        assert!(!in_block(&[Some(&insert)], false));
+        assert_eq!(run(&[Some(&insert)], false).executed, Some(false));
+        assert_eq!(
+            run(&[Some(&insert), Some(&begin)], false).executed,
+            Some(true)
+        );
+        assert_eq!(run(&[], false).executed, None);
     }
 }

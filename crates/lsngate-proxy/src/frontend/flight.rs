@@ -588,7 +588,8 @@ impl Session {
         // The statement behind each message as of its position, read once for the preparation
         // and the three questions after it.
         let in_block = self.status != TxStatus::Idle;
-        let (executed, effects, copy_start, kept, may_end_block) = {
+        let owed_at_block_end = self.backend.as_ref().expect("attached").owed_at_block_end;
+        let (unsynced, effects, copy_start, kept, may_end_block) = {
             let (at, after) =
                 statements_at(&self.statements, self.unnamed.as_ref(), &self.log, &flight);
             let attached = self.backend.as_mut().expect("attached before send");
@@ -612,12 +613,15 @@ impl Session {
                     .map(|(name, s)| (name, Arc::clone(s)))
                     .collect::<std::collections::HashMap<_, _>>()
             });
+            let may_end_block =
+                (in_block || owed_at_block_end) && may_end_block(&flight, class, &per_message);
             (
-                Session::executed_after_last_sync(&flight, &per_message),
+                // Still inside the block a batch opened, unless this flight may end it.
+                Session::unsynced_run(&flight, &per_message, owed_at_block_end && !may_end_block),
                 self.session_effects(&flight, class, &per_message),
                 copy_start,
                 kept,
-                in_block && may_end_block(&flight, class, &per_message),
+                may_end_block,
             )
         };
         // A re-run changed the view when it was first sent (messages received since may have
@@ -722,7 +726,9 @@ impl Session {
                     )
                 });
                 let (tail, executes) = unsynced_tail(&flight).unwrap_or_default();
-                attached.batch.flushed(ended, tail, executes, executed);
+                attached
+                    .batch
+                    .flushed(ended, tail, executes, unsynced.executed);
             }
             // A simple Query also ends an unsynced extended batch (asyncpg sends Parse/Describe/
             // Flush, then a Query); the session sends none while the server skips to a Sync.
@@ -746,7 +752,9 @@ impl Session {
         let batch_goes_on =
             attached.batch.is_open() || (attached.copy.closed && attached.copy.extended);
         if tracks && batch_goes_on {
-            // Its transaction ends, and its position can be taken, behind a later flight's Sync.
+            // Its transaction ends, and its position can be taken, behind a later flight's Sync
+            // (or behind the end of the block it opened: `Attached::owed_at_block_end`).
+            attached.owed_at_block_end = unsynced.in_block;
             attached.position_owed |= may_run_outside_block
                 && attached.target == Target::Primary
                 && class == Some(Class::Write)
@@ -756,8 +764,12 @@ impl Session {
                         .any(|m| matches!(m, FrontendMessage::Execute { .. })));
         } else if tracks && synced {
             let ends_block = status != TxStatus::Idle && class == Some(Class::TransactionControl);
-            // Not while a COPY may still be running: its data is still to come.
-            let owed = !attached.copy.closed && std::mem::take(&mut attached.position_owed);
+            // Not while a COPY may still be running: its data is still to come. Nor inside a
+            // block the batch opened, before a flight that may end it.
+            let deferred = attached.owed_at_block_end && !may_end_block;
+            attached.owed_at_block_end = deferred;
+            let owed =
+                !deferred && !attached.copy.closed && std::mem::take(&mut attached.position_owed);
             let probe = match attached.target {
                 Target::Replica if standalone_read || ends_block || read.is_some() => {
                     let node = attached.conn.node;

@@ -1359,5 +1359,111 @@ pub fn known() -> Vec<(&'static str, Case)> {
                 q("SHOW application_name"),
             ]),
         ),
+        (
+            // Seed 20261234471 (15.18, the replica 50 ms behind): a simple Query drops the
+            // unnamed portal, also one the proxy answers itself behind unsynced messages. The
+            // proxy's stand-in for it was an empty Query, which drops nothing, so a Describe of
+            // the portal the client had bound before got its description where PostgreSQL
+            // says 34000.
+            "a proxy command behind unsynced messages drops the unnamed portal",
+            case(vec![
+                parse("", "BEGIN"),
+                bind(""),
+                execute_rows(1),
+                parse("", "SHOW application_name"),
+                bind(""),
+                q("SET lsngate.route = 'primary'"),
+                describe('P', ""),
+                sync(),
+            ]),
+        ),
+        (
+            // The same inside a block, the portal bound in a batch already synced: the proxy
+            // answered the command without the server, whose unnamed portal lived on.
+            "a proxy command in a block drops the unnamed portal",
+            case(vec![
+                q("BEGIN"),
+                parse("", "SHOW application_name"),
+                bind(""),
+                sync(),
+                q("SET lsngate.route = 'primary'"),
+                describe('P', ""),
+                execute(),
+                sync(),
+                q("SHOW lsngate.route"),
+                describe('P', ""),
+                sync(),
+            ]),
+        ),
+        (
+            // Seed 20261237149 (15.18, the replica 50 ms behind): pgjdbc's autosave shape. A
+            // BEGIN left unsynced, merged with the SAVEPOINT Query behind it, was taken for a
+            // write in the batch's implicit transaction, so the proxy sent a commit position's
+            // SELECT behind the SAVEPOINT — inside the block, where it took the transaction's
+            // snapshot: the client's `BEGIN ISOLATION LEVEL` then failed (25001, "must be called
+            // before any query") where PostgreSQL warns and goes on.
+            "a savepoint released before the block's first query leaves its isolation level open",
+            case(vec![
+                parse("", "BEGIN"),
+                bind(""),
+                execute(),
+                q("SAVEPOINT PGJDBC_AUTOSAVE"),
+                q("RELEASE SAVEPOINT PGJDBC_AUTOSAVE"),
+                parse("", "BEGIN ISOLATION LEVEL REPEATABLE READ"),
+                bind(""),
+                execute(),
+                sync(),
+            ]),
+        ),
+        (
+            // The position that seed's fix holds back is taken at the block's end: a write in a
+            // block opened by an unsynced BEGIN is read back after the COMMIT, whichever flights
+            // come between (a Query behind the batch, a transaction-local one, the COMMIT over
+            // either protocol).
+            "a write in a block an unsynced BEGIN opened is read back after its COMMIT",
+            case(vec![
+                parse("", "BEGIN"),
+                bind(""),
+                execute(),
+                parse("", "INSERT INTO {t} (id, v) VALUES ('101', '5')"),
+                bind(""),
+                execute(),
+                q("COMMIT"),
+                q("SELECT id, v FROM {t} ORDER BY id"),
+            ]),
+        ),
+        (
+            "a write before an unsynced BEGIN is read back after the block's COMMIT",
+            case(vec![
+                parse("", "INSERT INTO {t} (id, v) VALUES ('101', '5')"),
+                bind(""),
+                execute(),
+                parse("", "BEGIN"),
+                bind(""),
+                execute(),
+                q("SAVEPOINT a"),
+                q("RELEASE a"),
+                q("COMMIT"),
+                q("SELECT id, v FROM {t} ORDER BY id"),
+            ]),
+        ),
+        (
+            "a write in a block an unsynced BEGIN opened is read back after an extended COMMIT",
+            case(vec![
+                parse("", "BEGIN"),
+                bind(""),
+                execute(),
+                parse("", "INSERT INTO {t} (id, v) VALUES ('101', '5')"),
+                bind(""),
+                execute(),
+                q("SAVEPOINT a"),
+                Step::Wait,
+                parse("", "COMMIT"),
+                bind(""),
+                execute(),
+                sync(),
+                q("SELECT id, v FROM {t} ORDER BY id"),
+            ]),
+        ),
     ]
 }
