@@ -31,7 +31,7 @@ impl Session {
     /// behind extended messages still unsynced on the server, the server's transaction must move
     /// as it would for the client's Query: PostgreSQL 15 commits the batch's implicit
     /// transaction at a Query, 19 keeps it open, and an error aborts it. So a stand-in Query
-    /// goes there in its place (`SELECT 1`, or one that fails), its answer is replaced by
+    /// goes there in its place (a `SHOW`, or one that fails), its answer is replaced by
     /// `answer` (`replies.rs`), and the client gets the server's ReadyForQuery with the status
     /// it reports. So it does inside a transaction block, where a Query drops the unnamed portal
     /// a synced batch left. Elsewhere the proxy answers at once, with the status the client last
@@ -95,8 +95,14 @@ impl Session {
             (b.batch.open_and_sound() && stand_in_safe(b)) || (in_block && b.may_add_frames())
         }) {
             // Each drops the unnamed portal, as the client's Query would have (an empty Query
-            // runs no statement and drops nothing).
-            let stand_in = if failed { "SELECT 1/0" } else { "SELECT 1" };
+            // runs no statement and drops nothing). `SHOW` takes no snapshot, so a block the
+            // unsynced messages opened may still set its isolation level behind it (`SELECT 1`
+            // took the block's snapshot there: seed 20261248831).
+            let stand_in = if failed {
+                "SELECT 1/0"
+            } else {
+                "SHOW server_version"
+            };
             // The stand-in ends the batch's implicit transaction outside a block (15 to 18
             // commit it at a Query; on 19 no stand-in is sent then, see `stand_in_safe`), and
             // with it the writes the batch executed: their commit position, owed since they

@@ -857,12 +857,27 @@ fn state_then_more(class: Option<Class>, flight: &[FrontendMessage]) -> bool {
 /// [`crate::statement::may_end_block`]): a flight of `COMMIT` or `ROLLBACK`, one the proxy could
 /// not classify, a Query with such a statement among others (`INSERT …; COMMIT`), or a Bind of
 /// one, or of a statement the client does not hold (`per_message` is the flight's
-/// [`At::statement`]s). Flights classified read, `BEGIN` or transaction-local end nothing.
+/// [`At::statement`]s). Flights classified read, `BEGIN` or transaction-local end nothing, nor
+/// does one that runs no statement (a bare Sync: seed 20261245900, where a position deferred to
+/// the block's end was taken there, inside the failed block, and the probe pipelined behind it,
+/// built as if the first had prepared its statement, failed inside the block `COMMIT AND CHAIN`
+/// opened next).
 fn may_end_block(
     flight: &[FrontendMessage],
     class: Option<Class>,
     per_message: &[Option<&super::client_statement::ClientStatement>],
 ) -> bool {
+    let runs = flight.iter().any(|m| {
+        matches!(
+            m,
+            FrontendMessage::Query(_)
+                | FrontendMessage::Execute { .. }
+                | FrontendMessage::FunctionCall(_)
+        )
+    });
+    if !runs {
+        return false;
+    }
     match class {
         Some(Class::Read | Class::Begin { .. } | Class::TransactionLocal) => false,
         Some(Class::TransactionControl) | None => true,

@@ -1465,5 +1465,45 @@ pub fn known() -> Vec<(&'static str, Case)> {
                 q("SELECT id, v FROM {t} ORDER BY id"),
             ]),
         ),
+        (
+            // Seed 20261245900 (19rc1, 2 replicas), found on 3cad336, whose deferral of a
+            // position to the end of a block an unsynced BEGIN opened (seed 20261237149) took it
+            // at a bare Sync, inside the block the failed EXECUTE had aborted: that probe failed
+            // before preparing its statement, and the one behind the pipelined `COMMIT AND
+            // CHAIN`, built as if it had, failed inside the chained block (26000), so the
+            // client's SELECT there got 25P02.
+            "a position held for a block's end is not taken at a bare Sync",
+            case(vec![
+                parse("", "BEGIN"),
+                bind(""),
+                execute(),
+                q("EXECUTE q1"),
+                Step::Wait,
+                sync(),
+                parse("", "COMMIT AND CHAIN"),
+                bind(""),
+                execute(),
+                sync(),
+                q("SELECT count(*) AS n, sum(v) AS total FROM {t}"),
+                sync(),
+            ]),
+        ),
+        (
+            // Seed 20261248831 (19rc1, the replica 50 ms behind), found on 3cad336, whose
+            // stand-in `SELECT 1` for a proxy command (seed 20261234471) ran inside the block an
+            // unsynced START TRANSACTION had opened and took its snapshot: the client's `BEGIN
+            // ISOLATION LEVEL` then failed (25001) where PostgreSQL warns.
+            "a proxy command behind an unsynced BEGIN leaves the block's isolation level open",
+            case(vec![
+                parse("", "START TRANSACTION"),
+                bind(""),
+                execute_rows(1),
+                q("SET lsngate.consistency = session"),
+                q("BEGIN ISOLATION LEVEL REPEATABLE READ"),
+                q("SET TRANSACTION ISOLATION LEVEL SERIALIZABLE"),
+                q("SHOW transaction_isolation"),
+                sync(),
+            ]),
+        ),
     ]
 }
