@@ -11,6 +11,7 @@ use super::causal::{CausalRead, Discard, PendingVerdict, PlacedRead, ReadWait};
 use super::copy::CopyGate;
 use super::pipeline::FlightLog;
 use super::scopes::ClientScopes;
+use super::shapes::Describing;
 use crate::backend::{PooledConn, Target};
 use crate::causal::sql::{Probe, Segment, probe_segment};
 use crate::net::{Frame, FrontendMessage};
@@ -238,7 +239,7 @@ impl Batch {
 pub struct Spares {
     expect: VecDeque<Owner>,
     unconfirmed: VecDeque<super::pipeline::Unconfirmed>,
-    describing: VecDeque<Option<String>>,
+    describing: VecDeque<Describing>,
     rerun_log: FlightLog,
 }
 
@@ -304,7 +305,7 @@ pub struct Attached {
     pub may_commit: bool,
     /// Per Describe of the client's still to be answered, the statement whose result shape
     /// its answer shows, when the proxy wants to know it (see `shapes.rs`).
-    pub describing: VecDeque<Option<String>>,
+    pub describing: VecDeque<Describing>,
     /// A Bind of a changed statement was sent (see `shapes.rs`).
     pub plan_changed_sent: bool,
     /// Client segments (ending in Sync or a Query) sent here since the connection was attached;

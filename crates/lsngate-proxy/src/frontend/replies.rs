@@ -356,7 +356,7 @@ impl Session {
                 _ => {}
             }
         }
-        if !attached.describing.is_empty() && matches!(frame.tag, b'T' | b'n' | b'E') {
+        if !attached.describing.is_empty() && matches!(frame.tag, b'T' | b'n' | b'E' | b'Z') {
             self.note_shape(frame.tag, &frame.body);
         }
         let attached = self.backend.as_mut().expect("attached");

@@ -34,6 +34,17 @@ const CHANGED: &str = "lsngate_plan_changed";
 /// come from the Bind, not the statement): a RowDescription body, or empty for NoData.
 pub type Shape = Bytes;
 
+/// A Describe of the client's still to be answered (`Attached::describing`).
+#[derive(Debug)]
+pub struct Describing {
+    /// The client segment it belongs to (see `Attached::segments_sent`): its answer is the
+    /// segment's next RowDescription or NoData, which in a segment ending in a Query come first.
+    segment: u64,
+    /// The client statement whose result shape its answer shows, when the proxy wants to know
+    /// it.
+    statement: Option<String>,
+}
+
 /// The shape in a RowDescription (`T`) or NoData (`n`) body; `None` for a malformed one.
 pub fn shape(tag: u8, body: &[u8]) -> Option<Shape> {
     if tag == b'n' {
@@ -54,7 +65,8 @@ pub fn shape(tag: u8, body: &[u8]) -> Option<Shape> {
 
 impl Session {
     /// Before sending `flight`: one entry per Describe in it, naming the client statement whose
-    /// shape its answer shows (when the shape is not known yet), so the relay can record it.
+    /// shape its answer shows (when the shape is not known yet) and the client segment it
+    /// belongs to, so the relay can record it.
     pub(super) fn expect_shapes(&mut self, flight: &[FrontendMessage]) {
         if !flight
             .iter()
@@ -91,29 +103,67 @@ impl Session {
         if !(0..flight.len()).any(|at| wanted(self, at).is_some()) {
             return;
         }
-        let entries: Vec<Option<String>> = (0..flight.len())
-            .filter(|at| matches!(flight[*at], FrontendMessage::Describe { .. }))
-            .map(|at| wanted(self, at))
-            .collect();
+        let Some(attached) = self.backend.as_ref() else {
+            return;
+        };
+        // Numbered as `Attached::segments_sent` counts them: the replies to earlier flights
+        // still due come first, and a Query among them answers with a RowDescription of its own
+        // (seed 20261244221: an INSERT … RETURNING's was recorded as the statement's shape).
+        let mut segment = attached.segments_sent;
+        let mut entries = Vec::new();
+        for (at, m) in flight.iter().enumerate() {
+            match m {
+                FrontendMessage::Describe { .. } => entries.push(Describing {
+                    segment,
+                    statement: wanted(self, at),
+                }),
+                FrontendMessage::Sync
+                | FrontendMessage::Query(_)
+                | FrontendMessage::FunctionCall(_) => segment += 1,
+                _ => {}
+            }
+        }
         if let Some(attached) = self.backend.as_mut() {
             attached.describing.extend(entries);
         }
     }
 
-    /// A RowDescription or NoData (the answer to a Describe) or an error is being relayed.
+    /// A RowDescription or NoData (the answer to a Describe, or to a Query), an error or a
+    /// ReadyForQuery of the client's is being relayed.
     pub(super) fn note_shape(&mut self, tag: u8, body: &[u8]) {
         let Some(attached) = self.backend.as_mut() else {
             return;
         };
-        if tag == b'E' {
-            // The rest of the segment is skipped: which Describes answer is no longer known.
-            attached.describing.clear();
+        // (A proxy command's stand-in is due without a segment of its own: see `count_answer`.)
+        let Some(segment) = attached
+            .segments_sent
+            .checked_sub(attached.client_segments_due() as u64)
+        else {
             return;
+        };
+        let describing = &mut attached.describing;
+        // Entries of segments answered already: nothing left there can answer them.
+        while describing.front().is_some_and(|d| d.segment < segment) {
+            describing.pop_front();
         }
-        if let Some(Some(name)) = attached.describing.pop_front()
-            && let Some(statement) = self.statements.get_mut(&name)
-        {
-            Arc::make_mut(statement).shape = shape(tag, body);
+        match tag {
+            // The rest of the segment is skipped, or it ended: its Describes get no answer.
+            b'E' | b'Z' => {
+                while describing.front().is_some_and(|d| d.segment == segment) {
+                    describing.pop_front();
+                }
+            }
+            b'T' | b'n' if describing.front().is_some_and(|d| d.segment == segment) => {
+                if let Some(Describing {
+                    statement: Some(name),
+                    ..
+                }) = describing.pop_front()
+                    && let Some(statement) = self.statements.get_mut(&name)
+                {
+                    Arc::make_mut(statement).shape = shape(tag, body);
+                }
+            }
+            _ => {}
         }
     }
 

@@ -1505,5 +1505,21 @@ pub fn known() -> Vec<(&'static str, Case)> {
                 sync(),
             ]),
         ),
+        (
+            // Seed 20261244221 (19rc1, 2 replicas): a Describe sent while a Query's rows were
+            // still due. The proxy took the first RowDescription to come back, the INSERT …
+            // RETURNING's, for the statement's shape, so the statement, parsed again on the
+            // other replica, looked changed and its Bind got 0A000 "cached plan must not change
+            // result type" where PostgreSQL binds.
+            "a Describe behind a Query still answering records its own statement's shape",
+            case(vec![
+                q("INSERT INTO {t} (id, v) VALUES ('101', '7') RETURNING id, v"),
+                parse("s1", "SELECT count(*) AS n, sum(v) AS total FROM {t}"),
+                describe('S', "s1"),
+                q("INSERT INTO {t} (id, v) VALUES ('103', '7') RETURNING id, v"),
+                bind("s1"),
+                sync(),
+            ]),
+        ),
     ]
 }
