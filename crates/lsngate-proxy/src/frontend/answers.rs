@@ -142,10 +142,8 @@ impl Session {
         if failed {
             // Inside a transaction block the error fails the block, there as on the server.
             self.abort_server_block().await?;
-            self.report_changes();
         }
-        let status = self.status;
-        self.io.queue_ready(status);
+        self.queue_ready(self.status);
         self.io.flush().await?;
         Ok(())
     }
@@ -157,8 +155,8 @@ impl Session {
     /// connection holds the block, or it is inside a batch or a COPY.
     ///
     /// The failure is waited for: a `SET` inside the block is undone by it, and PostgreSQL
-    /// reports the old value ahead of its ReadyForQuery `E` (seed 20261229615), so the caller
-    /// reports the changes (`Session::report_changes`) ahead of its own.
+    /// reports the old value ahead of its ReadyForQuery `E` (seed 20261229615), as the caller's
+    /// `Session::queue_ready` then does.
     pub(super) async fn abort_server_block(&mut self) -> Result<bool, ClientError> {
         let Some(attached) = self.backend.as_mut() else {
             return Ok(false);

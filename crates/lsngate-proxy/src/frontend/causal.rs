@@ -528,9 +528,7 @@ impl Session {
         for _ in flight.iter().filter(|m| ends(m)) {
             self.io
                 .queue(&ErrorFields::new("ERROR", code, message).to_frame(b'E'));
-            // What a failed block undid (`Session::abort_server_block`) is reported here.
-            self.report_changes();
-            self.io.queue_ready(self.status);
+            self.queue_ready(self.status);
         }
         if !flight.last().is_some_and(ends) {
             // Messages behind the last Sync (a flight ending in Flush): the error, then nothing

@@ -411,13 +411,12 @@ impl Session {
                 FrontendMessage::Sync => {
                     if std::mem::take(&mut failed) && self.status == TxStatus::InBlock {
                         self.abort_server_block().await?;
-                        self.report_changes();
                     }
                     if self.status == TxStatus::Idle {
                         // The implicit transaction ends here, and every portal with it.
                         self.local_portals.clear();
                     }
-                    self.io.queue_ready(self.status);
+                    self.queue_ready(self.status);
                 }
                 _ => {}
             }

@@ -372,7 +372,7 @@ impl Session {
                 )
                 .to_frame(b'E'),
             );
-            self.io.queue_ready(self.status);
+            self.queue_ready(self.status);
         }
         self.io.flush().await?;
         self.end_fallback();

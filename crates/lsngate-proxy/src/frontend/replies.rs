@@ -130,6 +130,14 @@ impl Session {
         self.reported_covers.push(stamp);
     }
 
+    /// Queues a ReadyForQuery the proxy answers (`status`), with what changed in the server's
+    /// reported settings ahead of it, as PostgreSQL reports them (a failed block's end undoes
+    /// a SET: `Session::abort_server_block`).
+    pub(super) fn queue_ready(&mut self, status: TxStatus) {
+        self.report_changes();
+        self.io.queue_ready(status);
+    }
+
     /// Relays replies until none are due. Not into a COPY FROM STDIN the client has not ended
     /// (the server answers nothing until it does); one it ended (CopyDone, CopyFail) is waited
     /// for, so what the session does next never takes the COPY's answer for its own.
@@ -229,8 +237,7 @@ impl Session {
                 b.all_answered();
                 self.block_ended(status);
                 self.status = status;
-                self.report_changes();
-                self.io.queue_ready(status);
+                self.queue_ready(status);
                 self.maybe_release();
                 self.io.flush().await?;
                 continue;

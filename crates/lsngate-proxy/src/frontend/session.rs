@@ -559,7 +559,7 @@ impl Session {
                     self.extended_flight(vec![FrontendMessage::Sync], None)
                         .await?;
                 } else {
-                    self.io.queue_ready(self.status);
+                    self.queue_ready(self.status);
                     self.io.flush().await?;
                 }
             }
