@@ -12,7 +12,7 @@ use crate::net::{ErrorFields, Frame};
 use crate::statement::RouteHint;
 
 /// What [`Duty::Abort`] sends: fails at once, and says why in the server's log.
-const ABORT_SQL: &str = "DO $$BEGIN RAISE EXCEPTION 'lsngate: the client''s transaction block failed at a statement the proxy answered'; END$$";
+pub(super) const ABORT_SQL: &str = "DO $$BEGIN RAISE EXCEPTION 'lsngate: the client''s transaction block failed at a statement the proxy answered'; END$$";
 
 impl Session {
     /// Answers a simple Query the proxy takes over (its commands, a refused hint, a DEALLOCATE

@@ -49,9 +49,12 @@ pub enum Duty {
     /// proxy answered itself (see [`Session::abort_server_block`]).
     Abort,
     /// The proxy's own `ROLLBACK` of a block the client never heard of (a discarded read's
-    /// `BEGIN READ ONLY`), or of one the client's statement ends elsewhere (see
-    /// `Session::chain_failed_replica_block`).
+    /// `BEGIN READ ONLY`), or of one that moves to another server (see
+    /// `Session::move_failed_block`).
     Rollback,
+    /// The proxy's own `BEGIN` of a block the client opened on another server (see
+    /// `Session::move_failed_block`).
+    Begin,
 }
 
 /// Who is waiting for the replies of one segment.

@@ -601,6 +601,17 @@ impl Session {
                 log: &self.log,
             };
             frames.extend(preparation(attached, client, &flight, &at, after.is_some()));
+            if std::mem::take(&mut self.failed_block_first) {
+                // Behind the settings and statements the flight needs, which run outside it.
+                for (sql, duty) in [
+                    ("BEGIN", Duty::Begin),
+                    (super::answers::ABORT_SQL, Duty::Abort),
+                ] {
+                    frames.push(FrontendMessage::Query(sql.into()).to_frame());
+                    attached.conn.unnamed = None;
+                    attached.expect.push_back(Owner::Proxy(duty));
+                }
+            }
             let per_message: Vec<_> = at.into_iter().map(At::statement).collect();
             let copy_start = attached
                 .copy

@@ -792,7 +792,12 @@ impl Session {
         let (node, server) = (attached.conn.node, attached.conn.facts.server.clone());
         let causal = &self.proxy.causal;
         match duty {
-            Duty::Prepare | Duty::Settings | Duty::Restore | Duty::Abort | Duty::Rollback => {}
+            Duty::Prepare
+            | Duty::Settings
+            | Duty::Restore
+            | Duty::Abort
+            | Duty::Rollback
+            | Duty::Begin => {}
             Duty::Resync => {
                 if let Some(missing) = self.on_resync(status, answer) {
                     self.restore_settings(missing).await?;

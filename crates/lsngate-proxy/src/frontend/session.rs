@@ -107,6 +107,9 @@ pub struct Session {
     /// The flight about to be sent runs `RESET ALL` or `DISCARD ALL`: the startup settings are
     /// applied again right behind it (see `Session::note_session_effect`).
     pub(super) restore_due: bool,
+    /// The flight about to be sent runs in a failed block moved off a replica (see
+    /// `Session::move_failed_block`): the proxy's `BEGIN` and a statement that fails go in front.
+    pub(super) failed_block_first: bool,
     /// Some statement was [`ClientStatement::reset_as_set`] (the flights' Executes are then
     /// checked for one).
     pub(super) resets_parsed: bool,
@@ -229,6 +232,7 @@ impl Session {
             startup_proxy,
             reset_portals: Default::default(),
             restore_due: false,
+            failed_block_first: false,
             resets_parsed: false,
             reset_rewritten: None,
             skip_to_sync: false,
@@ -285,6 +289,7 @@ impl Session {
             startup_proxy: Vec::new(),
             reset_portals: Default::default(),
             restore_due: false,
+            failed_block_first: false,
             resets_parsed: false,
             reset_rewritten: None,
             skip_to_sync: false,
@@ -822,6 +827,7 @@ impl Session {
         let ends_replica_block =
             self.flight_ends_replica_block_then_needs_primary(&flight, &per_message);
         let portals_local = self.runs_local_portal(&flight, &per_message);
+        let chains = self.in_replica_block() && first_execute_chains(&flight, &per_message);
         let local = used().flatten().filter(|s| s.local.is_some()).count();
         if local > 0 || portals_local {
             if local == used().count() {
@@ -876,6 +882,15 @@ impl Session {
             });
         }
         self.local_portals.clear();
+        if chains {
+            // Whether the block there failed is what the replies say, all of them heard.
+            self.drain().await?;
+            let may_add = (self.backend.as_ref()).is_some_and(|b| b.may_add_frames());
+            if self.status == TxStatus::Failed && self.in_replica_block() && !self.pinned && may_add
+            {
+                return self.move_failed_block(flight, class).await;
+            }
+        }
         self.scopes.flight = scopes;
         let dispatched = self.dispatch(flight, class, hint, floor).await;
         self.scopes.flight.clear();
@@ -926,7 +941,8 @@ impl Session {
             let may_add = (self.backend.as_ref()).is_some_and(|b| b.may_add_frames());
             if self.status == TxStatus::Failed && self.in_replica_block() && !self.pinned && may_add
             {
-                return self.chain_failed_replica_block().await;
+                let flight = vec![FrontendMessage::Query(sql)];
+                return self.move_failed_block(flight, Some(class)).await;
             }
         }
         if let Some(message) = self.ends_replica_block_then_needs_primary(&sql) {
@@ -948,14 +964,22 @@ impl Session {
         dispatched
     }
 
-    /// `COMMIT AND CHAIN` or `ROLLBACK AND CHAIN` alone in a Query, ending a failed block held on
-    /// a replica (`BEGIN READ ONLY`). PostgreSQL rolls the failed block back and chains a block
-    /// with the default characteristics, not the failed one's (15.18 and 19rc1:
-    /// `transaction_read_only` is off in it), so it takes writes; on the replica they failed
-    /// with 25006 where PostgreSQL runs them (seed 20261218249). The replica's block is rolled
-    /// back by the proxy, the connection let go, and the chained block opened on the primary
-    /// with `BEGIN`, whose answer the client gets as its statement's: `ROLLBACK`, then `T`.
-    async fn chain_failed_replica_block(&mut self) -> Result<(), ClientError> {
+    /// `COMMIT AND CHAIN` or `ROLLBACK AND CHAIN` (a Query of it alone, or a flight whose first
+    /// Execute runs it), ending a failed block held on a replica (`BEGIN READ ONLY`). PostgreSQL
+    /// rolls the failed block back and chains a block with the default characteristics, not the
+    /// failed one's (15.18 and 19rc1: `transaction_read_only` is off in it), so it takes writes;
+    /// on the replica they failed with 25006 where PostgreSQL runs them (seeds 20261218249, a
+    /// Query, and 20261234371, the extended protocol). So the failed block moves: rolled back on
+    /// the replica, opened on the primary with the proxy's `BEGIN` and failed there by a
+    /// statement whose error the proxy keeps. A failed block holds nothing a statement could see
+    /// (only savepoints, and a flight that rolls back to one runs that first), so the client's
+    /// own messages run on the primary as they would have on the replica, answer as PostgreSQL
+    /// answers (`ROLLBACK`, then `T`), and the block they chain is on the primary.
+    async fn move_failed_block(
+        &mut self,
+        flight: Vec<FrontendMessage>,
+        class: Option<Class>,
+    ) -> Result<(), ClientError> {
         let attached = self.backend.as_mut().expect("in a block on a replica");
         if let Err(e) = attached
             .send_query("ROLLBACK", Owner::Proxy(Duty::Rollback))
@@ -969,14 +993,11 @@ impl Session {
             return Ok(());
         }
         self.release_backend();
-        self.status = TxStatus::Idle;
-        self.reset_rewritten = Some("ROLLBACK");
-        let begin = vec![FrontendMessage::Query("BEGIN".into())];
-        let dispatched = self
-            .dispatch(begin, Some(Class::Begin { read_only: false }), None, None)
-            .await;
+        self.failed_block_first = true;
+        let route = super::flight::Route::to(Some(crate::backend::Target::Primary));
+        let dispatched = self.dispatch_to(flight, class, route).await;
         // Taken by the flight when it was sent; not left for another if it was not.
-        self.reset_rewritten = None;
+        self.failed_block_first = false;
         dispatched
     }
 
@@ -1183,4 +1204,27 @@ fn flight_statements<'s, 'a>(
             )
         })
         .map(|(_, s)| *s)
+}
+
+/// Whether the first Execute of `flight` runs a portal bound in it to `COMMIT AND CHAIN` or
+/// `ROLLBACK AND CHAIN` (`per_message`: [`Session::statement_per_message`]).
+fn first_execute_chains(
+    flight: &[FrontendMessage],
+    per_message: &[Option<&ClientStatement>],
+) -> bool {
+    let mut bound = crate::net::NameMap::default();
+    for (m, s) in flight.iter().zip(per_message) {
+        match m {
+            FrontendMessage::Bind { portal, .. } => bound.insert(portal, *s),
+            FrontendMessage::Execute { portal, .. } => {
+                return bound.get(portal).copied().flatten().is_some_and(|s| {
+                    crate::statement::statements(&s.query)
+                        .first()
+                        .is_some_and(|statement| crate::statement::chains_block(statement))
+                });
+            }
+            _ => {}
+        }
+    }
+    false
 }

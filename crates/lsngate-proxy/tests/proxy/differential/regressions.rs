@@ -1521,5 +1521,47 @@ pub fn known() -> Vec<(&'static str, Case)> {
                 sync(),
             ]),
         ),
+        (
+            // Seed 20261234371 (19rc1, the replica 50 ms behind): the extended protocol's form of
+            // the two above. The failed block stayed on the replica, and the INSERT in the block
+            // it chained got 25006 where PostgreSQL runs it.
+            "a failed read-only block chained with an extended COMMIT AND CHAIN takes writes",
+            case(vec![
+                q("BEGIN READ ONLY"),
+                q("SELECT 1 / 0"),
+                parse("", "COMMIT AND CHAIN"),
+                bind(""),
+                describe('P', ""),
+                execute(),
+                sync(),
+                q("SHOW transaction_read_only"),
+                q("INSERT INTO {t} (id, v) VALUES ('101', '5')"),
+                q("COMMIT"),
+                q("SELECT id, v FROM {t} ORDER BY id"),
+            ]),
+        ),
+        (
+            // The same with a named ROLLBACK AND CHAIN parsed before the block failed, each step
+            // waiting for the one before.
+            "a failed read-only block chained with an extended ROLLBACK AND CHAIN takes writes",
+            case(vec![
+                q("BEGIN READ ONLY"),
+                parse("s1", "ROLLBACK AND CHAIN"),
+                sync(),
+                Step::Wait,
+                q("SELECT 1 / 0"),
+                Step::Wait,
+                bind("s1"),
+                execute(),
+                sync(),
+                Step::Wait,
+                parse("", "INSERT INTO {t} (id, v) VALUES ('101', '5')"),
+                bind(""),
+                execute(),
+                sync(),
+                q("COMMIT"),
+                q("SELECT id, v FROM {t} ORDER BY id"),
+            ]),
+        ),
     ]
 }
