@@ -199,31 +199,39 @@ impl Target {
         bounded("creating the verify tables", setup).await
     }
 
-    /// How many times each op id is in the log on the primary.
+    /// How many times each op id is in the log on the primary. Asked until it answers: right
+    /// after the last fault heals, the proxy may not have found the primary yet (a failover's
+    /// promoted replica passes its next health check a few seconds later; seed 20261207805 once
+    /// ended with "no primary is reachable" instead of a verdict).
     pub async fn final_state(&self) -> anyhow::Result<FinalState> {
         let sql = format!("SELECT op_id, count(*)::int FROM {LOG_TABLE} GROUP BY op_id");
-        let read = async {
-            let rows = match &self.via {
-                Via::Proxy(endpoint) => {
-                    let client = inproc_proxy::connect(endpoint, "session").await?;
-                    let routed = format!("/* lsngate:route=primary */ {sql}");
-                    client.query(&routed, &[]).await?
-                }
-                Via::Library(target) => {
-                    let (rows, _) = target
-                        .gate
-                        .transaction(|c| Box::pin(async move { c.query(&sql, &[]).await }))
-                        .await?;
-                    rows
-                }
-            };
-            let committed: HashMap<String, u32> = rows
-                .iter()
-                .map(|row| (row.get::<_, String>(0), row.get::<_, i32>(1) as u32))
-                .collect();
-            anyhow::Ok(FinalState { committed })
-        };
-        bounded("reading the log on the primary", read).await
+        let rows = until_answered(FINAL_STATE_PATIENCE, || self.read_log(&sql))
+            .await
+            .context("reading the log on the primary")?;
+        let committed: HashMap<String, u32> = rows
+            .iter()
+            .map(|row| (row.get::<_, String>(0), row.get::<_, i32>(1) as u32))
+            .collect();
+        Ok(FinalState { committed })
+    }
+
+    /// One attempt at the log's rows, on the primary.
+    async fn read_log(&self, sql: &str) -> anyhow::Result<Vec<tokio_postgres::Row>> {
+        match &self.via {
+            Via::Proxy(endpoint) => {
+                let client = inproc_proxy::connect(endpoint, "session").await?;
+                let routed = format!("/* lsngate:route=primary */ {sql}");
+                Ok(client.query(&routed, &[]).await?)
+            }
+            Via::Library(target) => {
+                let sql = sql.to_string();
+                let (rows, _) = target
+                    .gate
+                    .transaction(|c| Box::pin(async move { c.query(&sql, &[]).await }))
+                    .await?;
+                Ok(rows)
+            }
+        }
     }
 
     /// Drains the in-process proxy, then stops and removes the local cluster.
@@ -366,4 +374,65 @@ fn describe_url(url: &str) -> String {
         config.get_user().unwrap_or(""),
         config.get_dbname().unwrap_or("")
     )
+}
+
+/// How long the final read of the log is tried before the run ends without a verdict.
+const FINAL_STATE_PATIENCE: Duration = Duration::from_secs(30);
+
+/// `attempt` run until it succeeds, a quarter of a second apart, each within `patience`; the
+/// last error once `patience` has passed. For reads only: running one again changes nothing.
+async fn until_answered<T, F, Fut>(patience: Duration, mut attempt: F) -> anyhow::Result<T>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = anyhow::Result<T>>,
+{
+    let deadline = tokio::time::Instant::now() + patience;
+    loop {
+        let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+        let error = match tokio::time::timeout(left, attempt()).await {
+            Ok(Ok(value)) => return Ok(value),
+            Ok(Err(e)) => e,
+            Err(_) => anyhow::anyhow!("no answer within {patience:?}"),
+        };
+        if tokio::time::Instant::now() + Duration::from_millis(250) >= deadline {
+            return Err(error.context(format!("still failing after {patience:?}")));
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::AtomicU32;
+
+    /// A read that fails until the third attempt answers; one that never answers reports its
+    /// last error once the patience is spent.
+    #[tokio::test]
+    async fn the_final_read_is_tried_until_it_answers_within_its_patience() {
+        let tries = AtomicU32::new(0);
+        let answer = until_answered(Duration::from_secs(30), || async {
+            match tries.fetch_add(1, Ordering::SeqCst) {
+                0 | 1 => anyhow::bail!("no primary is reachable"),
+                n => Ok(n),
+            }
+        })
+        .await
+        .unwrap();
+        assert_eq!(answer, 2);
+
+        let error = until_answered(Duration::from_secs(1), || async {
+            anyhow::bail!("no primary is reachable") as anyhow::Result<()>
+        })
+        .await
+        .unwrap_err();
+        assert!(
+            format!("{error:#}").contains("no primary is reachable"),
+            "{error:#}"
+        );
+        assert!(
+            format!("{error:#}").contains("still failing after 1s"),
+            "{error:#}"
+        );
+    }
 }
