@@ -550,11 +550,7 @@ impl Attached {
         ) {
             return;
         }
-        // Not while a stand-in for a proxy command answers (its segment is the proxy's).
-        let Some(segment) = self
-            .segments_sent
-            .checked_sub(self.client_segments_due() as u64)
-        else {
+        let Some(segment) = self.segment_answered() else {
             return;
         };
         if self.answered.0 != segment {
@@ -571,6 +567,13 @@ impl Attached {
     /// being answered now.
     pub fn segments_done(&self) -> u64 {
         self.segments_sent - self.client_segments_due() as u64
+    }
+
+    /// [`Attached::segments_done`], except while a proxy command's stand-in answers: it is due
+    /// as the client's without a segment of its own, and then no client segment is answered.
+    pub fn segment_answered(&self) -> Option<u64> {
+        self.segments_sent
+            .checked_sub(self.client_segments_due() as u64)
     }
 }
 

@@ -97,14 +97,7 @@ impl CopyGate {
     /// it. A flight of nothing but Sync and Flush leaves the gate closed (a server in COPY mode
     /// ignores it); any other flight means the client is done with the COPY, or it never ran.
     pub fn before_flight(&mut self, flight: &[FrontendMessage]) -> Vec<Frame> {
-        let synced = flight.iter().any(|m| {
-            matches!(
-                m,
-                FrontendMessage::Sync
-                    | FrontendMessage::Query(_)
-                    | FrontendMessage::FunctionCall(_)
-            )
-        });
+        let synced = flight.iter().any(FrontendMessage::ends_segment);
         if !self.closed {
             self.synced_after_end |= synced;
             return Vec::new();

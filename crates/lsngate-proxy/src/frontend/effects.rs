@@ -115,15 +115,10 @@ impl Session {
         per_message: &[Option<&ClientStatement>],
         in_block: bool,
     ) -> UnsyncedRun {
-        let ends = |m: &FrontendMessage| {
-            matches!(
-                m,
-                FrontendMessage::Sync
-                    | FrontendMessage::Query(_)
-                    | FrontendMessage::FunctionCall(_)
-            )
-        };
-        let tail = flight.iter().rposition(ends).map_or(0, |i| i + 1);
+        let tail = flight
+            .iter()
+            .rposition(FrontendMessage::ends_segment)
+            .map_or(0, |i| i + 1);
         let mut portals = NameMap::default();
         let mut run = UnsyncedRun {
             executed: None,
@@ -198,14 +193,7 @@ impl Session {
             // segment is the one still open when it ends in Flush.
             let attached = self.backend.as_mut().expect("attached");
             let ends = segment_ends(flight) as u64;
-            let open_tail = !matches!(
-                flight.last(),
-                Some(
-                    FrontendMessage::Sync
-                        | FrontendMessage::Query(_)
-                        | FrontendMessage::FunctionCall(_)
-                )
-            );
+            let open_tail = !flight.last().is_some_and(FrontendMessage::ends_segment);
             let last = attached.segments_sent + ends + u64::from(open_tail);
             attached.pin_unconfirmed = Some(last.saturating_sub(1));
         }

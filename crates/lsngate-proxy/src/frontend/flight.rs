@@ -87,17 +87,7 @@ fn unsynced_tail(flight: &[FrontendMessage]) -> Option<(usize, usize)> {
 }
 
 pub(super) fn segment_ends(flight: &[FrontendMessage]) -> usize {
-    flight
-        .iter()
-        .filter(|m| {
-            matches!(
-                m,
-                FrontendMessage::Sync
-                    | FrontendMessage::Query(_)
-                    | FrontendMessage::FunctionCall(_)
-            )
-        })
-        .count()
+    flight.iter().filter(|m| m.ends_segment()).count()
 }
 
 impl Session {
@@ -491,14 +481,7 @@ impl Session {
         class: Option<Class>,
         read: Option<PlacedRead>,
     ) -> Result<(), ClientError> {
-        let synced = matches!(
-            flight.last(),
-            Some(
-                FrontendMessage::Sync
-                    | FrontendMessage::Query(_)
-                    | FrontendMessage::FunctionCall(_)
-            )
-        );
+        let synced = flight.last().is_some_and(FrontendMessage::ends_segment);
         let attached = self.backend.as_ref().expect("attached before send");
         let needs_verdict = attached.target == Target::Replica
             && read.as_ref().and_then(|r| r.floor).is_some_and(|floor| {
@@ -728,14 +711,7 @@ impl Session {
         attached.segments_sent += ends as u64;
         match flight.last() {
             Some(FrontendMessage::Flush) => {
-                let ended = flight.iter().any(|m| {
-                    matches!(
-                        m,
-                        FrontendMessage::Sync
-                            | FrontendMessage::Query(_)
-                            | FrontendMessage::FunctionCall(_)
-                    )
-                });
+                let ended = flight.iter().any(FrontendMessage::ends_segment);
                 let (tail, executes) = unsynced_tail(&flight).unwrap_or_default();
                 attached
                     .batch

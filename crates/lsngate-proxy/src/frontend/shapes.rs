@@ -112,16 +112,13 @@ impl Session {
         let mut segment = attached.segments_sent;
         let mut entries = Vec::new();
         for (at, m) in flight.iter().enumerate() {
-            match m {
-                FrontendMessage::Describe { .. } => entries.push(Describing {
+            if matches!(m, FrontendMessage::Describe { .. }) {
+                entries.push(Describing {
                     segment,
                     statement: wanted(self, at),
-                }),
-                FrontendMessage::Sync
-                | FrontendMessage::Query(_)
-                | FrontendMessage::FunctionCall(_) => segment += 1,
-                _ => {}
+                });
             }
+            segment += u64::from(m.ends_segment());
         }
         if let Some(attached) = self.backend.as_mut() {
             attached.describing.extend(entries);
@@ -134,11 +131,7 @@ impl Session {
         let Some(attached) = self.backend.as_mut() else {
             return;
         };
-        // (A proxy command's stand-in is due without a segment of its own: see `count_answer`.)
-        let Some(segment) = attached
-            .segments_sent
-            .checked_sub(attached.client_segments_due() as u64)
-        else {
+        let Some(segment) = attached.segment_answered() else {
             return;
         };
         let describing = &mut attached.describing;

@@ -50,6 +50,15 @@ pub enum FrontendMessage {
 }
 
 impl FrontendMessage {
+    /// Whether the message ends a segment the server answers with a ReadyForQuery: a Sync, a
+    /// simple Query or a FunctionCall.
+    pub fn ends_segment(&self) -> bool {
+        matches!(
+            self,
+            FrontendMessage::Sync | FrontendMessage::Query(_) | FrontendMessage::FunctionCall(_)
+        )
+    }
+
     /// Parses a frame from a client. Unknown tags are errors.
     pub fn parse(frame: &Frame) -> Result<FrontendMessage, ProtocolError> {
         let mut f = Fields::new(frame.tag, &frame.body);
