@@ -37,6 +37,9 @@ pub(super) fn settings_sql(wanted: &Settings, applied: &Settings) -> Option<Stri
 /// When the client has no unnamed statement (a simple Query dropped it) and the server has one,
 /// it is a `Close S ""` instead, so the server answers 26000 as it would directly. Also returns
 /// what the connection holds as its unnamed statement when the flight's first `Parse ""` runs.
+/// A flight that leaves an extended batch open and does not touch the unnamed statement has it
+/// made the client's all the same: the flights after it in that batch can put nothing in front
+/// (seed 20261400722).
 fn unnamed_preparation(
     conn: &mut BackendConn,
     client: Option<&ClientStatement>,
@@ -49,6 +52,26 @@ fn unnamed_preparation(
     let mut checked = !may_inject;
     let mut parse = None;
     let mut held_at_first_parse = None;
+    // The client's unnamed statement must be the server's from here on (None: must be none).
+    let reconcile = |conn: &mut BackendConn| match client {
+        None => conn.unnamed.take().map(|_| {
+            FrontendMessage::Close {
+                kind: b'S',
+                name: String::new(),
+            }
+            .to_frame()
+        }),
+        Some(s) if conn.unnamed.as_deref() != Some(s.identity()) => {
+            conn.unnamed = Some(Arc::clone(&s.identity));
+            let message = FrontendMessage::Parse {
+                statement: String::new(),
+                query: s.query.to_string(),
+                param_types: s.param_types.to_vec(),
+            };
+            Some(message.to_frame())
+        }
+        Some(_) => None,
+    };
     for (m, at) in flight.iter().zip(at) {
         match m {
             FrontendMessage::Parse {
@@ -67,35 +90,26 @@ fn unnamed_preparation(
                 kind: b'S',
                 name: statement,
             } if statement.is_empty() && !checked => {
+                // When the client has none (a simple Query dropped it), neither may the server,
+                // which then answers 26000 as it would directly.
                 checked = true;
-                let Some(s) = client else {
-                    // The client has none (a simple Query dropped it): neither may the server,
-                    // which then answers 26000 as it would directly.
-                    if may_inject && conn.unnamed.take().is_some() {
-                        parse = Some(
-                            FrontendMessage::Close {
-                                kind: b'S',
-                                name: String::new(),
-                            }
-                            .to_frame(),
-                        );
-                    }
-                    continue;
-                };
-                if conn.unnamed.as_deref() != Some(s.identity()) {
-                    let message = FrontendMessage::Parse {
-                        statement: String::new(),
-                        query: s.query.to_string(),
-                        param_types: s.param_types.to_vec(),
-                    };
-                    parse = Some(message.to_frame());
-                    conn.unnamed = Some(Arc::clone(&s.identity));
-                }
+                parse = reconcile(conn);
             }
-            FrontendMessage::Close { kind: b'S', name } if name.is_empty() => conn.unnamed = None,
-            FrontendMessage::Query(_) => conn.unnamed = None,
+            FrontendMessage::Close { kind: b'S', name } if name.is_empty() => {
+                // From here on neither has one.
+                checked = true;
+                conn.unnamed = None;
+            }
+            FrontendMessage::Query(_) => {
+                checked = true;
+                conn.unnamed = None;
+            }
             _ => {}
         }
+    }
+    let leaves_batch_open = flight.last().is_some_and(|m| !m.ends_segment());
+    if !checked && leaves_batch_open {
+        parse = reconcile(conn);
     }
     (parse, held_at_first_parse.flatten())
 }

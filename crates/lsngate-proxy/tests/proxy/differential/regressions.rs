@@ -1563,5 +1563,51 @@ pub fn known() -> Vec<(&'static str, Case)> {
                 q("SELECT id, v FROM {t} ORDER BY id"),
             ]),
         ),
+        (
+            // Seed 20261400722 (19rc1, the replica 50 ms behind): a proxy command's Query,
+            // answered by the proxy, left the server's unnamed statement, and a flight that
+            // opened a batch (Flush, no Sync) did not touch it, so nothing could close it before
+            // the `Describe S ""` of the next flight in that batch: the old statement answered
+            // where PostgreSQL answers 26000.
+            "a batch left open keeps the unnamed statement a proxy command's Query dropped",
+            case(vec![
+                parse("", "UPDATE {t} SET v = v + $1 WHERE id <= $2"),
+                sync(),
+                q("SET lsngate.consistency = session"),
+                Step::Send(Msg::Close {
+                    kind: 'P',
+                    name: String::new(),
+                }),
+                Step::Send(Msg::Flush),
+                Step::Wait,
+                describe('S', ""),
+                sync(),
+            ]),
+        ),
+        (
+            // The same with the client's unnamed statement parsed before a simple Query that the
+            // server ran, then parsed again: the batch the Flush opens may go to a connection
+            // whose unnamed statement is another, and the Bind of the next flight must find the
+            // client's.
+            "a batch left open binds the client's own unnamed statement",
+            case(vec![
+                parse("", "SELECT id, v FROM {t} WHERE id = 1"),
+                sync(),
+                Step::Wait,
+                q("INSERT INTO {t} (id, v) VALUES ('101', '5')"),
+                parse("", "SELECT id, v FROM {t} ORDER BY id"),
+                sync(),
+                Step::Wait,
+                Step::Send(Msg::Close {
+                    kind: 'P',
+                    name: String::new(),
+                }),
+                Step::Send(Msg::Flush),
+                Step::Wait,
+                bind(""),
+                execute(),
+                sync(),
+            ]),
+        ),
     ]
 }
