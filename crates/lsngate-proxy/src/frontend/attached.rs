@@ -13,7 +13,7 @@ use super::pipeline::FlightLog;
 use super::scopes::ClientScopes;
 use super::shapes::Describing;
 use crate::backend::{PooledConn, Target};
-use crate::causal::sql::{Probe, Segment, probe_segment};
+use crate::causal::sql::{Probe, Segment, forget_probes, probe_segment};
 use crate::net::{Frame, FrontendMessage};
 use crate::statement::Class;
 
@@ -367,9 +367,28 @@ impl Attached {
     /// command's stand-in Query that commits unsynced writes (`answers.rs`).
     pub(super) fn position_probe(&mut self, scopes: &mut ClientScopes, wrote: bool) -> Segment {
         let number = scopes.position_sent(wrote);
+        let segment = self.probe(Probe::Position);
         self.expect
             .push_back(Owner::Proxy(Duty::Position { wrote, number }));
-        probe_segment(Probe::Position, &mut self.conn.prepared)
+        segment
+    }
+
+    /// The frames of `probe`, queued behind what was sent before its owner is pushed. The
+    /// probes' statements are parsed again while an earlier probe is unanswered: its Parse may
+    /// yet fail (skipped in a block the client's error aborted), and a probe that then finds no
+    /// statement fails the block a `COMMIT AND CHAIN` opened, the client's (seed 20261420741:
+    /// the client's next Parse got 25P02).
+    pub(super) fn probe(&mut self, probe: Probe) -> Segment {
+        let earlier = self.expect.iter().any(|o| {
+            matches!(
+                o,
+                Owner::Proxy(Duty::Position { .. } | Duty::Served | Duty::Verdict)
+            )
+        });
+        if earlier {
+            forget_probes(&mut self.conn.prepared);
+        }
+        probe_segment(probe, &mut self.conn.prepared)
     }
 
     /// The causal read in flight here with its flight, taken to run elsewhere.

@@ -16,7 +16,7 @@ use super::pipeline::{At, FlightLog, statements_at};
 use super::preparation::{ClientView, closes_unnamed, preparation, settings_sql};
 use super::session::Session;
 use crate::backend::{NodeState, PooledConn, Role, Target};
-use crate::causal::sql::{Probe, probe_segment, wait_for};
+use crate::causal::sql::{Probe, wait_for};
 use crate::causal::{Floor, Outcome};
 use crate::net::backend::TxStatus;
 use crate::net::sqlstate;
@@ -681,7 +681,7 @@ impl Session {
                 if wait {
                     frames.extend(wait_for(floor.lsn, budget));
                 } else {
-                    frames.extend(probe_segment(Probe::Replay, &mut attached.conn.prepared));
+                    frames.extend(attached.probe(Probe::Replay));
                 }
                 attached.expect.push_back(Owner::Proxy(Duty::Verdict));
                 attached.wait = Some(ReadWait::Pending(PendingVerdict::new(floor, wait, budget)));
@@ -765,8 +765,9 @@ impl Session {
                         .floors
                         .replica_read_sent(node, &attached.conn.facts.server, several)
                     {
+                        let segment = attached.probe(Probe::Replay);
                         attached.expect.push_back(Owner::Proxy(Duty::Served));
-                        Some(probe_segment(Probe::Replay, &mut attached.conn.prepared))
+                        Some(segment)
                     } else {
                         None
                     }

@@ -1609,5 +1609,21 @@ pub fn known() -> Vec<(&'static str, Case)> {
                 sync(),
             ]),
         ),
+        (
+            // Seed 20261420741 (19rc1, 2 replicas): COMMIT AND CHAIN after a failed read-only
+            // block on a replica, behind a batch that failed there too.
+            "a failed read-only block with a failed batch in it chained with COMMIT AND CHAIN takes writes",
+            case(vec![
+                q("BEGIN READ ONLY; INSERT INTO {t} (id, v) VALUES ('101', '5');"),
+                bind_with("", "", &["102", "7"]),
+                execute(),
+                Step::Send(Msg::Flush),
+                Step::Wait,
+                sync(),
+                q("COMMIT AND CHAIN"),
+                parse("", "INSERT INTO {t} (id, v) VALUES ($1, $2)"),
+                sync(),
+            ]),
+        ),
     ]
 }
