@@ -161,7 +161,17 @@ impl Session {
             .iter()
             .filter(|m| matches!(m, FrontendMessage::Execute { .. }))
             .count();
-        let alone = self.status == TxStatus::Idle && effects.len() == 1 && executes <= 1;
+        // Outside a block as far as the client heard, and nothing before it still due: a
+        // segment still due may open a block the statement then runs in, and a ROLLBACK undo it
+        // (a `BEGIN` sent right before a SET or RESET, without waiting for its answer: the
+        // change stayed recorded after the ROLLBACK, and the next client was given the server's
+        // undone value; seed 20261422566).
+        let settled = self.status == TxStatus::Idle
+            && self
+                .backend
+                .as_ref()
+                .is_none_or(|b| b.client_segments_due() == 0);
+        let alone = settled && effects.len() == 1 && executes <= 1;
         let mut doubt = false;
         let simple = matches!(flight, [FrontendMessage::Query(_)]);
         let pin_settled = self.pinned

@@ -1625,5 +1625,53 @@ pub fn known() -> Vec<(&'static str, Case)> {
                 sync(),
             ]),
         ),
+        (
+            // Seed 20261422566 (19rc1, 2 replicas), from what case 20261422560 left: `BEGIN`,
+            // then `RESET work_mem` sent before BEGIN's answer came, then a ROLLBACK. The proxy
+            // took the RESET for one outside a block, recorded the connection as reset, and the
+            // next client on it was given the first client's `work_mem` (7MB where PostgreSQL
+            // answers 4MB).
+            "a RESET in a block the client did not wait for, rolled back, does not reach the next client",
+            case(vec![
+                q("SET work_mem = '7MB'"),
+                q("BEGIN"),
+                q("RESET work_mem"),
+                q("ROLLBACK"),
+                Step::Reconnect,
+                q("/* lsngate:route=primary */ SHOW work_mem"),
+                q("SHOW work_mem"),
+            ]),
+        ),
+        (
+            // The same with a SET: the client itself was then given the value its ROLLBACK undid.
+            "a SET in a block the client did not wait for is undone by the block's ROLLBACK",
+            case(vec![
+                q("SET work_mem = '7MB'"),
+                q("BEGIN"),
+                q("SET work_mem = '5MB'"),
+                q("ROLLBACK"),
+                q("SHOW work_mem"),
+                q("/* lsngate:route=primary */ SHOW work_mem"),
+            ]),
+        ),
+        (
+            // The extended protocol's form: the SET in a pipeline behind the BEGIN's.
+            "an extended SET in a block the client did not wait for is undone by the block's ROLLBACK",
+            case(vec![
+                q("SET work_mem = '7MB'"),
+                parse("", "BEGIN"),
+                bind(""),
+                execute(),
+                sync(),
+                parse("", "SET work_mem = '5MB'"),
+                bind(""),
+                execute(),
+                sync(),
+                q("ROLLBACK"),
+                q("SHOW work_mem"),
+                Step::Reconnect,
+                q("/* lsngate:route=primary */ SHOW work_mem"),
+            ]),
+        ),
     ]
 }
