@@ -674,6 +674,39 @@ fn sets_the_server_undid_are_undone_for_the_client_too() {
         assert_eq!(show(&a, "SHOW work_mem").await, "14MB");
         a.batch_execute("COMMIT").await.unwrap();
         assert_eq!(both("work_mem").await, "11MB");
+        // Sent without waiting (tokio-postgres writes requests polled together at once): the SET
+        // and the RESET reach the proxy before BEGIN's answer, and the ROLLBACK undoes them.
+        // They were taken for changes outside a block and stayed recorded, so the client got the
+        // undone SET's value, and the next client on the connection the first one's setting
+        // where the RESET was undone (seed 20261422566).
+        let (b, s, r) = tokio::join!(
+            a.batch_execute("BEGIN"),
+            a.batch_execute("SET work_mem = '3MB'"),
+            a.batch_execute("ROLLBACK"),
+        );
+        (b.unwrap(), s.unwrap(), r.unwrap());
+        assert_eq!(both("work_mem").await, "11MB");
+        let (b, s, r) = tokio::join!(
+            a.batch_execute("BEGIN"),
+            a.batch_execute("RESET work_mem"),
+            a.batch_execute("ROLLBACK"),
+        );
+        (b.unwrap(), s.unwrap(), r.unwrap());
+        assert_eq!(both("work_mem").await, "11MB");
+        drop(a);
+        let next = connect(&proxy.conninfo()).await;
+        next.batch_execute("BEGIN").await.unwrap();
+        assert_eq!(
+            show(&next, "SHOW work_mem").await,
+            "4MB",
+            "the first client's setting"
+        );
+        next.batch_execute("COMMIT").await.unwrap();
+        assert_eq!(
+            show(&next, "SHOW work_mem").await,
+            "4MB",
+            "the first client's setting"
+        );
     });
 }
 
