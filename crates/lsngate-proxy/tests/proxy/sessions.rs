@@ -684,14 +684,18 @@ fn sets_the_server_undid_are_undone_for_the_client_too() {
             a.batch_execute("SET work_mem = '3MB'"),
             a.batch_execute("ROLLBACK"),
         );
-        (b.unwrap(), s.unwrap(), r.unwrap());
+        b.unwrap();
+        s.unwrap();
+        r.unwrap();
         assert_eq!(both("work_mem").await, "11MB");
         let (b, s, r) = tokio::join!(
             a.batch_execute("BEGIN"),
             a.batch_execute("RESET work_mem"),
             a.batch_execute("ROLLBACK"),
         );
-        (b.unwrap(), s.unwrap(), r.unwrap());
+        b.unwrap();
+        s.unwrap();
+        r.unwrap();
         assert_eq!(both("work_mem").await, "11MB");
         drop(a);
         let next = connect(&proxy.conninfo()).await;
