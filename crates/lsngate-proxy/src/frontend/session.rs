@@ -822,6 +822,23 @@ impl Session {
             flight = self.take_pending();
             drained?;
         }
+        let due_on_replica = (self.backend.as_ref()).is_some_and(|b| {
+            b.target == crate::backend::Target::Replica && b.client_segments_due() > 0
+        });
+        if due_on_replica
+            && self.status == TxStatus::Idle
+            && executed(&flight, &self.statement_per_message(&flight))
+                .into_iter()
+                .any(ends_block)
+        {
+            // Whether a block is open there is what the replies say, all of them heard (the
+            // client sent its `BEGIN READ ONLY` and this flight without waiting: the block was
+            // not known yet, and a write behind the flight's COMMIT ran into it, 25006).
+            self.pending = flight;
+            let drained = self.drain().await;
+            flight = self.take_pending();
+            drained?;
+        }
         let per_message = self.statement_per_message(&flight);
         let used = || flight_statements(&flight, &per_message);
         let ends_replica_block =
@@ -945,6 +962,13 @@ impl Session {
                 return self.move_failed_block(flight, Some(class)).await;
             }
         }
+        let due = (self.backend.as_ref()).is_some_and(|b| b.client_segments_due() > 0);
+        if on_replica && due && crate::statement::after_block_end(&sql).is_some() {
+            // Whether a block is open there is what the replies say, all of them heard (the
+            // client sent its `BEGIN READ ONLY` and this Query without waiting: the block was
+            // not known yet, and the Query's write ran into it; seed 20261452796).
+            self.drain().await?;
+        }
         if let Some(message) = self.ends_replica_block_then_needs_primary(&sql) {
             return self
                 .answer_error(sqlstate::FEATURE_NOT_SUPPORTED, &message)
@@ -1038,27 +1062,15 @@ impl Session {
         if !self.in_replica_block() || self.backend.as_ref().is_some_and(|b| b.batch.is_open()) {
             return None;
         }
-        let mut bound = crate::net::NameMap::default();
         let mut ended = false;
-        for (m, s) in flight.iter().zip(per_message) {
-            match m {
-                FrontendMessage::Bind { portal, .. } => bound.insert(portal, *s),
-                FrontendMessage::Execute { portal, .. } => {
-                    let Some(Some(s)) = bound.get(portal) else {
-                        continue;
-                    };
-                    if ended && needs_primary_after_block(s.class) {
-                        return Some(format!(
-                            "lsngate runs this transaction block on a replica, and this pipeline ends the block and then, before its Sync, executes a statement that needs the primary ({:?}); one pipeline segment goes to one server: send a Sync after the statement that ends the block",
-                            s.query.chars().take(80).collect::<String>()
-                        ));
-                    }
-                    ended |= crate::statement::statements(&s.query)
-                        .first()
-                        .is_some_and(|q| crate::statement::ends_block(q));
-                }
-                _ => {}
+        for s in executed(flight, per_message) {
+            if ended && needs_primary_after_block(s.class) {
+                return Some(format!(
+                    "lsngate runs this transaction block on a replica, and this pipeline ends the block and then, before its Sync, executes a statement that needs the primary ({:?}); one pipeline segment goes to one server: send a Sync after the statement that ends the block",
+                    s.query.chars().take(80).collect::<String>()
+                ));
             }
+            ended |= ends_block(s);
         }
         None
     }
@@ -1183,6 +1195,35 @@ const FLIGHT_CAPACITY: usize = 8;
 /// write. (Not the session's route hint: a `ROLLBACK; SELECT …` must still end the block.)
 fn needs_primary_after_block(class: Class) -> bool {
     matches!(class, Class::Write | Class::Begin { read_only: false })
+}
+
+/// The statement each Execute of `flight` runs, in order, where its portal was bound in the
+/// flight to a statement the session knows (`per_message`: [`Session::statement_per_message`]).
+fn executed<'a>(
+    flight: &[FrontendMessage],
+    per_message: &[Option<&'a ClientStatement>],
+) -> Vec<&'a ClientStatement> {
+    let mut bound = crate::net::NameMap::default();
+    let mut runs = Vec::new();
+    for (m, s) in flight.iter().zip(per_message) {
+        match m {
+            FrontendMessage::Bind { portal, .. } => bound.insert(portal, *s),
+            FrontendMessage::Execute { portal, .. } => {
+                if let Some(Some(s)) = bound.get(portal) {
+                    runs.push(*s);
+                }
+            }
+            _ => {}
+        }
+    }
+    runs
+}
+
+/// Whether the statement's first command ends a transaction block (`COMMIT`, `ROLLBACK`, …).
+fn ends_block(s: &ClientStatement) -> bool {
+    crate::statement::statements(&s.query)
+        .first()
+        .is_some_and(|q| crate::statement::ends_block(q))
 }
 
 /// The statements an extended-protocol flight prepares, binds or describes, from its

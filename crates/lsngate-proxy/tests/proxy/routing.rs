@@ -236,6 +236,71 @@ fn a_pipeline_that_ends_a_replica_block_and_then_writes_before_its_sync_is_refus
 }
 
 #[test]
+fn a_block_end_sent_before_the_read_only_blocks_answer_is_refused_like_one_sent_after() {
+    // Found by the differential checker (seed 20261452796): `BEGIN READ ONLY`, and before its
+    // answer came, `ROLLBACK; UPDATE …`. The block was not known yet when the second arrived,
+    // so the refusal above did not apply, and the UPDATE ran on the replica holding the block:
+    // 25006, where PostgreSQL runs it after the block.
+    use lsngate_proxy::net::FrontendMessage::{self, Execute, Sync};
+    let cluster = shared_cluster();
+    let proxy = TestProxy::start(cluster);
+    let t = one_row_table(cluster, "earlyend");
+    // The Query form, from tokio-postgres: requests polled together go out in one write.
+    rt().block_on(async {
+        let client = connect(&proxy.conninfo()).await;
+        let update = format!("ROLLBACK; UPDATE {t} SET v = 11 WHERE id = 1");
+        let (begin, end) = tokio::join!(
+            client.batch_execute("BEGIN READ ONLY"),
+            client.batch_execute(&update),
+        );
+        begin.unwrap();
+        let e = end.unwrap_err();
+        let db = e.as_db_error().expect("the proxy's error");
+        assert_eq!(db.code().code(), "0A000", "{db:?}");
+        assert!(db.message().contains("as a Query of their own"), "{db:?}");
+        client.batch_execute("ROLLBACK").await.unwrap();
+    });
+    // The extended form: the BEGIN's batch and one that commits, then updates, in one write.
+    let run = |sql: &str| {
+        [
+            crate::statements::parse_unnamed(sql),
+            FrontendMessage::Bind {
+                portal: String::new(),
+                statement: String::new(),
+                rest: bytes::Bytes::from_static(&[0, 0, 0, 0, 0, 0]),
+            },
+            Execute {
+                portal: String::new(),
+                max_rows: 0,
+            },
+        ]
+    };
+    let mut messages = run("BEGIN READ ONLY").to_vec();
+    messages.push(Sync);
+    messages.extend(run("COMMIT"));
+    messages.extend(run(&format!("UPDATE {t} SET v = 12 WHERE id = 1")));
+    messages.push(Sync);
+    let mut wire = crate::statements::Wire::connect(&proxy);
+    let reply = wire.flight(&messages);
+    assert_eq!(reply.statuses, b"TE", "{reply:?}");
+    assert!(
+        reply
+            .errors
+            .iter()
+            .any(|e| e.contains("send a Sync after the statement that ends the block")),
+        "{reply:?}"
+    );
+    let ended = wire.flight(&[FrontendMessage::Query("ROLLBACK".into())]);
+    assert!(ended.errors.is_empty(), "{ended:?}");
+    // Neither UPDATE ran.
+    let v = cluster
+        .primary()
+        .sql(&format!("SELECT v FROM {t} WHERE id = 1"))
+        .unwrap();
+    assert_eq!(v.trim(), "10");
+}
+
+#[test]
 fn a_write_hidden_late_in_a_long_replica_read_is_rerun_within_the_retry_buffer_and_reported_past_it()
  {
     // A replica read's replies are held back until it is known not to need its re-run on the
