@@ -41,8 +41,9 @@ pub struct Describing {
     /// segment's next RowDescription or NoData, which in a segment ending in a Query come first.
     segment: u64,
     /// The client statement whose result shape its answer shows, when the proxy wants to know
-    /// it.
-    statement: Option<String>,
+    /// it: its name, and the identity of the definition described (the name may be parsed
+    /// again, with other columns, before the answer comes).
+    statement: Option<(String, Arc<str>)>,
 }
 
 /// The shape in a RowDescription (`T`) or NoData (`n`) body; `None` for a malformed one.
@@ -103,6 +104,29 @@ impl Session {
         if !(0..flight.len()).any(|at| wanted(self, at).is_some()) {
             return;
         }
+        // The definition each Describe shows, as of its place in the flight (seed 20261452014:
+        // described, closed and parsed again with other columns before the answer came, the old
+        // columns were recorded for the new definition).
+        let per_message = self.statement_per_message(flight);
+        let described = |at: usize, name: String| -> Option<(String, Arc<str>)> {
+            // A portal's statement is the one its last Bind before the Describe bound.
+            let index = match &flight[at] {
+                FrontendMessage::Describe { kind: b'S', .. } => at,
+                FrontendMessage::Describe { name: portal, .. } => {
+                    flight[..at].iter().rposition(|b| {
+                        matches!(b, FrontendMessage::Bind { portal: p, .. }
+                            if crate::net::same_text(p, portal))
+                    })?
+                }
+                _ => return None,
+            };
+            let s = per_message[index]?;
+            Some((name, Arc::clone(&s.identity)))
+        };
+        let wanted: Vec<_> = (0..flight.len())
+            .map(|at| wanted(self, at).and_then(|name| described(at, name)))
+            .collect();
+        drop(per_message);
         let Some(attached) = self.backend.as_ref() else {
             return;
         };
@@ -115,7 +139,7 @@ impl Session {
             if matches!(m, FrontendMessage::Describe { .. }) {
                 entries.push(Describing {
                     segment,
-                    statement: wanted(self, at),
+                    statement: wanted[at].clone(),
                 });
             }
             segment += u64::from(m.ends_segment());
@@ -148,10 +172,11 @@ impl Session {
             }
             b'T' | b'n' if describing.front().is_some_and(|d| d.segment == segment) => {
                 if let Some(Describing {
-                    statement: Some(name),
+                    statement: Some((name, identity)),
                     ..
                 }) = describing.pop_front()
                     && let Some(statement) = self.statements.get_mut(&name)
+                    && *statement.identity == *identity
                 {
                     Arc::make_mut(statement).shape = shape(tag, body);
                 }

@@ -1673,5 +1673,27 @@ pub fn known() -> Vec<(&'static str, Case)> {
                 q("/* lsngate:route=primary */ SHOW work_mem"),
             ]),
         ),
+        (
+            // Seed 20261452014 (19rc1, 2 replicas): a named statement described, closed and
+            // parsed again with other columns in one pipeline. The Describe's answer came back
+            // after the proxy had taken in the new definition, and was recorded as its shape; so
+            // the new one, parsed again on another connection for a Bind, looked changed, and the
+            // Bind got 0A000 "cached plan must not change result type" where PostgreSQL binds.
+            "a Describe's answer is the shape of the definition it described, not of a later one",
+            case(vec![
+                parse(
+                    "s3",
+                    "SELECT g AS n, g * $1 AS m FROM generate_series(1, 4) g",
+                ),
+                describe('S', "s3"),
+                close("s3"),
+                parse("s3", "SELECT count(*) AS n, sum(v) AS total FROM {t}"),
+                sync(),
+                q("START TRANSACTION"),
+                bind("s3"),
+                execute(),
+                sync(),
+            ]),
+        ),
     ]
 }
