@@ -978,18 +978,7 @@ fn extended(statements: &[String]) -> Vec<lsngate_proxy::net::FrontendMessage> {
     use lsngate_proxy::net::FrontendMessage;
     let mut pipeline = Vec::new();
     for sql in statements {
-        pipeline.extend([
-            crate::statements::parse_unnamed(sql),
-            FrontendMessage::Bind {
-                portal: String::new(),
-                statement: String::new(),
-                rest: bytes::Bytes::from_static(&[0, 0, 0, 0, 0, 0]),
-            },
-            FrontendMessage::Execute {
-                portal: String::new(),
-                max_rows: 0,
-            },
-        ]);
+        pipeline.extend(crate::statements::run_unnamed(sql));
     }
     pipeline.push(FrontendMessage::Sync);
     pipeline

@@ -241,7 +241,7 @@ fn a_block_end_sent_before_the_read_only_blocks_answer_is_refused_like_one_sent_
     // answer came, `ROLLBACK; UPDATE …`. The block was not known yet when the second arrived,
     // so the refusal above did not apply, and the UPDATE ran on the replica holding the block:
     // 25006, where PostgreSQL runs it after the block.
-    use lsngate_proxy::net::FrontendMessage::{self, Execute, Sync};
+    use lsngate_proxy::net::FrontendMessage::{self, Sync};
     let cluster = shared_cluster();
     let proxy = TestProxy::start(cluster);
     let t = one_row_table(cluster, "earlyend");
@@ -261,20 +261,7 @@ fn a_block_end_sent_before_the_read_only_blocks_answer_is_refused_like_one_sent_
         client.batch_execute("ROLLBACK").await.unwrap();
     });
     // The extended form: the BEGIN's batch and one that commits, then updates, in one write.
-    let run = |sql: &str| {
-        [
-            crate::statements::parse_unnamed(sql),
-            FrontendMessage::Bind {
-                portal: String::new(),
-                statement: String::new(),
-                rest: bytes::Bytes::from_static(&[0, 0, 0, 0, 0, 0]),
-            },
-            Execute {
-                portal: String::new(),
-                max_rows: 0,
-            },
-        ]
-    };
+    let run = crate::statements::run_unnamed;
     let mut messages = run("BEGIN READ ONLY").to_vec();
     messages.push(Sync);
     messages.extend(run("COMMIT"));

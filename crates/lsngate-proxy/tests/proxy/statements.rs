@@ -199,6 +199,23 @@ pub(crate) fn parse_unnamed(query: &str) -> FrontendMessage {
     }
 }
 
+/// `sql` run without parameters over the extended protocol, with no Sync: Parse of the unnamed
+/// statement, Bind into the unnamed portal, Execute of all rows.
+pub(crate) fn run_unnamed(sql: &str) -> [FrontendMessage; 3] {
+    [
+        parse_unnamed(sql),
+        FrontendMessage::Bind {
+            portal: String::new(),
+            statement: String::new(),
+            rest: Bytes::from_static(&[0, 0, 0, 0, 0, 0]),
+        },
+        FrontendMessage::Execute {
+            portal: String::new(),
+            max_rows: 0,
+        },
+    ]
+}
+
 /// Bind of the unnamed statement into the unnamed portal with one text parameter.
 fn bind_unnamed(value: &str) -> FrontendMessage {
     let mut rest = BytesMut::new();
