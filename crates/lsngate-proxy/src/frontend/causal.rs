@@ -135,6 +135,9 @@ impl ClientFloors {
 pub struct PlacedRead {
     /// What the read must see; `None` = any replica will do.
     pub floor: Option<Floor>,
+    /// Whether it may wait there for its floor: not in the fast modes, unless the primary guard
+    /// refused it the primary.
+    pub waits: bool,
 }
 
 /// A read routed by floor, with the client's messages, while it is not sent (and again when it
@@ -160,6 +163,9 @@ pub struct PendingVerdict {
     pub floor: Floor,
     /// `WAIT FOR LSN` (true) or a replay check (false).
     pub wait: bool,
+    /// Whether a failed check is followed by polling the server (PostgreSQL ≤ 18), or the read
+    /// falls back at once (the fast modes).
+    pub polls: bool,
     /// When it was sent.
     pub sent: Instant,
     /// When the proxy stops waiting for an answer and gives the replica up.
@@ -168,11 +174,12 @@ pub struct PendingVerdict {
 
 impl PendingVerdict {
     /// A wait or check for `floor` sent now.
-    pub fn new(floor: Floor, wait: bool, budget: Duration) -> PendingVerdict {
+    pub fn new(floor: Floor, wait: bool, polls: bool, budget: Duration) -> PendingVerdict {
         let sent = Instant::now();
         PendingVerdict {
             floor,
             wait,
+            polls,
             sent,
             deadline: sent + budget + GRACE,
         }
@@ -399,7 +406,10 @@ impl Session {
                 let route = Route {
                     target: Some(Target::Replica),
                     node: Some(replicas[index].0.clone()),
-                    read: Some(PlacedRead { floor: read.floor }),
+                    read: Some(PlacedRead {
+                        floor: read.floor,
+                        waits: !self.floors.mode.fast,
+                    }),
                     count: None,
                     replan: None,
                     log: None,
@@ -409,6 +419,39 @@ impl Session {
             // A Flush-ended flight in a fast mode: no policy answer fits a half flight.
             Decision::Primary(PrimaryReason::NotCaughtUp) if !synced => {
                 self.read_primary(read).await
+            }
+            // The fast modes read the primary where no replica is known to have the floor, while
+            // the guard lets them. Refused, the read waits on a replica within the budget, as in
+            // the waiting modes: after every write the breaker would otherwise fail the reads that
+            // follow (LG002) for want of the primary, though the replica replays the write within
+            // a millisecond (a fast proxy under pgbench's write-then-read script, 2026-12-07).
+            Decision::Primary(PrimaryReason::NotCaughtUp)
+                if self.floors.mode.fast && self.config.causal.fallback != Fallback::Error =>
+            {
+                let refusal = match self.proxy.causal.admit() {
+                    Ok(()) => return self.read_primary_admitted(read).await,
+                    Err(refusal) => refusal,
+                };
+                let waiting = ReadRequest {
+                    may_wait: true,
+                    ..request
+                };
+                let Decision::Replica { index, .. } = route(&waiting, &states) else {
+                    return self.fall_back(read).await;
+                };
+                tracing::debug!("{refusal}: the fast read waits on a replica instead");
+                let route = Route {
+                    target: Some(Target::Replica),
+                    node: Some(replicas[index].0.clone()),
+                    read: Some(PlacedRead {
+                        floor: read.floor,
+                        waits: true,
+                    }),
+                    count: None,
+                    replan: None,
+                    log: None,
+                };
+                self.dispatch_to(read.flight, read.class, route).await
             }
             Decision::Primary(PrimaryReason::NotCaughtUp) => self.fall_back(read).await,
             Decision::Primary(_) => {
@@ -455,10 +498,14 @@ impl Session {
                 .await;
         }
         let deadline = Instant::now() + self.config.causal.wait_timeout;
+        let mut logged = false;
         loop {
             match causal.admit() {
                 Ok(()) => break,
                 Err(refusal) => {
+                    if !std::mem::replace(&mut logged, true) {
+                        tracing::warn!("primary guard refused a fallback read: {refusal}");
+                    }
                     let left = deadline.saturating_duration_since(Instant::now());
                     let when_guarded = self.config.causal.when_guarded;
                     let Some(pause) = lsngate_core::pace::guard_queue_pause(when_guarded, left)
@@ -476,6 +523,11 @@ impl Session {
                 }
             }
         }
+        self.read_primary_admitted(read).await
+    }
+
+    /// A fallback read the guard gave a slot: on the primary, the slot held until it is done.
+    async fn read_primary_admitted(&mut self, read: CausalRead) -> Result<(), ClientError> {
         self.record_read(Outcome::Fallback);
         self.floors.guard_slot = true;
         self.read_primary(read).await
@@ -679,11 +731,15 @@ impl Session {
     /// `WAIT FOR LSN` on PostgreSQL ≥ 19. Below, a replay check on this connection; when it fails
     /// and the node's monitor polls this very server, the read waits on the monitor's polls (fast
     /// while anyone waits: one query for all waiting reads) and confirms with one more check;
-    /// otherwise (a load balancer put this connection elsewhere) it polls here with backoff. The
-    /// fast modes check once. A replica that fails or stays silent past the deadline is dropped
+    /// otherwise (a load balancer put this connection elsewhere) it polls here with backoff. A
+    /// read that may not wait (`waits` false: the fast modes) checks once. A replica that fails or stays silent past the deadline is dropped
     /// (`Settled::Lost`); a cancel request from the client ends it (`Settled::Cancelled`).
-    pub(super) async fn settle_floor(&mut self, floor: Floor, deadline: Instant) -> Settled {
-        let fast = self.floors.mode.fast;
+    pub(super) async fn settle_floor(
+        &mut self,
+        floor: Floor,
+        deadline: Instant,
+        waits: bool,
+    ) -> Settled {
         let mut backoff = lsngate_core::pace::ReplayBackoff::default();
         let cancels = self.cancel_requests();
         loop {
@@ -694,7 +750,7 @@ impl Session {
                 return Settled::Lost;
             };
             let (node, server) = (attached.conn.node, attached.conn.facts.server.clone());
-            let wait = attached.conn.facts.has_wait_for() && !fast;
+            let wait = attached.conn.facts.has_wait_for() && waits;
             let sql = if wait {
                 let left = deadline.saturating_duration_since(Instant::now());
                 wait_for_sql(floor.lsn, left)
@@ -733,7 +789,7 @@ impl Session {
                     if let Some(r) = replayed {
                         watcher.observe_replayed(node, &server, r);
                     }
-                    if wait || fast || Instant::now() >= deadline {
+                    if wait || !waits || Instant::now() >= deadline {
                         return Settled::NotYet;
                     }
                     if watcher.monitors(node, &server) {
@@ -762,7 +818,8 @@ impl Session {
         started: Instant,
     ) -> Result<(), ClientError> {
         let deadline = started + self.config.causal.wait_timeout;
-        let settled = self.settle_floor(floor, deadline).await;
+        // Only a read that may wait polls.
+        let settled = self.settle_floor(floor, deadline, true).await;
         self.proxy.causal.stats.record_wait(started.elapsed());
         let node = self
             .backend

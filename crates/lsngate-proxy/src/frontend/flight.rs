@@ -206,6 +206,7 @@ impl Session {
             route.count = None;
             route.read = Some(PlacedRead {
                 floor: Floor::merge(route.read.and_then(|read| read.floor), floor),
+                waits: route.read.map_or(!self.floors.mode.fast, |read| read.waits),
             });
         }
         if let Some(outcome) = route.count {
@@ -501,7 +502,8 @@ impl Session {
             let floor = read.as_ref().and_then(|r| r.floor).expect("checked");
             let started = tokio::time::Instant::now();
             let deadline = started + self.config.causal.wait_timeout;
-            let settled = self.settle_floor(floor, deadline).await;
+            let waits = read.as_ref().is_some_and(|r| r.waits);
+            let settled = self.settle_floor(floor, deadline, waits).await;
             self.proxy.causal.stats.record_wait(started.elapsed());
             if settled != super::causal::Settled::Passed {
                 self.record_read(crate::causal::Outcome::Fallback);
@@ -642,7 +644,6 @@ impl Session {
         }
         let tracks =
             self.floors.mode.tracks_positions() || self.scopes.active(self.floors.scope.as_ref());
-        let fast = self.floors.mode.fast;
         let budget = self.config.causal.wait_timeout;
         let ends = segment_ends(&flight);
         if self.resets_parsed {
@@ -674,18 +675,21 @@ impl Session {
             && standalone_read
             && attached.target == Target::Replica
             && attached.expect.iter().all(|o| matches!(o, Owner::Proxy(_)));
-        if needs_verdict && let Some(floor) = read.as_ref().and_then(|r| r.floor) {
-            let facts = &attached.conn.facts;
-            {
-                let wait = facts.has_wait_for() && !fast;
-                if wait {
-                    frames.extend(wait_for(floor.lsn, budget));
-                } else {
-                    frames.extend(attached.probe(Probe::Replay));
-                }
-                attached.expect.push_back(Owner::Proxy(Duty::Verdict));
-                attached.wait = Some(ReadWait::Pending(PendingVerdict::new(floor, wait, budget)));
+        if needs_verdict
+            && let Some(PlacedRead {
+                floor: Some(floor),
+                waits,
+            }) = read
+        {
+            let wait = attached.conn.facts.has_wait_for() && waits;
+            if wait {
+                frames.extend(wait_for(floor.lsn, budget));
+            } else {
+                frames.extend(attached.probe(Probe::Replay));
             }
+            attached.expect.push_back(Owner::Proxy(Duty::Verdict));
+            let verdict = PendingVerdict::new(floor, wait, waits, budget);
+            attached.wait = Some(ReadWait::Pending(verdict));
         }
         // The client's messages go between the frames before and after them: as rebuilt, or
         // as they are, encoded at the send.

@@ -905,7 +905,7 @@ impl Session {
                 if let Some(r) = replayed {
                     causal.watcher.observe_replayed(node, &server, r);
                 }
-                let poll = !verdict.wait && !self.floors.mode.fast;
+                let poll = !verdict.wait && verdict.polls;
                 if poll {
                     attached.wait =
                         Some(ReadWait::Failed(Discard::Poll(verdict.floor, verdict.sent)));

@@ -642,6 +642,61 @@ fn the_breaker_stops_a_fallback_flood_with_its_own_sqlstate() {
     );
 }
 
+/// `fast` reads the primary where no replica is known to have the floor. Once the breaker has
+/// opened on those reads, a fast read after a write waited for a primary slot it could not get and
+/// failed LG002 after the budget, though the replica replayed the write 50 ms later (pgbench's
+/// write-then-read script through a fast proxy: 28 transactions a second, then an abort). Refused
+/// the primary, it now waits on the replica as `session` does.
+#[test]
+fn a_fast_read_refused_the_primary_waits_on_the_replica_instead_of_failing() {
+    let cluster = shared_delayed_cluster();
+    let t = unique("fast_guard");
+    create(cluster, &t);
+    let proxy = proxy_with(cluster, |f| {
+        f.consistency = Some("fast".into());
+        f.breaker_min_reads = Some(1);
+        f.breaker_ratio = Some(0.5);
+        f.breaker_open_ms = Some(60_000);
+    });
+    let served_by = rt().block_on(async {
+        let client = connect(&proxy.conninfo()).await;
+        let mut served_by = Vec::new();
+        for i in 0..3i64 {
+            client
+                .execute(&format!("INSERT INTO {t} VALUES ($1, 1)"), &[&i])
+                .await
+                .unwrap();
+            let sql = format!("SELECT pg_is_in_recovery() FROM {t} WHERE id = {i}");
+            // The extended protocol, then the simple one.
+            let on_replica = if i % 2 == 0 {
+                let row = client.query_opt(&sql, &[]).await;
+                row.map(|row| row.map(|r| r.get::<_, bool>(0)))
+            } else {
+                let messages = client.simple_query(&sql).await;
+                messages.map(|messages| {
+                    messages.iter().find_map(|m| match m {
+                        tokio_postgres::SimpleQueryMessage::Row(r) => Some(r.get(0) == Some("t")),
+                        _ => None,
+                    })
+                })
+            };
+            let on_replica = on_replica
+                .unwrap_or_else(|e| panic!("fast read {i} after its write failed: {e:?}"))
+                .unwrap_or_else(|| panic!("fast read {i} missed its own write"));
+            served_by.push(on_replica);
+        }
+        served_by
+    });
+    let breaker = &proxy.status()["causal"]["breaker"];
+    println!("on a replica: {served_by:?}, breaker {breaker}");
+    // The first read's prepare (Parse/Describe, a read with the INSERT's floor) fell back to
+    // the primary and opened the breaker; everything after waited on the replica.
+    assert_eq!(outcome(&proxy, "fallback"), 1);
+    assert_eq!(breaker["open"], true);
+    assert_eq!(served_by, [true, true, true]);
+    assert_eq!(outcome(&proxy, "error"), 0);
+}
+
 #[test]
 fn after_a_failover_old_floors_read_the_new_primary_and_an_orphaned_replica_serves_nothing() {
     let cluster = Cluster::start(&ClusterConfig::default().replicas(2)).unwrap();
