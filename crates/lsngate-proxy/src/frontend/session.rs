@@ -829,7 +829,7 @@ impl Session {
             && self.status == TxStatus::Idle
             && executed(&flight, &self.statement_per_message(&flight))
                 .into_iter()
-                .any(ends_block)
+                .any(statement_ends_block)
         {
             // Whether a block is open there is what the replies say, all of them heard (the
             // client sent its `BEGIN READ ONLY` and this flight without waiting: the block was
@@ -1070,7 +1070,7 @@ impl Session {
                     s.query.chars().take(80).collect::<String>()
                 ));
             }
-            ended |= ends_block(s);
+            ended |= statement_ends_block(s);
         }
         None
     }
@@ -1219,8 +1219,9 @@ fn executed<'a>(
     runs
 }
 
-/// Whether the statement's first command ends a transaction block (`COMMIT`, `ROLLBACK`, …).
-fn ends_block(s: &ClientStatement) -> bool {
+/// Whether the client statement's first command ends a transaction block (`COMMIT`,
+/// `ROLLBACK`, …).
+fn statement_ends_block(s: &ClientStatement) -> bool {
     crate::statement::statements(&s.query)
         .first()
         .is_some_and(|q| crate::statement::ends_block(q))

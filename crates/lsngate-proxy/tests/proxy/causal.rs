@@ -1661,20 +1661,11 @@ fn a_write_pipelined_behind_its_blocks_end_is_read_back() {
     let mut wire = Wire::connect(&proxy);
     use FrontendMessage::{Query, Sync};
     let insert_extended = |id: usize| {
-        vec![
-            parse_unnamed(&format!("INSERT INTO {table} VALUES ({id}, 2)")),
-            FrontendMessage::Bind {
-                portal: String::new(),
-                statement: String::new(),
-                // no parameter formats, no parameters, no result formats
-                rest: Bytes::from_static(&[0, 0, 0, 0, 0, 0]),
-            },
-            FrontendMessage::Execute {
-                portal: String::new(),
-                max_rows: 0,
-            },
-            Sync,
-        ]
+        let mut messages =
+            crate::statements::run_unnamed(&format!("INSERT INTO {table} VALUES ({id}, 2)"))
+                .to_vec();
+        messages.push(Sync);
+        messages
     };
     let mut rows = 0;
     // (what, the block's end, whether its own INSERT survives, whether the block fails first)
