@@ -63,6 +63,13 @@ pub fn refusal(mode: Mode) -> Option<String> {
              proxy's global mode without --library/--primary"
                 .into(),
         ),
+        Mode::Fast => Some(
+            "--mode fast is the proxy's mode (reads never wait while the primary takes them), and \
+             a lsngate Gate has none: its reads wait within their budget (Config::budget). Use \
+             --mode session with the library, or verify the proxy's fast mode without \
+             --library/--primary"
+                .into(),
+        ),
         _ => None,
     }
 }

@@ -63,8 +63,9 @@ pub struct VerifyArgs {
     /// only: every write committed through the proxy before the read), universal (every write
     /// committed on the primary before the read), scope (clients in pairs share a causal scope:
     /// through the proxy `SET lsngate.scope`, each writing and reading on two connections; with
-    /// the library `Gate::scope` over one shared store), or
-    /// eventual (the self-test control: must show violations when a replica lags).
+    /// the library `Gate::scope` over one shared store), fast (proxy only: held to what session
+    /// is, through the proxy's `fast` mode, whose reads never wait while the primary guard admits
+    /// them), or eventual (the self-test control: must show violations when a replica lags).
     #[arg(long, value_enum, default_value = "session")]
     mode: Mode,
     /// How long the clients run, in seconds (at least until every requested fault has been

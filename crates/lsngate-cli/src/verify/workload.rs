@@ -40,6 +40,10 @@ pub enum Mode {
     /// connection and reads on another, so only the scope carries its writes to its reads, and
     /// each read sees every write acknowledged under its scope before it began.
     Scope,
+    /// As `session`, through the proxy's `fast` mode: a read goes to a replica only when the
+    /// proxy knows it has the floor, else to the primary while the primary guard admits it, and
+    /// waits on a replica when the guard refuses (proxy only).
+    Fast,
     /// No floors at all: the self-test control, which must be caught.
     Eventual,
 }
@@ -52,6 +56,7 @@ impl Mode {
             Mode::Global => "global",
             Mode::Universal => "universal",
             Mode::Scope => "scope",
+            Mode::Fast => "fast",
             Mode::Eventual => "eventual",
         }
     }
