@@ -565,8 +565,12 @@ fn verify_through_the_proxy_under_every_fault_finds_no_violation() {
 }
 
 #[test]
-fn verify_token_and_global_modes_find_no_violation_under_faults() {
-    for (mode, faults) in [("token", "kill,net-delay"), ("global", "pause,stop")] {
+fn verify_token_global_and_fast_modes_find_no_violation_under_faults() {
+    for (mode, faults) in [
+        ("token", "kill,net-delay"),
+        ("global", "pause,stop"),
+        ("fast", "pause,kill"),
+    ] {
         let doc = verify_clean(&[
             "--mode",
             mode,
@@ -790,6 +794,13 @@ fn verify_the_library_refuses_global_mode_and_faults_on_a_deployment_it_does_not
         "the cause: {stderr}"
     );
     assert!(stderr.contains("--mode universal"), "the fix: {stderr}");
+    let output = lsngate_status(&["verify", "--library", "--mode", "fast"]);
+    assert_eq!(output.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("--mode fast is the proxy's") && stderr.contains("--mode session"),
+        "the cause and the fix: {stderr}"
+    );
     let output = lsngate_status(&["verify", "--library", "--faults", "pause,failover"]);
     assert_eq!(output.status.code(), Some(2));
     let stderr = String::from_utf8_lossy(&output.stderr);
