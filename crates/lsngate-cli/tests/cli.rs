@@ -212,6 +212,7 @@ fn bench_runs_every_strategy_and_writes_the_documented_json() {
         "proxy-scope",
         "proxy-global",
         "proxy-eventual",
+        "proxy-fast",
         "floor",
         "pgbouncer",
     ];
@@ -248,6 +249,7 @@ fn bench_runs_every_strategy_and_writes_the_documented_json() {
         "proxy-token",
         "proxy-scope",
         "proxy-global",
+        "proxy-fast",
         "floor",
     ] {
         if let Some(row) = by_name(name) {
@@ -290,6 +292,7 @@ fn bench_runs_every_strategy_and_writes_the_documented_json() {
         "proxy-token",
         "proxy-scope",
         "proxy-global",
+        "proxy-fast",
     ] {
         let row = by_name(name).unwrap();
         assert_eq!(

@@ -56,8 +56,9 @@ pub struct BenchArgs {
     workers: usize,
     /// Strategies to run, comma-separated [default: every one the server supports]: primary,
     /// replica, sleep:<ms>, sync-on, remote-apply, waitfor, poll, lsngate, proxy-session,
-    /// proxy-token, proxy-scope, proxy-global, proxy-eventual (these five through an lsngate
-    /// proxy the bench starts on 127.0.0.1; eventual is the proxy's hop without the guarantee),
+    /// proxy-token, proxy-scope, proxy-global, proxy-eventual, proxy-fast (these six through an
+    /// lsngate proxy the bench starts on 127.0.0.1; eventual is the proxy's hop without the
+    /// guarantee, fast its mode that reads the primary rather than wait while the guard admits),
     /// floor (a tight poller on the replica: when the row first shows there, what the others
     /// compare to), pgbouncer (PgBouncer as a plain read/write split: a pooler's hop),
     /// pgpool-transaction, pgpool-always, pgpool-dml_adaptive, pgpool-delay_threshold.
@@ -375,6 +376,7 @@ fn default_strategies() -> Vec<Strategy> {
         Strategy::ProxyScope,
         Strategy::ProxyGlobal,
         Strategy::ProxyEventual,
+        Strategy::ProxyFast,
         Strategy::Floor,
         Strategy::Pgbouncer,
         Strategy::Pgpool(pgpool::PgpoolMode::Transaction),
@@ -400,6 +402,7 @@ fn proxy_setup(
         target.replica_urls(),
         args.workers,
         args.timeout,
+        crate::inproc_proxy::Guard::Open,
     );
     match setup {
         Ok(setup) => (runnable, Some(setup)),

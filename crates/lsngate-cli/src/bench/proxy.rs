@@ -1,6 +1,6 @@
 //! The connections each benchmark worker opens through the in-process proxy
 //! ([`crate::inproc_proxy`]) for `proxy-session`, `proxy-token`, `proxy-scope`,
-//! `proxy-global` and `proxy-eventual`, and their statements.
+//! `proxy-global`, `proxy-eventual` and `proxy-fast`, and their statements.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 
@@ -41,6 +41,10 @@ pub struct ProxyClients {
     eventual: Client,
     eventual_insert: Statement,
     eventual_read: Statement,
+    /// `proxy-fast`: one connection in fast mode.
+    fast: Client,
+    fast_insert: Statement,
+    fast_read: Statement,
 }
 
 /// A read through the proxy: the value seen and whether a replica served it.
@@ -67,7 +71,11 @@ impl ProxyClients {
         let global_writer = proxy.connect("global").await?;
         let global_reader = proxy.connect("global").await?;
         let eventual = proxy.connect("eventual").await?;
+        let fast = proxy.connect("fast").await?;
         Ok(ProxyClients {
+            fast_insert: fast.prepare(INSERT).await?,
+            fast_read: fast.prepare(READ_WHERE_SERVED).await?,
+            fast,
             eventual_insert: eventual.prepare(INSERT).await?,
             eventual_read: eventual.prepare(READ_WHERE_SERVED).await?,
             eventual,
@@ -170,6 +178,17 @@ impl ProxyClients {
     /// picks, with nothing waited for.
     pub async fn eventual_read(&self, id: i64) -> anyhow::Result<ProxyRead> {
         let row = self.eventual.query_opt(&self.eventual_read, &[&id]).await?;
+        Ok(served(row))
+    }
+
+    /// `proxy-fast`'s write.
+    pub async fn fast_insert(&self, payload: &str) -> anyhow::Result<i64> {
+        insert(&self.fast, &self.fast_insert, payload).await
+    }
+
+    /// `proxy-fast`'s read, at once on the connection that wrote.
+    pub async fn fast_read(&self, id: i64) -> anyhow::Result<ProxyRead> {
+        let row = self.fast.query_opt(&self.fast_read, &[&id]).await?;
         Ok(served(row))
     }
 

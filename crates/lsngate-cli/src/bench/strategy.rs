@@ -52,6 +52,11 @@ pub enum Strategy {
     /// read on a replica with nothing waited for. No guarantee (stale like `replica`): the
     /// proxy's own hop, what the other proxy rows add their guarantee to.
     ProxyEventual,
+    /// The lsngate proxy in fast mode: write, then read at once on the same connection. The read
+    /// goes to a replica the proxy already knows has the write, else to the primary while the
+    /// primary guard admits it, else it waits on a replica. Never stale; it shows how much of a
+    /// read-after-write load the replicas take without waiting.
+    ProxyFast,
     /// Not something an application could do: a tight poller reads the row on the replica again
     /// and again until it is there. Its read p50 is how long after COMMIT returned the replica
     /// first shows the row — the floor every exact strategy is measured against.
@@ -81,6 +86,7 @@ impl std::str::FromStr for Strategy {
             "proxy-scope" => Strategy::ProxyScope,
             "proxy-global" => Strategy::ProxyGlobal,
             "proxy-eventual" => Strategy::ProxyEventual,
+            "proxy-fast" => Strategy::ProxyFast,
             "floor" => Strategy::Floor,
             "pgbouncer" => Strategy::Pgbouncer,
             other => match other.strip_prefix("sleep:") {
@@ -123,6 +129,7 @@ impl std::fmt::Display for Strategy {
             Strategy::ProxyScope => write!(f, "proxy-scope"),
             Strategy::ProxyGlobal => write!(f, "proxy-global"),
             Strategy::ProxyEventual => write!(f, "proxy-eventual"),
+            Strategy::ProxyFast => write!(f, "proxy-fast"),
             Strategy::Floor => write!(f, "floor"),
             Strategy::Pgpool(mode) => write!(f, "pgpool-{}", mode.name()),
             Strategy::Pgbouncer => write!(f, "pgbouncer"),
@@ -131,7 +138,7 @@ impl std::fmt::Display for Strategy {
 }
 
 impl Strategy {
-    pub const NAMES: &'static str = "primary, replica, sleep:<ms>, sync-on, remote-apply, waitfor, poll, lsngate, proxy-session, proxy-token, proxy-scope, proxy-global, proxy-eventual, floor, pgbouncer, pgpool-transaction, pgpool-always, pgpool-dml_adaptive, pgpool-delay_threshold";
+    pub const NAMES: &'static str = "primary, replica, sleep:<ms>, sync-on, remote-apply, waitfor, poll, lsngate, proxy-session, proxy-token, proxy-scope, proxy-global, proxy-eventual, proxy-fast, floor, pgbouncer, pgpool-transaction, pgpool-always, pgpool-dml_adaptive, pgpool-delay_threshold";
 
     /// The `synchronous_commit` a worker's primary session uses for this strategy's writes.
     /// `local` keeps the others as fast as plain asynchronous replication when the cluster has a
@@ -162,6 +169,7 @@ impl Strategy {
                 | Strategy::ProxyScope
                 | Strategy::ProxyGlobal
                 | Strategy::ProxyEventual
+                | Strategy::ProxyFast
         )
     }
 }
@@ -382,6 +390,7 @@ pub async fn write(
         Strategy::ProxyScope => session.proxy()?.scope_insert(payload).await?,
         Strategy::ProxyGlobal => session.proxy()?.global_insert(payload).await?,
         Strategy::ProxyEventual => session.proxy()?.eventual_insert(payload).await?,
+        Strategy::ProxyFast => session.proxy()?.fast_insert(payload).await?,
         Strategy::Pgpool(_) => session.pgpool()?.insert(payload).await?,
         Strategy::Pgbouncer => session.pgbouncer()?.insert(payload).await?,
         _ => session.insert(payload).await?,
@@ -480,11 +489,13 @@ pub async fn read_back(
         | Strategy::ProxyToken
         | Strategy::ProxyScope
         | Strategy::ProxyGlobal
-        | Strategy::ProxyEventual => {
+        | Strategy::ProxyEventual
+        | Strategy::ProxyFast => {
             let proxy = session.proxy()?;
             let read = match strategy {
                 Strategy::ProxySession => proxy.session_read(id).await?,
                 Strategy::ProxyEventual => proxy.eventual_read(id).await?,
+                Strategy::ProxyFast => proxy.fast_read(id).await?,
                 Strategy::ProxyScope => proxy.scope_read(id).await?,
                 Strategy::ProxyGlobal => proxy.global_read(id).await?,
                 _ => {
