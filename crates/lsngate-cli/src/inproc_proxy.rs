@@ -18,6 +18,17 @@ use tokio_postgres::{Client, NoTls};
 /// How long the proxy may take to drain when its clients are done.
 const DRAIN_LIMIT: Duration = Duration::from_secs(40);
 
+/// How the in-process proxy's primary guard (`fallback_cap`, the breaker) is set.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Guard {
+    /// Fallbacks are measured, never refused: a cap of one per client and a breaker that never
+    /// opens (the benchmark, like its library gate; verify's waiting modes).
+    Open,
+    /// The proxy's defaults, as a deployment runs it: verify's `fast` mode, whose reads the
+    /// guard refuses the primary into a wait on a replica.
+    Defaults,
+}
+
 /// What the proxy is started with for each proxy strategy: its config and where clients log in.
 #[derive(Debug, Clone)]
 pub struct ProxySetup {
@@ -34,7 +45,9 @@ impl ProxySetup {
         replica_urls: &[String],
         workers: usize,
         budget: Duration,
+        guard: Guard,
     ) -> anyhow::Result<ProxySetup> {
+        let open = guard == Guard::Open;
         let file = FileConfig {
             // Loopback: clients log in as the primary URL's user (trust without a password).
             listen: Some(SocketAddr::from(([127, 0, 0, 1], 0))),
@@ -43,9 +56,8 @@ impl ProxySetup {
             // Every worker's proxy connections may hold a server connection at once.
             pool_size: Some(workers * 2 + 2),
             wait_timeout_ms: Some(budget.as_millis().max(1) as u64),
-            // Like the library's gate in this benchmark: fallbacks are measured, never refused.
-            fallback_cap: Some(workers.max(1)),
-            breaker_ratio: Some(1.0),
+            fallback_cap: open.then_some(workers.max(1)),
+            breaker_ratio: open.then_some(1.0),
             ..FileConfig::default()
         };
         let config = Config::build(file)

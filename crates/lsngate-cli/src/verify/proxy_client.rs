@@ -207,7 +207,14 @@ mod tests {
             "postgres://postgres@127.0.0.1:{}/postgres",
             forwarder.port()
         );
-        let setup = ProxySetup::new(&primary, &[], 1, Duration::from_millis(200)).unwrap();
+        let setup = ProxySetup::new(
+            &primary,
+            &[],
+            1,
+            Duration::from_millis(200),
+            crate::inproc_proxy::Guard::Open,
+        )
+        .unwrap();
         let proxy = InProcessProxy::start(&setup).await.unwrap();
         let mut client = ProxyClient::open(proxy.client_config(), Mode::Token, None)
             .await

@@ -17,9 +17,9 @@ use super::checker::FinalState;
 use super::client::Via;
 use super::faults::{self, FaultKind};
 use super::library_client::LibraryTarget;
-use super::workload::{self, LOG_TABLE, REGISTER_TABLE};
+use super::workload::{self, LOG_TABLE, Mode, REGISTER_TABLE};
 use super::{VerifyArgs, bounded};
-use crate::inproc_proxy::{self, InProcessProxy, ProxySetup};
+use crate::inproc_proxy::{self, Guard, InProcessProxy, ProxySetup};
 
 /// The target the clients talk to, and the local cluster behind it when there is one.
 pub struct Target {
@@ -115,8 +115,19 @@ impl Target {
             let via = Via::Library(Arc::new(LibraryTarget::new(gate)));
             (via, None, format!("{described} + lsngate library"))
         } else {
-            let setup =
-                ProxySetup::new(&primary_url, &replica_urls, args.workers * 2, args.budget)?;
+            // The fast mode's refused reads wait on a replica: the guard that refuses them is
+            // part of what is checked.
+            let guard = match args.mode {
+                Mode::Fast => Guard::Defaults,
+                _ => Guard::Open,
+            };
+            let setup = ProxySetup::new(
+                &primary_url,
+                &replica_urls,
+                args.workers * 2,
+                args.budget,
+                guard,
+            )?;
             let proxy = InProcessProxy::start(&setup).await?;
             let mut endpoint = proxy.client_config().clone();
             endpoint.application_name("lsngate-verify");
