@@ -12,7 +12,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use lsngate_core::probe::{REPLAY_SQL, wait_for_sql};
-use lsngate_core::{Decision, Fallback, Lsn, PrimaryReason, ReadRequest, Verdict, route};
+use lsngate_core::{
+    Decision, Fallback, Lsn, PrimaryReason, ReadRequest, Verdict, WhenGuarded, route,
+};
 use tokio::time::Instant;
 
 use super::error::ClientError;
@@ -425,8 +427,11 @@ impl Session {
             // the waiting modes: after every write the breaker would otherwise fail the reads that
             // follow (LG002) for want of the primary, though the replica replays the write within
             // a millisecond (a fast proxy under pgbench's write-then-read script, 2026-12-07).
+            // With `when_guarded = "fail"` the refusal fails the read at once, as asked.
             Decision::Primary(PrimaryReason::NotCaughtUp)
-                if self.floors.mode.fast && self.config.causal.fallback != Fallback::Error =>
+                if self.floors.mode.fast
+                    && self.config.causal.fallback != Fallback::Error
+                    && self.config.causal.when_guarded == WhenGuarded::Wait =>
             {
                 let refusal = match self.proxy.causal.admit() {
                     Ok(()) => return self.read_primary_admitted(read).await,

@@ -695,6 +695,40 @@ fn a_fast_read_refused_the_primary_waits_on_the_replica_instead_of_failing() {
     assert_eq!(breaker["open"], true);
     assert_eq!(served_by, [true, true, true]);
     assert_eq!(outcome(&proxy, "error"), 0);
+    // With `when_guarded = "fail"` the client asked for the refusal itself: LG002 at once.
+    let failing = proxy_with(cluster, |f| {
+        f.consistency = Some("fast".into());
+        f.breaker_min_reads = Some(1);
+        f.breaker_ratio = Some(0.5);
+        f.breaker_open_ms = Some(60_000);
+        f.when_guarded = Some("fail".into());
+    });
+    rt().block_on(async {
+        let client = connect(&failing.conninfo()).await;
+        for i in 10..12i64 {
+            client
+                .batch_execute(&format!("INSERT INTO {t} VALUES ({i}, 1)"))
+                .await
+                .unwrap();
+            let read = client
+                .simple_query(&format!("SELECT 1 FROM {t} WHERE id = {i}"))
+                .await;
+            match (i, read) {
+                // The first read falls back and opens the breaker.
+                (10, Ok(_)) => {}
+                (11, Err(e)) => {
+                    let code = e.as_db_error().map(|d| d.code().code().to_string());
+                    assert_eq!(code.as_deref(), Some("LG002"), "{e:?}");
+                }
+                (i, read) => panic!("read {i}: {read:?}"),
+            }
+        }
+    });
+    assert_eq!(
+        outcome(&failing, "waited"),
+        0,
+        "a refused read did not wait"
+    );
 }
 
 #[test]
