@@ -737,8 +737,9 @@ impl Session {
     /// and the node's monitor polls this very server, the read waits on the monitor's polls (fast
     /// while anyone waits: one query for all waiting reads) and confirms with one more check;
     /// otherwise (a load balancer put this connection elsewhere) it polls here with backoff. A
-    /// read that may not wait (`waits` false: the fast modes) checks once. A replica that fails or stays silent past the deadline is dropped
-    /// (`Settled::Lost`); a cancel request from the client ends it (`Settled::Cancelled`).
+    /// read that may not wait (`waits` false: the fast modes) checks once. A replica that fails
+    /// or stays silent past the deadline is dropped (`Settled::Lost`); a cancel request from the
+    /// client ends it (`Settled::Cancelled`).
     pub(super) async fn settle_floor(
         &mut self,
         floor: Floor,
