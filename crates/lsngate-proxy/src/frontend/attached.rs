@@ -22,6 +22,9 @@ use crate::statement::Class;
 pub enum Duty {
     /// Prepared statements a backend must carry (or must not: an earlier client's, closed).
     Prepare,
+    /// A name the client's Parse must find taken, as it would directly (see
+    /// `preparation::taking_segment`); refused where it is taken already.
+    Take,
     /// The client's settings, applied to a backend that lacks them. Unlike [`Duty::Prepare`]'s,
     /// its failure inside an aborted block (25P02) says nothing of the statements the flight
     /// binds (seed 555882).

@@ -240,12 +240,14 @@ pub(super) fn preparation(
             }
         }
     }
-    // The client's statement `s` must be on the server under `name` when the flight starts.
+    // The client's statement `s` must be on the server under `name` when the flight starts;
+    // whether it was parsed for that.
     let ensure = |conn: &mut BackendConn,
                   statements: &mut Vec<Frame>,
                   name: &String,
                   s: &ClientStatement| {
-        if conn.prepared.get(name).map(String::as_str) != Some(s.identity()) {
+        let parses = conn.prepared.get(name).map(String::as_str) != Some(s.identity());
+        if parses {
             statements.push(close_statement(name));
             let parse = FrontendMessage::Parse {
                 statement: name.clone(),
@@ -255,7 +257,11 @@ pub(super) fn preparation(
             statements.push(parse.to_frame());
             conn.prepared.insert(name.clone(), s.identity().to_string());
         }
+        parses
     };
+    // Names taken behind the statements in front, each in a segment of its own (see
+    // `taking_segment`).
+    let mut taken = Vec::new();
     // Parses, Closes and DEALLOCATE ALLs of earlier flights not answered yet run on this same
     // connection first (a flight goes elsewhere only once every answer is in): for their
     // names, or every name behind a DEALLOCATE ALL, the server's own state decides, and
@@ -330,15 +336,26 @@ pub(super) fn preparation(
             _ => {}
         }
         match (m, *here) {
-            (FrontendMessage::Parse { statement, .. }, At::Duplicate(s))
-                if !statement.is_empty() =>
-            {
+            (
+                FrontendMessage::Parse {
+                    statement, query, ..
+                },
+                At::Duplicate(s),
+            ) if !statement.is_empty() => {
                 note(segment, b'1', Vec::new(), None);
                 // The client already holds the name here: the server must too, to refuse
                 // the Parse (42P05) as it would directly. It keeps what it held.
                 let first = defined_here.insert(statement.clone()) && !server_decides;
-                if may_inject && first {
-                    ensure(conn, &mut statements, statement, s);
+                if may_inject
+                    && first
+                    && ensure(conn, &mut statements, statement, s)
+                    && crate::statement::parses_in_failed_block(query)
+                {
+                    // In a failed block the server refuses that Parse (25P02) and the name
+                    // stays free, where it would parse the client's (seed 20261580735).
+                    taken.push(statement.clone());
+                    conn.prepared
+                        .insert(statement.clone(), IN_DOUBT.to_string());
                 }
             }
             (
@@ -389,7 +406,9 @@ pub(super) fn preparation(
                     continue;
                 }
                 match here.statement() {
-                    Some(s) => ensure(conn, &mut statements, statement, s),
+                    Some(s) => {
+                        ensure(conn, &mut statements, statement, s);
+                    }
                     // Not the client's here: a copy left by another client or before a
                     // DEALLOCATE is closed, so the server answers 26000 as it would
                     // directly.
@@ -474,7 +493,25 @@ pub(super) fn preparation(
         frames.push(FrontendMessage::Sync.to_frame());
         attached.expect.push_back(Owner::Proxy(Duty::Prepare));
     }
+    for name in taken {
+        frames.extend(taking_segment(&name));
+        attached.expect.push_back(Owner::Proxy(Duty::Take));
+    }
     frames
+}
+
+/// A segment that makes sure the server holds a statement named `name`, whatever its text:
+/// the Parse of a statement PostgreSQL parses even in a failed block, refused (42P05) where
+/// the name is already held. It is no client's: it fails if ever bound and run (a
+/// savepoint no one made), and the name is recorded `IN_DOUBT`, so a flight that needs the
+/// client's statement there closes and parses it again.
+fn taking_segment(name: &str) -> [Frame; 2] {
+    let parse = FrontendMessage::Parse {
+        statement: name.to_string(),
+        query: "ROLLBACK TO SAVEPOINT lsngate_name_taken".to_string(),
+        param_types: Vec::new(),
+    };
+    [parse.to_frame(), FrontendMessage::Sync.to_frame()]
 }
 
 #[cfg(test)]

@@ -741,6 +741,13 @@ impl Session {
             }
             // The failure it was sent for.
             BackendMessage::ErrorResponse(_) if duty == Duty::Abort => return Ok(()),
+            // The name was taken already.
+            BackendMessage::ErrorResponse(ref e)
+                if duty == Duty::Take
+                    && e.sqlstate() == Some(sqlstate::DUPLICATE_PREPARED_STATEMENT) =>
+            {
+                return Ok(());
+            }
             BackendMessage::ErrorResponse(ref e)
                 if duty == Duty::Prepare
                     && e.sqlstate() == Some(sqlstate::IN_FAILED_SQL_TRANSACTION) =>
@@ -793,6 +800,7 @@ impl Session {
         let causal = &self.proxy.causal;
         match duty {
             Duty::Prepare
+            | Duty::Take
             | Duty::Settings
             | Duty::Restore
             | Duty::Abort

@@ -31,6 +31,8 @@ pub const INVALID_PASSWORD: &str = "28P01";
 pub const INVALID_CATALOG_NAME: &str = "3D000";
 /// 42501 `insufficient_privilege`.
 pub const INSUFFICIENT_PRIVILEGE: &str = "42501";
+/// 42P05 `duplicate_prepared_statement`.
+pub const DUPLICATE_PREPARED_STATEMENT: &str = "42P05";
 /// 42601 `syntax_error`.
 pub const SYNTAX_ERROR: &str = "42601";
 /// 42704 `undefined_object`.

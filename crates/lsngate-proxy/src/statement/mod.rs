@@ -24,7 +24,9 @@ pub use command::{
     mixed_commands, resets_all_in_parts, session_set, sets_session_in_parts, setting_reset,
 };
 pub use hints::{Hints, RouteHint, comment_hints};
-pub use split::{after_block_end, chains_block, ends_block, may_end_block, statements};
+pub use split::{
+    after_block_end, chains_block, ends_block, may_end_block, parses_in_failed_block, statements,
+};
 
 #[cfg(test)]
 mod tests {

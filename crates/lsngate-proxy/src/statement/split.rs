@@ -20,6 +20,22 @@ pub fn ends_block(statement: &str) -> bool {
     }
 }
 
+/// Whether PostgreSQL parses `statement` (one statement) inside a failed transaction block, where
+/// it refuses every other (25P02): those that end the block or return from its failure
+/// (`IsTransactionExitStmt`): `COMMIT`/`END`, `ROLLBACK`/`ABORT` (with `AND CHAIN`, or `TO
+/// SAVEPOINT`), `PREPARE TRANSACTION`; not `COMMIT PREPARED` or `ROLLBACK PREPARED`.
+pub fn parses_in_failed_block(statement: &str) -> bool {
+    let lower = after_comments(statement).to_ascii_lowercase();
+    let mut words = lower
+        .split(|c: char| c.is_whitespace() || c == ';')
+        .filter(|w| !w.is_empty());
+    match words.next() {
+        Some("commit" | "end" | "abort" | "rollback") => words.next() != Some("prepared"),
+        Some("prepare") => words.next() == Some("transaction"),
+        _ => false,
+    }
+}
+
 /// Whether `statement` (one statement, trimmed) ends a transaction block and chains the next:
 /// `COMMIT AND CHAIN`, `ROLLBACK AND CHAIN` (and `END`, `ABORT`; not `AND NO CHAIN`).
 pub fn chains_block(statement: &str) -> bool {
@@ -185,7 +201,7 @@ fn dollar_quoted(bytes: &[u8], open: usize) -> usize {
 
 #[cfg(test)]
 mod tests {
-    use super::{after_block_end, chains_block, may_end_block, statements};
+    use super::{after_block_end, chains_block, may_end_block, parses_in_failed_block, statements};
     use proptest::prelude::*;
 
     #[test]
@@ -238,6 +254,32 @@ mod tests {
                 prop_assert!(sql.contains(part));
                 prop_assert!(!part.is_empty());
             }
+        }
+    }
+
+    #[test]
+    fn statements_a_failed_block_still_parses() {
+        for sql in [
+            "ROLLBACK TO SAVEPOINT sp1",
+            "rollback to sp1",
+            "COMMIT;",
+            "/* c */ end",
+            "ABORT AND CHAIN",
+            "ROLLBACK",
+            "PREPARE TRANSACTION 'x'",
+        ] {
+            assert!(parses_in_failed_block(sql), "{sql}");
+        }
+        for sql in [
+            "COMMIT PREPARED 'x'",
+            "ROLLBACK PREPARED 'x'",
+            "PREPARE p AS SELECT 1",
+            "SAVEPOINT sp1",
+            "RELEASE SAVEPOINT sp1",
+            "SELECT 1",
+            "",
+        ] {
+            assert!(!parses_in_failed_block(sql), "{sql}");
         }
     }
 

@@ -1695,5 +1695,25 @@ pub fn known() -> Vec<(&'static str, Case)> {
                 sync(),
             ]),
         ),
+        (
+            // Seed 20261580735 (19rc1, 2 replicas): in a failed block, a Parse of a name the
+            // client holds, of a statement a failed block still parses. The connection lacked
+            // the name; the proxy's Parse of the client's statement in front was refused
+            // (25P02), so the client's Parse succeeded where PostgreSQL refuses it (42P05), and
+            // a Bind of the name then ran the new statement.
+            "a Parse of a held name in a failed block is refused even where the connection lacked it",
+            case(vec![
+                parse("s2", "SELECT v FROM {t} WHERE id = $1"),
+                sync(),
+                q("BEGIN ISOLATION LEVEL REPEATABLE READ"),
+                describe('S', ""),
+                sync(),
+                parse("s2", "ROLLBACK TO SAVEPOINT sp1"),
+                sync(),
+                bind_with("", "s2", &["1"]),
+                execute(),
+                sync(),
+            ]),
+        ),
     ]
 }
