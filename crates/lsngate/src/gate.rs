@@ -212,20 +212,12 @@ impl Inner {
             .map_err(|e| self.primary_unavailable(e.to_string()))
     }
 
-    /// A primary slot from the guard, queueing when configured to.
-    pub async fn admit_fallback(&self) -> Result<Permit<'_>, Refusal> {
-        let queue_until = Instant::now() + self.config.guard_queue_timeout;
-        loop {
-            let refusal = match self.guard.try_admit(self.epoch.elapsed()) {
-                Ok(()) => return Ok(Permit(self)),
-                Err(refusal) => refusal,
-            };
-            let left = queue_until.saturating_duration_since(Instant::now());
-            match lsngate_core::pace::guard_queue_pause(self.config.when_guarded, left) {
-                Some(pause) => tokio::time::sleep(pause).await,
-                None => return Err(refusal),
-            }
-        }
+    /// A primary slot from the guard, if it gives one now (the caller queues; see
+    /// `read::fall_back`).
+    pub fn try_admit_fallback(&self) -> Result<Permit<'_>, Refusal> {
+        self.guard
+            .try_admit(self.epoch.elapsed())
+            .map(|()| Permit(self))
     }
 
     /// A read on the primary with its trailing insert position.

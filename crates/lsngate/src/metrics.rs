@@ -5,6 +5,7 @@
 //! |---|---|---|---|
 //! | `lsngate_reads_total` | counter | `outcome` | `replica_at_once`, `replica_after_wait`, `primary_fallback`, `stale`, `error` |
 //! | `lsngate_fallbacks_total` | counter | `reason` | why reads left the replicas |
+//! | `lsngate_guard_rescued_reads_total` | counter | | fallbacks refused a primary slot that a replica then served, seen to have caught up while they queued |
 //! | `lsngate_wait_seconds` | histogram | | time a token read spent before its replica proved it fresh (or gave up) |
 //! | `lsngate_replica_replayed_lsn` | gauge | `replica` | lowest known replay position (as a number) |
 //! | `lsngate_replica_lag_bytes` | gauge | `replica` | bytes behind the primary |
@@ -18,6 +19,8 @@
 pub const READS: &str = "lsngate_reads_total";
 /// Fallbacks by reason.
 pub const FALLBACKS: &str = "lsngate_fallbacks_total";
+/// Refused fallbacks a replica served after all.
+pub const RESCUED: &str = "lsngate_guard_rescued_reads_total";
 /// Wait time histogram, seconds.
 pub const WAIT_SECONDS: &str = "lsngate_wait_seconds";
 /// Per-replica replay position.
@@ -39,6 +42,10 @@ pub const PROMOTIONS: &str = "lsngate_promotions_total";
 pub(crate) fn describe() {
     metrics::describe_counter!(READS, "Reads by outcome");
     metrics::describe_counter!(FALLBACKS, "Reads that left the replicas, by reason");
+    metrics::describe_counter!(
+        RESCUED,
+        "Fallbacks refused a primary slot that a replica served after catching up"
+    );
     metrics::describe_histogram!(
         WAIT_SECONDS,
         metrics::Unit::Seconds,

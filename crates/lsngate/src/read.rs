@@ -10,7 +10,7 @@
 use std::time::Duration;
 
 use lsngate_core::{
-    Decision, Fallback, Lsn, PrimaryReason, ReadRequest, Role, Token, Verdict, route,
+    Decision, Fallback, Lsn, PrimaryReason, ReadRequest, Refusal, Role, Token, Verdict, route,
 };
 use tokio::time::Instant;
 use tokio_postgres::Row;
@@ -19,7 +19,7 @@ use tracing::Instrument;
 use crate::config::WaitStrategy;
 use crate::error::{Error, FallbackReason};
 use crate::flight::{self, Answer, FlightError, Params};
-use crate::gate::{Gate, Inner};
+use crate::gate::{Gate, Inner, Permit};
 use crate::pool::{Pooled, discard};
 
 /// Which node served a read.
@@ -392,9 +392,11 @@ async fn fall_back(
         _ => {}
     }
     drop(_entered);
-    let permit = match inner.admit_fallback().await {
-        Ok(permit) => permit,
-        Err(refusal) => {
+    let permit = match queue_for_primary(inner, plan, start, sql, params).await {
+        Queued::Admitted(permit) => permit,
+        Queued::Rescued(read) => return Ok(read),
+        Queued::Failed(error) => return Err(error),
+        Queued::Refused(refusal) => {
             let guarded = Error::guarded(plan.token.as_ref(), reason, refusal);
             return match inner.config.when_guarded {
                 lsngate_core::WhenGuarded::ServeStale => {
@@ -419,6 +421,72 @@ async fn fall_back(
             seen: answer.seen,
         },
     })
+}
+
+/// How a fallback's wait for a primary slot ended.
+enum Queued<'a> {
+    /// The guard gave it a slot.
+    Admitted(Permit<'a>),
+    /// A replica seen to have the token while it queued served it.
+    Rescued(Read),
+    /// No slot before the queue's deadline (or none asked: `when_guarded` is not `wait`).
+    Refused(Refusal),
+    /// The replica that served it found an error in the statement itself.
+    Failed(Error),
+}
+
+/// A primary slot for a fallback, queueing as configured. While it queues (`when_guarded =
+/// wait`), a replica known to have the read's token serves it instead (tried once): in a lag
+/// event the guard refuses most fallbacks, and the replicas' recovery would otherwise not reach
+/// the reads already queued.
+async fn queue_for_primary<'a>(
+    inner: &'a Inner,
+    plan: &Plan,
+    start: Instant,
+    sql: &str,
+    params: Params<'_>,
+) -> Queued<'a> {
+    let queue_until = Instant::now() + inner.config.guard_queue_timeout;
+    let mut may_rescue =
+        plan.token.is_some() && inner.config.when_guarded == lsngate_core::WhenGuarded::Wait;
+    loop {
+        let refusal = match inner.try_admit_fallback() {
+            Ok(permit) => return Queued::Admitted(permit),
+            Err(refusal) => refusal,
+        };
+        // Past its budget (`start`), only a replica already known to have the token qualifies.
+        let none_excluded = vec![false; inner.replicas.len()];
+        if may_rescue && let Ok(index) = next_replica(inner, plan, &none_excluded, start) {
+            may_rescue = false;
+            let floor = plan.token.map(|t| t.lsn);
+            let hard = Instant::now() + inner.config.io_grace;
+            match attempt(inner, index, floor, start, hard, sql, params).await {
+                Ok(Attempt::Fresh { answer, waited, .. }) => {
+                    tracing::info!(
+                        replica = index,
+                        "a replica replayed the token of a read queued for the primary; read there"
+                    );
+                    metrics::counter!(crate::metrics::RESCUED).increment(1);
+                    let read = replica_read(inner, index, answer, waited, start.elapsed());
+                    return Queued::Rescued(read);
+                }
+                Ok(Attempt::Promoted) => inner.watcher.observe_role(index, Role::Primary),
+                Ok(Attempt::NotYet(_)) => {}
+                // Lost or conflicted there: it goes on queueing. An error of the statement
+                // itself is the read's answer, as on any replica.
+                Err(error) => {
+                    if let Err(error) = absorb(inner, index, error) {
+                        return Queued::Failed(error);
+                    }
+                }
+            }
+        }
+        let left = queue_until.saturating_duration_since(Instant::now());
+        match lsngate_core::pace::guard_queue_pause(inner.config.when_guarded, left) {
+            Some(pause) => tokio::time::sleep(pause).await,
+            None => return Queued::Refused(refusal),
+        }
+    }
 }
 
 fn stale_read(

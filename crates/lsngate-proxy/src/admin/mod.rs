@@ -77,7 +77,13 @@ pub fn causal_status(proxy: &Proxy) -> serde_json::Value {
         "outcomes": outcomes,
         "waits": waits,
         "wait_total_ms": total.as_secs_f64() * 1000.0,
-        "breaker": {"open": open, "fallbacks_in_flight": in_flight, "fallback_rate": rate},
+        "breaker": {
+            "open": open,
+            "fallbacks_in_flight": in_flight,
+            "fallback_rate": rate,
+            "refused_reads": causal.stats.refused.count(),
+            "rescued_reads": causal.stats.rescued.count(),
+        },
         "primary": {
             "position": causal.watcher.primary_position().map(|l| l.to_string()),
             "timeline": proxy.nodes.newest_timeline.get(),

@@ -52,6 +52,12 @@ impl Outcome {
 pub struct Stats {
     /// Reads per outcome, handed to `lsngate_proxy_causal_reads_total` at each scrape.
     outcomes: [Tally; 6],
+    /// Fallback reads the primary guard refused a slot, once per read however often it asks
+    /// (`lsngate_proxy_guard_refused_reads_total`).
+    pub refused: Tally,
+    /// Of those, reads sent to a replica seen to have their floor while they queued for a slot
+    /// (`lsngate_proxy_guard_rescued_reads_total`).
+    pub rescued: Tally,
     waits: [AtomicU64; 13],
     wait_micros: AtomicU64,
     wait_histogram: metrics::Histogram,
@@ -66,6 +72,8 @@ impl Default for Stats {
                     "outcome" => o.as_str()
                 ))
             }),
+            refused: Tally::new(metrics::counter!("lsngate_proxy_guard_refused_reads_total")),
+            rescued: Tally::new(metrics::counter!("lsngate_proxy_guard_rescued_reads_total")),
             waits: Default::default(),
             wait_micros: AtomicU64::new(0),
             wait_histogram: metrics::histogram!("lsngate_proxy_wait_seconds"),
@@ -96,6 +104,8 @@ impl Stats {
     /// Hands the outcomes counted since the last scrape to the metrics registry.
     pub fn report(&self) {
         self.outcomes.iter().for_each(Tally::report);
+        self.refused.report();
+        self.rescued.report();
     }
 
     /// (outcome, count) pairs.

@@ -403,6 +403,7 @@ impl Attached {
             flight,
             class,
             log: Some(log),
+            queue_deadline: placed.queue_deadline,
         })
     }
 

@@ -140,6 +140,10 @@ pub struct PlacedRead {
     /// Whether it may wait there for its floor: not in the fast modes, unless the primary guard
     /// refused it the primary.
     pub waits: bool,
+    /// The end of the guard's queue for the primary, where the read queued before a replica
+    /// was seen to have its floor (`Session::fall_back`): falling back again, it queues only
+    /// until then, and does not leave the queue a second time.
+    pub queue_deadline: Option<Instant>,
 }
 
 /// A read routed by floor, with the client's messages, while it is not sent (and again when it
@@ -156,6 +160,8 @@ pub struct CausalRead {
     /// messages were received (see [`Route::log`]); `None` while it is the flight being
     /// assembled.
     pub log: Option<Box<FlightLog>>,
+    /// See [`PlacedRead::queue_deadline`].
+    pub queue_deadline: Option<Instant>,
 }
 
 /// The wait or check sent in front of a replica read, until its [`Verdict`] arrives.
@@ -383,6 +389,7 @@ impl Session {
             flight,
             class,
             log: None,
+            queue_deadline: None,
         };
         match route(&request, &states) {
             _ if older_timeline => {
@@ -411,6 +418,7 @@ impl Session {
                     read: Some(PlacedRead {
                         floor: read.floor,
                         waits: !self.floors.mode.fast,
+                        queue_deadline: None,
                     }),
                     count: None,
                     replan: None,
@@ -451,6 +459,7 @@ impl Session {
                     read: Some(PlacedRead {
                         floor: read.floor,
                         waits: true,
+                        queue_deadline: None,
                     }),
                     count: None,
                     replan: None,
@@ -502,7 +511,9 @@ impl Session {
                 .answer_flight_error(&read.flight, SQLSTATE_NOT_CAUGHT_UP, &message)
                 .await;
         }
-        let deadline = Instant::now() + self.config.causal.wait_timeout;
+        let deadline = read
+            .queue_deadline
+            .unwrap_or_else(|| Instant::now() + self.config.causal.wait_timeout);
         let mut logged = false;
         loop {
             match causal.admit() {
@@ -510,6 +521,31 @@ impl Session {
                 Err(refusal) => {
                     if !std::mem::replace(&mut logged, true) {
                         tracing::warn!("primary guard refused a fallback read: {refusal}");
+                        causal.stats.refused.add(1);
+                    }
+                    // A replica that catches up while the read queues serves it (once): in a
+                    // lag event the guard refuses most fallbacks, and the replicas' recovery
+                    // would otherwise not reach the reads already queued (LG002 at the
+                    // deadline). Not with `when_guarded = "fail"`, which asked for the refusal.
+                    if read.queue_deadline.is_none()
+                        && self.config.causal.when_guarded == WhenGuarded::Wait
+                        && let Some(node) = self.replica_known_at(&read)
+                    {
+                        tracing::info!(node = %node.url.address(), "a replica replayed the floor of a read queued for the primary; reading it there");
+                        causal.stats.rescued.add(1);
+                        let route = Route {
+                            target: Some(Target::Replica),
+                            node: Some(node),
+                            read: Some(PlacedRead {
+                                floor: read.floor,
+                                waits: false,
+                                queue_deadline: Some(deadline),
+                            }),
+                            count: None,
+                            replan: None,
+                            log: read.log,
+                        };
+                        return self.dispatch_to(read.flight, read.class, route).await;
                     }
                     let left = deadline.saturating_duration_since(Instant::now());
                     let when_guarded = self.config.causal.when_guarded;
@@ -529,6 +565,41 @@ impl Session {
             }
         }
         self.read_primary_admitted(read).await
+    }
+
+    /// A replica the replay book knows has `read`'s floor now, where the planner would place
+    /// it without a wait; none for a read without a floor, a Flush-ended flight (it cannot be
+    /// run again elsewhere), or a floor from an older timeline than the newest primary's.
+    fn replica_known_at(&self, read: &CausalRead) -> Option<Arc<NodeState>> {
+        let floor = read.floor?;
+        let synced = matches!(
+            read.flight.last(),
+            Some(FrontendMessage::Sync | FrontendMessage::Query(_))
+        );
+        let nodes = &self.proxy.nodes;
+        if !synced
+            || lsngate_core::timeline::floor_predates(floor.timeline, nodes.newest_timeline.get())
+        {
+            return None;
+        }
+        let lag_bound = self.config.causal.lag_bound;
+        let bounded = lag_bound.max_bytes.is_some() || lag_bound.max_lag.is_some();
+        let replicas =
+            self.proxy
+                .causal
+                .watcher
+                .replicas(nodes, Need::Floor(floor.timeline), bounded);
+        let states: Vec<_> = replicas.iter().map(|(_, s)| *s).collect();
+        let request = ReadRequest {
+            floor: Some(floor.lsn),
+            may_wait: false,
+            lag_bound,
+            spin: rand::random::<u32>() as usize,
+        };
+        match route(&request, &states) {
+            Decision::Replica { index, .. } => Some(replicas[index].0.clone()),
+            Decision::Primary(_) => None,
+        }
     }
 
     /// A fallback read the guard gave a slot: on the primary, the slot held until it is done.

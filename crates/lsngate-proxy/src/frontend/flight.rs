@@ -207,6 +207,7 @@ impl Session {
             route.read = Some(PlacedRead {
                 floor: Floor::merge(route.read.and_then(|read| read.floor), floor),
                 waits: route.read.map_or(!self.floors.mode.fast, |read| read.waits),
+                queue_deadline: route.read.and_then(|read| read.queue_deadline),
             });
         }
         if let Some(outcome) = route.count {
@@ -543,6 +544,7 @@ impl Session {
                         flight,
                         class,
                         log: None,
+                        queue_deadline: read.queue_deadline,
                     };
                     return Box::pin(self.fall_back(read)).await;
                 }
@@ -679,6 +681,7 @@ impl Session {
             && let Some(PlacedRead {
                 floor: Some(floor),
                 waits,
+                ..
             }) = read
         {
             let wait = attached.conn.facts.has_wait_for() && waits;

@@ -250,7 +250,7 @@ fn every_show_answers_from_psql_with_pgbouncer_columns() {
         ),
         (
             "SHOW CAUSAL",
-            "consistency|wait_timeout_ms|fallback|reads_replica|reads_waited|reads_fallback|reads_no_replica|reads_stale|reads_error|wait_total_ms|breaker_open|fallbacks_in_flight|fallback_rate|primary_position",
+            "consistency|wait_timeout_ms|fallback|reads_replica|reads_waited|reads_fallback|reads_no_replica|reads_stale|reads_error|wait_total_ms|breaker_open|fallbacks_in_flight|fallback_rate|refused_reads|rescued_reads|primary_position",
         ),
     ];
     for (command, columns) in expect {

@@ -731,6 +731,88 @@ fn a_fast_read_refused_the_primary_waits_on_the_replica_instead_of_failing() {
     );
 }
 
+/// A lag event: the replica stops replaying, reads fall back until the breaker opens, and the
+/// next read, refused a primary slot, queues for one. When the replica catches up meanwhile,
+/// the queued read is served there. It used to stay in the queue, blind to the replica, and
+/// fail LG002 at its deadline: the replicas' recovery reached only the reads that came after.
+/// In `session` and in `fast` (whose refused read first waits on the replica itself).
+#[test]
+fn a_read_queued_by_the_primary_guard_is_served_by_a_replica_that_catches_up() {
+    let cluster = Cluster::start(&ClusterConfig::default().replicas(1)).unwrap();
+    cluster.wait_streaming(Duration::from_secs(30)).unwrap();
+    let t = unique("rescue");
+    create(&cluster, &t);
+    for (n, mode) in ["session", "fast"].into_iter().enumerate() {
+        let proxy = proxy_with(&cluster, |f| {
+            f.consistency = Some(mode.into());
+            f.wait_timeout_ms = Some(3000);
+            f.breaker_min_reads = Some(1);
+            f.breaker_ratio = Some(0.5);
+            f.breaker_open_ms = Some(600_000);
+        });
+        let replica = cluster.replica(0);
+        replica.pause_replay().unwrap();
+        let (first, second) = (n as i64 * 10, n as i64 * 10 + 1);
+        let conninfo = proxy.conninfo();
+        // Opens the breaker: the first write's read falls back (the replica is paused).
+        rt().block_on(async {
+            let client = connect(&conninfo).await;
+            client
+                .batch_execute(&format!("INSERT INTO {t} VALUES ({first}, 1)"))
+                .await
+                .unwrap();
+            // The simple protocol: one flight, one fallback.
+            let messages = client
+                .simple_query(&format!("SELECT 1 FROM {t} WHERE id = {first}"))
+                .await
+                .unwrap();
+            let rows = messages
+                .iter()
+                .filter(|m| matches!(m, tokio_postgres::SimpleQueryMessage::Row(_)))
+                .count();
+            assert_eq!(rows, 1, "{mode}: the fallback read sees its write");
+        });
+        assert_eq!(outcome(&proxy, "fallback"), 1, "{mode}");
+        assert_eq!(proxy.status()["causal"]["breaker"]["open"], true, "{mode}");
+        // The next read waits out its budget on the paused replica, is refused the primary,
+        // and queues; only then does the replica catch up.
+        let table = t.clone();
+        let reader = std::thread::spawn(move || {
+            let t = table;
+            rt().block_on(async {
+                let client = connect(&conninfo).await;
+                client
+                    .batch_execute(&format!("INSERT INTO {t} VALUES ({second}, 1)"))
+                    .await
+                    .unwrap();
+                client
+                    .query_opt(
+                        &format!("SELECT pg_is_in_recovery() FROM {t} WHERE id = {second}"),
+                        &[],
+                    )
+                    .await
+                    .map(|row| row.map(|r| r.get::<_, bool>(0)))
+            })
+        });
+        let refused = || proxy.status()["causal"]["breaker"]["refused_reads"].as_u64();
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while refused() != Some(1) && !reader.is_finished() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        replica.resume_replay().unwrap();
+        let read = reader.join().unwrap();
+        let breaker = &proxy.status()["causal"]["breaker"];
+        println!("{mode}: {read:?}, breaker {breaker}");
+        let on_replica = read
+            .unwrap_or_else(|e| panic!("{mode}: the queued read failed: {e:?}"))
+            .unwrap_or_else(|| panic!("{mode}: the queued read missed its write"));
+        assert!(on_replica, "{mode}: the replica that caught up served it");
+        assert_eq!(breaker["refused_reads"], 1, "{mode}");
+        assert_eq!(breaker["rescued_reads"], 1, "{mode}");
+        assert_eq!(outcome(&proxy, "error"), 0, "{mode}");
+    }
+}
+
 #[test]
 fn after_a_failover_old_floors_read_the_new_primary_and_an_orphaned_replica_serves_nothing() {
     let cluster = Cluster::start(&ClusterConfig::default().replicas(2)).unwrap();

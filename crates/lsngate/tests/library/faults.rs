@@ -196,6 +196,52 @@ async fn stale_policy_and_primary_guard_behaviours() {
     );
 }
 
+/// A lag event: the replica is a second behind, the first fallback opens the breaker, and the
+/// next read, refused a primary slot, queues for one. The replica replays its write while it
+/// queues, and serves it. It used to stay in the queue, blind to the replica, and fail
+/// `PrimaryGuarded` at the queue's deadline.
+#[tokio::test]
+async fn a_read_queued_by_the_primary_guard_is_served_by_a_replica_that_catches_up() {
+    let cluster = far_behind();
+    let insert = "INSERT INTO rw_behind (id, note) VALUES ($1, 'x')";
+    let select = "SELECT note FROM rw_behind WHERE id = $1";
+    let guard = GuardConfig {
+        max_concurrent: 4,
+        window: Duration::from_secs(60),
+        min_reads: 1,
+        max_fallback_ratio: 0.5,
+        open_for: Duration::from_secs(600),
+    };
+    // The queue outlasts the replica's one-second delay many times over.
+    let gate = support::gate(cluster, |c| {
+        c.budget(Duration::from_millis(5))
+            .guard(guard)
+            .guard_queue_timeout(Duration::from_secs(20))
+    })
+    .await;
+    let token = gate.write(insert, &[&3_000_000i64]).await.unwrap().token;
+    let read = gate
+        .query_after(&token, select, &[&3_000_000i64])
+        .await
+        .unwrap();
+    assert_eq!(read.served.by, ServedBy::Primary, "{:?}", read.served);
+    assert!(gate.breaker_open(), "one fallback opens the breaker");
+    let token = gate.write(insert, &[&3_000_001i64]).await.unwrap().token;
+    let read = gate
+        .query_after(&token, select, &[&3_000_001i64])
+        .await
+        .expect("the queued read is served");
+    println!("queued read: {:?}", read.served);
+    assert_eq!(read.served.by, ServedBy::Replica(0), "{:?}", read.served);
+    assert_eq!(read.served.fallback, None);
+    assert!(!read.served.stale);
+    assert_eq!(read.rows.len(), 1, "the replica that caught up has the row");
+    assert!(
+        gate.breaker_open(),
+        "the breaker stays open: it was no fallback"
+    );
+}
+
 #[tokio::test]
 async fn replay_paused_on_one_of_two_the_other_serves() {
     let cluster = paused();

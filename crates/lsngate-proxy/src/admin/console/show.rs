@@ -598,6 +598,8 @@ fn causal(proxy: &Proxy) -> Table {
         ("breaker_open", T),
         ("fallbacks_in_flight", N),
         ("fallback_rate", T),
+        ("refused_reads", N),
+        ("rescued_reads", N),
         ("primary_position", T),
     ]);
     row.extend([
@@ -605,6 +607,8 @@ fn causal(proxy: &Proxy) -> Table {
         field(&["breaker", "open"]),
         field(&["breaker", "fallbacks_in_flight"]),
         field(&["breaker", "fallback_rate"]),
+        field(&["breaker", "refused_reads"]),
+        field(&["breaker", "rescued_reads"]),
         field(&["primary", "position"]),
     ]);
     Table {
