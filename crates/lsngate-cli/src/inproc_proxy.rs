@@ -130,6 +130,14 @@ impl InProcessProxy {
         outcomes
     }
 
+    /// Fallback reads the proxy's primary guard refused a slot, and of those the reads a replica
+    /// seen to have their floor took while they queued (`/status` `breaker.refused_reads`,
+    /// `breaker.rescued_reads`).
+    pub fn guard_counts(&self) -> (u64, u64) {
+        let stats = &self.proxy.causal.stats;
+        (stats.refused.count(), stats.rescued.count())
+    }
+
     /// Stops accepting and waits for the proxy to drain (its clients must be gone first).
     pub async fn shutdown(self) -> anyhow::Result<()> {
         let _ = self.stop.send(true);

@@ -588,6 +588,14 @@ fn verify_token_global_and_fast_modes_find_no_violation_under_faults() {
         ]);
         assert_eq!(doc["mode"], mode);
         assert_injected(&doc, &faults.split(',').collect::<Vec<_>>());
+        // The in-process proxy's guard is reported (what it refused, and what a replica took
+        // back), and a rescued read is one it refused.
+        let guard = &doc["guard"];
+        let refused = guard["refused_reads"].as_u64().expect("guard counts");
+        assert!(
+            guard["rescued_reads"].as_u64().unwrap() <= refused,
+            "{guard}"
+        );
     }
 }
 

@@ -266,6 +266,7 @@ pub async fn run(args: VerifyArgs) -> anyhow::Result<bool> {
         seconds,
         workers: args.workers,
         fallbacks: target.fallbacks(),
+        guard: target.guard(),
         ..Summary::default()
     };
     Facts {

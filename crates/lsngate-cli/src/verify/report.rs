@@ -13,6 +13,15 @@ use crate::table;
 /// Violations shown in full (the counts include them all).
 const SHOWN: usize = 5;
 
+/// The in-process proxy's primary guard over a run (its `/status` `breaker` counts).
+#[derive(Debug, Clone, Copy, Default, Serialize)]
+pub struct GuardCounts {
+    /// Fallback reads refused a primary slot.
+    pub refused_reads: u64,
+    /// Of those, reads a replica took once it had caught up.
+    pub rescued_reads: u64,
+}
+
 /// The run in numbers; also the `--json` object.
 #[derive(Debug, Default, Serialize)]
 pub struct Summary {
@@ -33,6 +42,9 @@ pub struct Summary {
     /// Reads the in-process proxy or the library sent to the primary because no replica had the
     /// floor in time or none was up (None through `--proxy`: its counters are not ours to read).
     pub fallbacks: Option<u64>,
+    /// The in-process proxy's primary guard: fallback reads it refused a slot, and of those the
+    /// reads a replica took once it had caught up (None for the library or `--proxy`).
+    pub guard: Option<GuardCounts>,
     pub stale: u64,
     pub nonmonotonic: u64,
     pub lost: u64,
@@ -152,7 +164,7 @@ pub fn print(summary: &Summary) {
                 .join(", ")
         }
     };
-    let rows: Vec<(&str, String)> = vec![
+    let mut rows: Vec<(&str, String)> = vec![
         ("target", summary.target.clone()),
         ("server", summary.server_version.clone()),
         (
@@ -186,6 +198,15 @@ pub fn print(summary: &Summary) {
                 .fallbacks
                 .map_or("not known (external proxy)".into(), count),
         ),
+    ];
+    if let Some(g) = &summary.guard {
+        let guard = format!(
+            "{} reads refused a slot, {} of them then served by a replica",
+            g.refused_reads, g.rescued_reads
+        );
+        rows.push(("primary guard", guard));
+    }
+    rows.extend([
         ("errors by SQLSTATE", joined(&summary.errors)),
         ("faults injected", joined(&summary.faults)),
         ("stale reads (read-your-writes)", count(summary.stale)),
@@ -201,7 +222,7 @@ pub fn print(summary: &Summary) {
             ),
         ),
         ("hangs", count(summary.hangs)),
-    ];
+    ]);
     for (name, value) in rows {
         t.add_row(vec![name.to_string(), value]);
     }

@@ -183,6 +183,18 @@ impl Target {
         }
     }
 
+    /// The in-process proxy's primary guard: reads refused a slot, reads then served by a
+    /// replica that caught up ([`crate::inproc_proxy::InProcessProxy::guard_counts`]).
+    pub fn guard(&self) -> Option<super::report::GuardCounts> {
+        self.proxy.as_ref().map(|proxy| {
+            let (refused_reads, rescued_reads) = proxy.guard_counts();
+            super::report::GuardCounts {
+                refused_reads,
+                rescued_reads,
+            }
+        })
+    }
+
     /// Recreates the tables on the primary (through the proxy or the gate) and waits until the
     /// replicas have them, so no read fails on a missing table; returns the server version.
     pub async fn prepare_schema(&self, keys: usize) -> anyhow::Result<String> {
